@@ -1,0 +1,45 @@
+"""kernelbridge: a stateful, sandboxed Python for AI agents, served over MCP.
+
+General layout (one direction of dependency, top to bottom; see docs/architecture.md):
+
+- ``server``     MCP tools and resources; formats results for a model
+- ``sessions``   session registry: create/reuse/close, locks, timeouts, idle reaping, warm pool
+- ``execution``  runs one cell on a kernel client and collects its outputs (bounded)
+- ``kernel``     jupyter_client integration: a KernelProvisioner that runs the kernel in a sandbox
+- ``tunnel``     host end of the tunnel: real ZMQ sockets <-> frames on the container's stdio
+- ``runtime``    container runtimes (podman, docker): argv, start, stop, reap orphans
+- ``image``      builds and checks the sandbox image
+- ``frames``     the frame codec shared with the sandbox agent (stdlib only)
+- ``sandbox``    code that runs inside the container (the agent)
+"""
+
+from kernelbridge.config import SandboxLimits, Settings, load_settings
+from kernelbridge.errors import (
+    AgentMismatch,
+    ConfigError,
+    ImageError,
+    KernelBridgeError,
+    KernelDied,
+    RuntimeUnavailable,
+    SandboxError,
+    SandboxNotFound,
+    SessionError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentMismatch",
+    "ConfigError",
+    "ImageError",
+    "KernelBridgeError",
+    "KernelDied",
+    "RuntimeUnavailable",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxNotFound",
+    "SessionError",
+    "Settings",
+    "__version__",
+    "load_settings",
+]

@@ -1,0 +1,144 @@
+"""Settings: read once from ``KERNELBRIDGE_*`` environment variables into frozen dataclasses.
+
+Every setting has a ``KERNELBRIDGE_<NAME>`` variable; the stateless predecessor's
+``MCP_BRIDGE_<NAME>`` is accepted as a fallback so existing client configs keep working.
+A bad value raises :class:`ConfigError` naming the variable, the value and what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernelbridge.errors import ConfigError
+
+_SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    """Resource limits and hardening of one sandbox container (see DESIGN.md)."""
+
+    memory: str = "512m"
+    """Memory limit; swap is limited to the same value so the kernel cannot page out."""
+    pids: int = 128
+    """Maximum processes+threads in the container: stops fork bombs."""
+    cpus: float = 1.0
+    tmp_size: str = "64m"
+    """Size of the /tmp tmpfs. Unsized, podman's /tmp is a huge tmpfs counted against memory."""
+    workspace_size: str = "256m"
+    nofile: int = 1024
+    nproc: int = 4096
+    """RLIMIT_NPROC is per host uid, shared by every container running as 65534: keep it high
+    and let ``pids`` bound each container."""
+    user: str = "65534:65534"
+    network: str = "none"
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """All kernelbridge settings. Build with :func:`load_settings`."""
+
+    state_dir: Path
+    runtime: str | None = None
+    """``podman`` or ``docker``; None picks podman when present, else docker."""
+    image: str | None = None
+    """Sandbox image reference; None means the locally built image of this version."""
+    max_sessions: int = 8
+    idle_timeout: float = 1800.0
+    """Seconds after which an unused session's sandbox is closed."""
+    warm_pool: int = 1
+    """Pre-started sandboxes kept ready so a new session's first call skips the cold start."""
+    default_timeout: float = 30.0
+    max_timeout: float = 600.0
+    output_limit: int = 20_000
+    """Characters of output returned to the model per call (head and tail are kept)."""
+    servers_config: tuple[Path, ...] = ()
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    kernel_start_timeout: float = 60.0
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.state_dir / "sessions"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+
+def _lookup(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
+    for prefix in ("KERNELBRIDGE_", "MCP_BRIDGE_"):
+        value = env.get(prefix + name)
+        if value is not None and value.strip() != "":
+            return prefix + name, value.strip()
+    return None
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float, integer: bool) -> float:
+    found = _lookup(env, name)
+    if found is None:
+        return default
+    var, raw = found
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{var}={raw!r} is not {kind}") from None
+    if value < minimum:
+        raise ConfigError(f"{var}={raw!r} must be at least {minimum:g}")
+    return value
+
+
+def _size(env: Mapping[str, str], name: str, default: str) -> str:
+    found = _lookup(env, name)
+    if found is None:
+        return default
+    var, raw = found
+    if not _SIZE.match(raw):
+        raise ConfigError(f"{var}={raw!r} is not a size such as 512m or 1g")
+    return raw.lower()
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "state")
+    return Path(base) / "kernelbridge"
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read settings from ``env`` (default: ``os.environ``). Raises ConfigError on a bad value."""
+    env = os.environ if env is None else env
+    state = _lookup(env, "STATE_DIR")
+    runtime = _lookup(env, "RUNTIME")
+    if runtime and runtime[1] not in ("podman", "docker"):
+        raise ConfigError(f"{runtime[0]}={runtime[1]!r}: expected podman or docker")
+    image = _lookup(env, "IMAGE")
+    servers = _lookup(env, "SERVERS_CONFIG")
+    limits = SandboxLimits(
+        memory=_size(env, "MEMORY", SandboxLimits.memory),
+        pids=int(_number(env, "PIDS", SandboxLimits.pids, minimum=8, integer=True)),
+        cpus=_number(env, "CPUS", SandboxLimits.cpus, minimum=0.1, integer=False),
+        tmp_size=_size(env, "TMP_SIZE", SandboxLimits.tmp_size),
+        workspace_size=_size(env, "WORKSPACE_SIZE", SandboxLimits.workspace_size),
+    )
+    default_timeout = _number(env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False)
+    max_timeout = _number(env, "MAX_TIMEOUT", 600.0, minimum=1, integer=False)
+    if default_timeout > max_timeout:
+        raise ConfigError(f"default timeout {default_timeout:g}s exceeds the maximum {max_timeout:g}s")
+    return Settings(
+        state_dir=Path(state[1]).expanduser() if state else default_state_dir(env),
+        runtime=runtime[1] if runtime else None,
+        image=image[1] if image else None,
+        max_sessions=int(_number(env, "MAX_SESSIONS", 8, minimum=1, integer=True)),
+        idle_timeout=_number(env, "IDLE_TIMEOUT", 1800.0, minimum=1, integer=False),
+        warm_pool=int(_number(env, "WARM_POOL", 1, minimum=0, integer=True)),
+        default_timeout=default_timeout,
+        max_timeout=max_timeout,
+        output_limit=int(_number(env, "OUTPUT_LIMIT", 20_000, minimum=200, integer=True)),
+        servers_config=tuple(Path(p).expanduser() for p in servers[1].split(os.pathsep)) if servers else (),
+        limits=limits,
+        kernel_start_timeout=_number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
+    )

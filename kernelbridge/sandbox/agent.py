@@ -1,0 +1,429 @@
+"""The sandbox agent: runs INSIDE the container as its main process.
+
+It owns the container end of the tunnel:
+
+1. reads the ``hello`` frame from stdin (the kernel HMAC key travels here, never in argv/env),
+   and refuses to run if the host expects a different agent (stale image);
+2. starts ipykernel bound to 127.0.0.1 of the container's own network namespace, with stdin,
+   stdout and stderr of its own: only the agent speaks frames on the container's stdio;
+3. proves that iopub delivers (kernel_info_request until its iopub status arrives) before it
+   sends ``ready``; otherwise the first cell's outputs could be lost to ZMQ's slow joiner;
+4. relays every kernel message as a ``kernel`` frame, and host frames to the kernel, until the
+   kernel exits (``exit`` frame with its status) or the host says ``shutdown`` / closes stdin.
+
+Depends on the standard library, pyzmq and ``kernelbridge.frames`` only. Messages are signed
+with the kernel's key but not verified: the agent and the kernel share one trust domain (the
+user's code could read the key anyway); the host verifies nothing from here either, it treats
+every frame as untrusted data.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import hmac
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from kernelbridge import frames
+
+AGENT_HASH_FILE = Path(__file__).with_name("AGENT_HASH")
+DELIM = b"<IDS|MSG>"
+HELLO_TIMEOUT = 30.0
+# Why 60 s: ipykernel 7 is ready in ~0.25 s, but 20 kernels started at once on 2 cores take
+# ~12 s; a kernel that needs longer than this is broken, not slow.
+KERNEL_READY_TIMEOUT = 60.0
+KERNEL_INFO_RETRY = 0.2
+SHUTDOWN_GRACE = 2.0
+MAX_LOG_LINE = 2000
+CHANNEL_OF_PORT = {"shell": "shell_port", "control": "control_port", "stdin": "stdin_port"}
+
+
+class Agent:
+    def __init__(self, out: Any = None) -> None:
+        self._out = out or sys.stdout.buffer
+        self._out_lock = threading.Lock()
+        self._incoming: queue.SimpleQueue[frames.Frame | None] = queue.SimpleQueue()
+        self.ctx = zmq.Context()
+        self.kernel: subprocess.Popen[bytes] | None = None
+        self.sockets: dict[str, zmq.Socket[bytes]] = {}
+        self.key = b""
+        self.session_id = uuid.uuid4().hex
+
+    # -- output ---------------------------------------------------------------------------
+    def send(self, frame: frames.Frame) -> None:
+        data = frames.encode(frame)
+        with self._out_lock:
+            self._out.write(data)
+            self._out.flush()
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.send({"type": frames.LOG, "level": level, "message": message[:MAX_LOG_LINE]})
+
+    def fail(self, reason: str, status: int = 1) -> int:
+        self.send({"type": frames.EXIT, "status": status, "reason": reason})
+        return status
+
+    # -- start-up ------------------------------------------------------------------------
+    def read_hello(self) -> frames.Frame | None:
+        ready, _, _ = select.select([sys.stdin.buffer], [], [], HELLO_TIMEOUT)
+        if not ready:
+            return None
+        line = sys.stdin.buffer.readline()
+        frame = frames.parse_line(line.rstrip(b"\n"))
+        if isinstance(frame, frames.FrameError) or frame.get("type") != frames.HELLO:
+            return None
+        return frame
+
+    def check_agent_hash(self, expected: str | None) -> str | None:
+        """Return None if this agent is the one the host expects, else the reason why not."""
+        baked = AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else "unknown"
+        if expected and expected != baked:
+            return (
+                f"agent_mismatch: the sandbox image carries agent {baked[:12]} but this kernelbridge "
+                f"expects {expected[:12]}; rebuild it with `kernelbridge image build`"
+            )
+        return None
+
+    def write_connection_file(self) -> dict[str, Any]:
+        ports = _free_ports(5)
+        info = {
+            "transport": "tcp",
+            "ip": "127.0.0.1",
+            "shell_port": ports[0],
+            "iopub_port": ports[1],
+            "stdin_port": ports[2],
+            "control_port": ports[3],
+            "hb_port": ports[4],
+            "key": self.key.decode(),
+            "signature_scheme": "hmac-sha256",
+            "kernel_name": "python3",
+        }
+        runtime_dir = Path(os.environ.get("JUPYTER_RUNTIME_DIR", "/tmp/.kernelbridge"))
+        runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = runtime_dir / "kernel.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f)
+        info["path"] = str(path)
+        return info
+
+    def start_kernel(self, info: dict[str, Any]) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            info["path"],
+            # The journal is kept by the host; IPython's sqlite history would only cost I/O.
+            "--HistoryManager.enabled=False",
+        ]
+        self.kernel = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=os.environ.get("KERNELBRIDGE_WORKDIR", os.getcwd()),
+            # The agent ignores SIGINT, and an ignored signal stays ignored across exec: give the
+            # kernel the default disposition back so that interrupts reach it.
+            preexec_fn=_default_sigint,
+        )
+        for channel, port_key in CHANNEL_OF_PORT.items():
+            sock = self.ctx.socket(zmq.DEALER)
+            # ipykernel sends input_request to the identity that sent the execute_request on
+            # shell, through its stdin ROUTER: both sockets must share one identity.
+            sock.setsockopt(zmq.IDENTITY, self.session_id.encode())
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://127.0.0.1:{info[port_key]}")
+            self.sockets[channel] = sock
+        iopub = self.ctx.socket(zmq.SUB)
+        iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        iopub.setsockopt(zmq.LINGER, 0)
+        iopub.connect(f"tcp://127.0.0.1:{info['iopub_port']}")
+        self.sockets["iopub"] = iopub
+
+    def wait_until_iopub_delivers(self) -> dict[str, Any] | None:
+        """Send kernel_info_request until both its reply and an iopub message answering one of
+        them arrive. Returns the kernel_info reply content, or None if the kernel died/hung."""
+        shell, iopub = self.sockets["shell"], self.sockets["iopub"]
+        poller = zmq.Poller()
+        poller.register(shell, zmq.POLLIN)
+        poller.register(iopub, zmq.POLLIN)
+        sent: set[str] = set()
+        reply: dict[str, Any] | None = None
+        iopub_seen = False
+        deadline = time.monotonic() + KERNEL_READY_TIMEOUT
+        next_send = 0.0
+        while time.monotonic() < deadline:
+            if self.kernel is not None and self.kernel.poll() is not None:
+                return None
+            if time.monotonic() >= next_send and not iopub_seen:
+                sent.add(self.send_to_kernel("shell", _new_message("kernel_info_request", self.session_id)))
+                next_send = time.monotonic() + KERNEL_INFO_RETRY
+            for sock, _ in poller.poll(50):
+                msg, _ = self.receive_from_kernel(sock)
+                parent = msg.get("parent_header", {}).get("msg_id")
+                if parent not in sent:
+                    continue
+                if sock is iopub:
+                    iopub_seen = True
+                elif msg["header"].get("msg_type") == "kernel_info_reply":
+                    reply = msg["content"]
+            if iopub_seen and reply is not None:
+                self.drain(poller)
+                return reply
+        return None
+
+    def drain(self, poller: zmq.Poller) -> None:
+        """Discard the remaining answers to the handshake so they do not reach the host."""
+        end = time.monotonic() + 0.05
+        while time.monotonic() < end:
+            for sock, _ in poller.poll(10):
+                self.receive_from_kernel(sock)
+
+    # -- relay ------------------------------------------------------------------------------
+    def send_to_kernel(self, channel: str, msg: dict[str, Any], buffers: list[bytes] | None = None) -> str:
+        parts = [
+            json.dumps(msg.get(part) or {}).encode()
+            for part in ("header", "parent_header", "metadata", "content")
+        ]
+        signature = hmac.new(self.key, b"".join(parts), hashlib.sha256).hexdigest().encode()
+        self.sockets[channel].send_multipart([DELIM, signature, *parts, *(buffers or [])], copy=False)
+        return msg["header"].get("msg_id", "")
+
+    def receive_from_kernel(self, sock: zmq.Socket[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+        parts = sock.recv_multipart()
+        start = parts.index(DELIM) + 2  # skip routing ids, the delimiter and the signature
+        header, parent, metadata, content = (json.loads(p) for p in parts[start : start + 4])
+        msg = {"header": header, "parent_header": parent, "metadata": metadata, "content": content}
+        return msg, parts[start + 4 :]
+
+    def read_stdin(self) -> None:
+        """Thread: decode host frames from stdin into the queue; None marks end of input."""
+        decoder = frames.FrameDecoder()
+        stream = sys.stdin.buffer
+        while True:
+            chunk = stream.read1(1 << 20) if hasattr(stream, "read1") else stream.read(1 << 16)
+            if not chunk:
+                break
+            for item in decoder.feed(chunk):
+                if isinstance(item, frames.FrameError):
+                    self.log(f"dropped host frame: {item.reason}", "warning")
+                else:
+                    self._incoming.put(item)
+            self._wake.send(b"")
+        self._incoming.put(None)
+        self._wake.send(b"")
+
+    def relay(self) -> int:
+        """Relay until the kernel exits or the host leaves. Returns the agent's exit status."""
+        wake_recv = self.ctx.socket(zmq.PAIR)
+        wake_recv.bind("inproc://wake")
+        self._wake = self.ctx.socket(zmq.PAIR)
+        self._wake.connect("inproc://wake")
+        threading.Thread(target=self.read_stdin, daemon=True).start()
+        poller = zmq.Poller()
+        channel_of = {}
+        for channel, sock in self.sockets.items():
+            poller.register(sock, zmq.POLLIN)
+            channel_of[sock] = channel
+        poller.register(wake_recv, zmq.POLLIN)
+        assert self.kernel is not None and self.kernel.stdout is not None
+        kernel_out = self.kernel.stdout.fileno()
+        os.set_blocking(kernel_out, False)
+        poller.register(kernel_out, zmq.POLLIN)
+        while True:
+            for sock, _ in poller.poll(500):
+                if sock is wake_recv:
+                    wake_recv.recv()
+                    status = self.handle_host_frames()
+                    if status is not None:
+                        return status
+                elif sock == kernel_out:
+                    self.forward_kernel_output(kernel_out)
+                else:
+                    msg, buffers = self.receive_from_kernel(sock)
+                    self.send(frames.kernel_frame(channel_of[sock], msg, buffers))
+            if self.kernel.poll() is not None:
+                self.forward_kernel_output(kernel_out)
+                return self.report_kernel_exit()
+
+    def handle_host_frames(self) -> int | None:
+        while True:
+            try:
+                frame = self._incoming.get_nowait()
+            except queue.Empty:
+                return None
+            if frame is None:  # host closed stdin: it is gone, stop everything
+                self.stop_kernel()
+                return 0
+            kind = frame["type"]
+            if kind == frames.KERNEL:
+                try:
+                    self.send_to_kernel(frame["channel"], frame["msg"], frames.frame_buffers(frame))
+                except (ValueError, KeyError, TypeError) as exc:
+                    self.log(f"dropped kernel frame: {exc}", "warning")
+            elif kind == frames.INTERRUPT and self.kernel is not None:
+                self.kernel.send_signal(signal.SIGINT)
+            elif kind == frames.SHUTDOWN:
+                self.stop_kernel()
+                self.send({"type": frames.EXIT, "status": 0, "reason": "shutdown requested"})
+                return 0
+            else:
+                self.log(f"ignored {kind} frame", "debug")
+
+    def forward_kernel_output(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except (BlockingIOError, OSError):
+            return
+        for line in data.decode(errors="replace").splitlines():
+            if line.strip():
+                self.log(line, "kernel")
+
+    def report_kernel_exit(self) -> int:
+        assert self.kernel is not None
+        status = self.kernel.returncode
+        self.send({"type": frames.EXIT, "status": status, "reason": describe_exit(status)})
+        return 0
+
+    def stop_kernel(self) -> None:
+        if self.kernel is None or self.kernel.poll() is not None:
+            return
+        self.kernel.terminate()
+        try:
+            self.kernel.wait(SHUTDOWN_GRACE)
+        except subprocess.TimeoutExpired:
+            self.kernel.kill()
+            self.kernel.wait()
+
+    # -- main -------------------------------------------------------------------------------
+    def run(self) -> int:
+        hello = self.read_hello()
+        if hello is None:
+            return self.fail("no valid hello frame on stdin within 30 s", 2)
+        mismatch = self.check_agent_hash(hello.get("agent_hash"))
+        if mismatch:
+            return self.fail(mismatch, 3)
+        self.key = str(hello.get("key", "")).encode()
+        info = self.write_connection_file()
+        self.start_kernel(info)
+        kernel_info = self.wait_until_iopub_delivers()
+        if kernel_info is None:
+            assert self.kernel is not None
+            self.forward_kernel_output(self.kernel.stdout.fileno()) if self.kernel.stdout else None
+            status = self.kernel.poll()
+            self.stop_kernel()
+            if status is None:
+                return self.fail("kernel did not answer within 60 s", 4)
+            return self.fail(f"kernel exited during start-up: {describe_exit(status)}", 4)
+        self.send(
+            {
+                "type": frames.READY,
+                "agent_hash": AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else None,
+                "versions": {
+                    "python": sys.version.split()[0],
+                    "ipykernel": kernel_info.get("implementation_version"),
+                    "protocol": kernel_info.get("protocol_version"),
+                },
+            }
+        )
+        try:
+            return self.relay()
+        finally:
+            self.stop_kernel()
+
+
+def describe_exit(status: int | None) -> str:
+    if status is None:
+        return "still running"
+    if status >= 0:
+        return f"exited with status {status}"
+    name = signal.Signals(-status).name if -status in signal.valid_signals() else str(-status)
+    reason = f"killed by {name}"
+    if status == -signal.SIGKILL and _oom_killed():
+        reason += " (out of memory: the sandbox's memory limit was reached)"
+    elif status == -signal.SIGKILL:
+        reason += " (most likely out of memory)"
+    return reason
+
+
+def _oom_killed() -> bool:
+    """Whether the container's cgroup recorded an OOM kill (cgroup v2 or v1)."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                return True
+    return False
+
+
+def _new_message(msg_type: str, session: str) -> dict[str, Any]:
+    header = {
+        "msg_id": uuid.uuid4().hex,
+        "msg_type": msg_type,
+        "username": "kernelbridge",
+        "session": session,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
+        "version": "5.3",
+    }
+    return {"header": header, "parent_header": {}, "metadata": {}, "content": {}}
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _make_undumpable() -> None:
+    """Make /proc/<agent>/fd unreachable for the kernel (same uid): PR_SET_DUMPABLE=0 hands
+    ownership of our /proc entries to root, so user code cannot write into the frame stream."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except OSError:
+        pass
+
+
+def main() -> int:
+    _make_undumpable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for the kernel, not for us
+    agent = Agent()
+    try:
+        return agent.run()
+    except BrokenPipeError:
+        agent.stop_kernel()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
