@@ -117,12 +117,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(f"{runtime[0]}={runtime[1]!r}: expected podman or docker")
     image = _lookup(env, "IMAGE")
     servers = _lookup(env, "SERVERS_CONFIG")
+    defaults = SandboxLimits()
     limits = SandboxLimits(
-        memory=_size(env, "MEMORY", SandboxLimits.memory),
-        pids=int(_number(env, "PIDS", SandboxLimits.pids, minimum=8, integer=True)),
-        cpus=_number(env, "CPUS", SandboxLimits.cpus, minimum=0.1, integer=False),
-        tmp_size=_size(env, "TMP_SIZE", SandboxLimits.tmp_size),
-        workspace_size=_size(env, "WORKSPACE_SIZE", SandboxLimits.workspace_size),
+        memory=_size(env, "MEMORY", defaults.memory),
+        pids=int(_number(env, "PIDS", defaults.pids, minimum=8, integer=True)),
+        cpus=_number(env, "CPUS", defaults.cpus, minimum=0.1, integer=False),
+        tmp_size=_size(env, "TMP_SIZE", defaults.tmp_size),
+        workspace_size=_size(env, "WORKSPACE_SIZE", defaults.workspace_size),
     )
     default_timeout = _number(env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False)
     max_timeout = _number(env, "MAX_TIMEOUT", 600.0, minimum=1, integer=False)

@@ -47,9 +47,7 @@ SHUTDOWN = "shutdown"
 EXIT = "exit"
 LOG = "log"
 
-FRAME_TYPES = frozenset(
-    {HELLO, READY, KERNEL, RPC_REQUEST, RPC_RESPONSE, INTERRUPT, SHUTDOWN, EXIT, LOG}
-)
+FRAME_TYPES = frozenset({HELLO, READY, KERNEL, RPC_REQUEST, RPC_RESPONSE, INTERRUPT, SHUTDOWN, EXIT, LOG})
 CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
 
 # Why 128 MiB: a 32 MiB display payload must pass, and JSON escaping plus base64 of binary

@@ -1,0 +1,352 @@
+"""The host end of the tunnel: real ZMQ kernel sockets on 127.0.0.1 <-> frames on a container's stdio.
+
+Runs as its own small process per sandbox (``python -m kernelbridge.tunnel``), started by the
+kernel provisioner, so that any Jupyter client (the bridge, ``jupyter console --existing``,
+nbclient) sees an ordinary kernel behind an ordinary connection file::
+
+    clients --ZMQ (host key)--> [tunnel process] --frames on stdin--> podman run -i ... agent --> ipykernel
+    clients <--ZMQ (host key)-- [tunnel process] <--frames on stdout-- (container)
+
+What it owns
+- Binds shell/control/stdin (ROUTER), iopub (PUB) and heartbeat (echo) on the connection file's
+  ports. Incoming messages must carry a valid HMAC with the connection file's key; the kernel
+  in the container gets a *different* key (sent in the ``hello`` frame), so the host key never
+  enters the sandbox.
+- Routes each reply (and each ``input_request``) back to the client identity that sent the
+  request, by the request's msg_id. Any number of clients can be connected at once.
+- Treats every frame from the container as untrusted: bad frames are logged and dropped.
+- Turns SIGINT into an ``interrupt`` frame and SIGTERM into a graceful ``shutdown``.
+- Prints JSON events on its own stdout for the provisioner: ``{"event": "ready", ...}`` once the
+  agent has proven that iopub delivers, and ``{"event": "exit", "status", "reason"}`` at the end.
+
+It knows nothing of sessions, notebooks or MCP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import anyio
+import zmq
+import zmq.asyncio
+from anyio.abc import Process
+
+from kernelbridge import frames
+
+log = logging.getLogger("kernelbridge.tunnel")
+
+DELIM = b"<IDS|MSG>"
+ROUTED_CHANNELS = ("shell", "control", "stdin")
+# Why 10 000: a client may fire requests whose replies never come (the kernel died); the map
+# must not grow without bound. 10 000 outstanding requests is far beyond any real client.
+MAX_PENDING = 10_000
+READ_CHUNK = 1 << 20
+# Container stop: the agent gets `shutdown`, then the runtime client gets SIGTERM, then SIGKILL.
+SHUTDOWN_GRACE = 3.0
+KILL_GRACE = 2.0
+
+
+class Signer:
+    """HMAC-SHA256 signatures of the Jupyter wire protocol."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def sign(self, parts: list[bytes]) -> bytes:
+        if not self.key:
+            return b""
+        return hmac.new(self.key, b"".join(parts), hashlib.sha256).hexdigest().encode()
+
+    def verify(self, signature: bytes, parts: list[bytes]) -> bool:
+        return not self.key or hmac.compare_digest(signature, self.sign(parts))
+
+
+class Tunnel:
+    def __init__(self, connection: dict[str, Any], argv: list[str], agent_hash: str | None, session: str):
+        self.connection = connection
+        self.argv = argv
+        self.agent_hash = agent_hash
+        self.session = session
+        self.host = Signer(str(connection.get("key", "")).encode())
+        self.sandbox_key = secrets.token_hex(32)
+        self.ctx = zmq.asyncio.Context()
+        self.sockets: dict[str, zmq.asyncio.Socket] = {}
+        self.pending: OrderedDict[str, list[bytes]] = OrderedDict()
+        self.decoder = frames.FrameDecoder()
+        self.process: Process | None = None
+        self.exit_event: dict[str, Any] | None = None
+        self.dropped_frames = 0
+        self._send_lock = anyio.Lock()
+
+    # -- sockets ------------------------------------------------------------------------------
+    def bind(self) -> None:
+        ip = self.connection.get("ip", "127.0.0.1")
+        kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER, "iopub": zmq.PUB}
+        for channel, kind in kinds.items():
+            sock = self.ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            if kind == zmq.ROUTER:
+                # Don't silently drop a reply to a client that went away and came back.
+                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            sock.bind(f"tcp://{ip}:{self.connection[f'{channel}_port']}")
+            self.sockets[channel] = sock
+        threading.Thread(
+            target=_heartbeat, args=(f"tcp://{ip}:{self.connection['hb_port']}",), daemon=True
+        ).start()
+
+    async def pump_socket(self, channel: str) -> None:
+        """Client -> sandbox: verify, remember who asked, forward as a kernel frame."""
+        sock = self.sockets[channel]
+        while True:
+            parts = await sock.recv_multipart()
+            try:
+                split = parts.index(DELIM)
+            except ValueError:
+                log.warning("dropped %s message without delimiter", channel)
+                continue
+            idents, signature, body = parts[:split], parts[split + 1], parts[split + 2 :]
+            if len(body) < 4 or not self.host.verify(signature, body[:4]):
+                log.warning("dropped %s message with a bad signature", channel)
+                continue
+            try:
+                header, parent, metadata, content = (json.loads(p) for p in body[:4])
+            except ValueError:
+                log.warning("dropped %s message with malformed JSON", channel)
+                continue
+            msg_id = header.get("msg_id") if isinstance(header, dict) else None
+            if not msg_id:
+                continue
+            self.remember(msg_id, idents)
+            msg = {"header": header, "parent_header": parent, "metadata": metadata, "content": content}
+            await self.send_frame(frames.kernel_frame(channel, msg, body[4:]))
+
+    def remember(self, msg_id: str, idents: list[bytes]) -> None:
+        self.pending[msg_id] = idents
+        while len(self.pending) > MAX_PENDING:
+            self.pending.popitem(last=False)
+
+    async def deliver(self, frame: frames.Frame) -> None:
+        """Sandbox -> clients: sign with the host key and route."""
+        channel, msg = frame["channel"], frame["msg"]
+        try:
+            buffers = frames.frame_buffers(frame)
+            body = [
+                json.dumps(msg.get(k) or {}).encode()
+                for k in ("header", "parent_header", "metadata", "content")
+            ]
+        except (ValueError, TypeError) as exc:
+            self.drop(f"bad kernel frame: {exc}")
+            return
+        wire = [DELIM, self.host.sign(body), *body, *buffers]
+        if channel == "iopub":
+            msg_type = str(msg["header"].get("msg_type", ""))
+            await self.sockets["iopub"].send_multipart([f"kernel.{msg_type}".encode(), *wire])
+            return
+        parent_id = (msg.get("parent_header") or {}).get("msg_id")
+        # Replies end a request; an input_request (stdin) answers an execute_request still running.
+        idents = self.pending.get(parent_id) if channel == "stdin" else self.pending.pop(parent_id, None)
+        if idents is None:
+            log.debug("no client waits for a %s reply to %s", channel, parent_id)
+            return
+        await self.sockets[channel].send_multipart([*idents, *wire])
+
+    # -- frames -------------------------------------------------------------------------------
+    async def send_frame(self, frame: frames.Frame) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        data = frames.encode(frame)
+        async with self._send_lock:
+            try:
+                await self.process.stdin.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                log.info("sandbox stdin closed; dropped a %s frame", frame["type"])
+
+    def drop(self, reason: str) -> None:
+        self.dropped_frames += 1
+        log.warning("dropped frame from sandbox: %s", reason)
+
+    async def pump_stdout(self, ready: anyio.Event) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+            while True:
+                chunk = await self.process.stdout.receive(READ_CHUNK)
+                for item in self.decoder.feed(chunk):
+                    if isinstance(item, frames.FrameError):
+                        self.drop(item.reason)
+                    else:
+                        await self.handle(item, ready)
+
+    async def handle(self, frame: frames.Frame, ready: anyio.Event) -> None:
+        kind = frame["type"]
+        if kind == frames.KERNEL:
+            await self.deliver(frame)
+        elif kind == frames.READY and not ready.is_set():
+            emit({"event": "ready", "versions": frame.get("versions"), "agent_hash": frame.get("agent_hash")})
+            ready.set()
+        elif kind == frames.EXIT:
+            self.exit_event = {
+                "event": "exit",
+                "status": frame.get("status"),
+                "reason": str(frame.get("reason")),
+            }
+        elif kind == frames.LOG:
+            log.info("sandbox %s: %s", frame.get("level"), str(frame.get("message"))[:2000])
+        else:
+            self.drop(f"unexpected {kind} frame")
+
+    async def pump_stderr(self) -> None:
+        assert self.process is not None and self.process.stderr is not None
+        lines: list[str] = []
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+            async for chunk in self.process.stderr:
+                for line in chunk.decode(errors="replace").splitlines():
+                    log.info("runtime: %s", line)
+                    lines = [*lines[-19:], line]
+        self.stderr_tail = lines
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def handle_signals(self, scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGINT:
+                    await self.send_frame({"type": frames.INTERRUPT})
+                else:
+                    await self.send_frame({"type": frames.SHUTDOWN})
+                    await self.stop_process()
+                    scope.cancel()
+                    return
+
+    async def stop_process(self) -> None:
+        """Shielded, bounded teardown: close stdin (the agent exits on EOF), then SIGTERM, then SIGKILL."""
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        with anyio.CancelScope(shield=True):
+            if process.stdin is not None:
+                with contextlib.suppress(Exception):
+                    await process.stdin.aclose()
+            with anyio.move_on_after(SHUTDOWN_GRACE):
+                await process.wait()
+                return
+            process.terminate()
+            with anyio.move_on_after(KILL_GRACE):
+                await process.wait()
+                return
+            process.kill()
+            await process.wait()
+
+    async def run(self) -> int:
+        self.bind()
+        self.stderr_tail: list[str] = []
+        async with await anyio.open_process(self.argv, stdin=-1, stdout=-1, stderr=-1) as process:
+            self.process = process
+            hello = {
+                "type": frames.HELLO,
+                "key": self.sandbox_key,
+                "session": self.session,
+                "agent_hash": self.agent_hash,
+            }
+            await self.send_frame(hello)
+            ready = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.handle_signals, tg.cancel_scope)
+                tg.start_soon(self.pump_stderr)
+                for channel in ROUTED_CHANNELS:
+                    tg.start_soon(self.pump_socket, channel)
+                await self.pump_stdout(ready)  # returns at EOF: the container is ending
+                await self.stop_process()
+                tg.cancel_scope.cancel()
+        status = process.returncode
+        event = self.exit_event or {
+            "event": "exit",
+            "status": status,
+            "reason": _runtime_failure(status, self.stderr_tail),
+        }
+        emit(event)
+        return 0 if event.get("status") == 0 and ready.is_set() else 1
+
+
+def _runtime_failure(status: int | None, stderr_tail: list[str]) -> str:
+    detail = next((line for line in reversed(stderr_tail) if line.strip()), "")
+    return f"the container exited with status {status}" + (f": {detail}" if detail else "")
+
+
+def _heartbeat(address: str) -> None:
+    """Echo heartbeats for as long as this process lives (like ipykernel's Heartbeat)."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(address)
+    with contextlib.suppress(zmq.ZMQError):
+        zmq.proxy(sock, sock)
+
+
+def emit(event: dict[str, Any]) -> None:
+    """One JSON event line on stdout for the provisioner."""
+    try:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+def _die_with_parent() -> None:
+    """SIGTERM us when the process that started us dies, so a SIGKILLed bridge leaves no
+    container running (PR_SET_PDEATHSIG; reap_orphans at the next start is the backstop)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m kernelbridge.tunnel", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--connection-file", required=True)
+    parser.add_argument("--session", default="sandbox")
+    parser.add_argument("--agent-hash", default=None)
+    parser.add_argument("--log-file", default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- runtime argv of the container")
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("the container command is missing (after --)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        filename=args.log_file,
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    connection = json.loads(Path(args.connection_file).read_text())
+    tunnel = Tunnel(connection, args.command, args.agent_hash, args.session)
+    try:
+        return anyio.run(tunnel.run)
+    except zmq.ZMQError as exc:
+        emit({"event": "exit", "status": None, "reason": f"cannot bind the kernel ports: {exc}"})
+        return 1
+    except OSError as exc:
+        emit({"event": "exit", "status": None, "reason": f"cannot start the container: {exc}"})
+        return 1
+
+
+if __name__ == "__main__":
+    os.umask(0o077)
+    sys.exit(main())
