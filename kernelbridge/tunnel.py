@@ -197,6 +197,7 @@ class Tunnel:
             emit({"event": "ready", "versions": frame.get("versions"), "agent_hash": frame.get("agent_hash")})
             ready.set()
         elif kind == frames.EXIT:
+            log.info("sandbox exit: %s", frame.get("reason"))
             self.exit_event = {
                 "event": "exit",
                 "status": frame.get("status"),
@@ -267,6 +268,7 @@ class Tunnel:
                 for channel in ROUTED_CHANNELS:
                     tg.start_soon(self.pump_socket, channel)
                 await self.pump_stdout(ready)  # returns at EOF: the container is ending
+                log.info("sandbox stdout closed")
                 await self.stop_process()
                 tg.cancel_scope.cancel()
         status = process.returncode

@@ -31,6 +31,8 @@ class OciCliRuntime:
         lim = spec.limits
         argv = [
             self.executable, "run", "--rm", "-i", "--init",
+            # Never reach for a registry: the image is built locally, and a miss must fail fast.
+            "--pull", "never",
             "--name", spec.name,
             "--label", f"{SESSION_LABEL}={spec.session}",
             "--label", f"{OWNER_LABEL}={spec.owner_pid}",

@@ -19,6 +19,7 @@ every frame as untrusted data.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import hmac
@@ -140,6 +141,9 @@ class Agent:
             # The agent ignores SIGINT, and an ignored signal stays ignored across exec: give the
             # kernel the default disposition back so that interrupts reach it.
             preexec_fn=_default_sigint,
+            # Its own process group: ipykernel interrupts by signalling its whole group, which
+            # must reach the user's subprocesses but not the agent.
+            start_new_session=True,
         )
         for channel, port_key in CHANNEL_OF_PORT.items():
             sock = self.ctx.socket(zmq.DEALER)
@@ -277,7 +281,8 @@ class Agent:
                 except (ValueError, KeyError, TypeError) as exc:
                     self.log(f"dropped kernel frame: {exc}", "warning")
             elif kind == frames.INTERRUPT and self.kernel is not None:
-                self.kernel.send_signal(signal.SIGINT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.kernel.pid, signal.SIGINT)
             elif kind == frames.SHUTDOWN:
                 self.stop_kernel()
                 self.send({"type": frames.EXIT, "status": 0, "reason": "shutdown requested"})
@@ -336,7 +341,8 @@ class Agent:
                 "agent_hash": AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else None,
                 "versions": {
                     "python": sys.version.split()[0],
-                    "ipykernel": kernel_info.get("implementation_version"),
+                    "ipykernel": _package_version("ipykernel"),
+                    "ipython": kernel_info.get("implementation_version"),
                     "protocol": kernel_info.get("protocol_version"),
                 },
             }
@@ -387,6 +393,15 @@ def _new_message(msg_type: str, session: str) -> dict[str, Any]:
     return {"header": header, "parent_header": {}, "metadata": {}, "content": {}}
 
 
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def _free_ports(count: int) -> list[int]:
     socks = []
     try:
@@ -414,16 +429,21 @@ def _make_undumpable() -> None:
         pass
 
 
-def main() -> int:
+def main() -> None:
     _make_undumpable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for the kernel, not for us
     agent = Agent()
     try:
-        return agent.run()
+        status = agent.run()
     except BrokenPipeError:
         agent.stop_kernel()
-        return 0
+        status = 0
+    # os._exit, not sys.exit: the stdin reader thread may sit in a blocking read, and the
+    # interpreter's shutdown would then stall on its lock (and abort) before the container ends.
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

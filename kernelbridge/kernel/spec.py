@@ -1,0 +1,41 @@
+"""The ``kernelbridge`` kernelspec: what ``jupyter console --kernel kernelbridge`` and nbclient use."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpecManager
+
+KERNEL_NAME = "kernelbridge"
+DISPLAY_NAME = "Python 3 (kernelbridge sandbox)"
+PROVISIONER_NAME = "kernelbridge-provisioner"
+
+
+def kernelspec_dict() -> dict[str, Any]:
+    """The kernel.json contents. ``argv`` is only a placeholder for tools that show it: the
+    provisioner replaces it with the tunnel command. Interrupts go through the control channel
+    (message mode), which needs no signal to cross the container wall."""
+    return {
+        "argv": [sys.executable, "-m", "kernelbridge.tunnel", "--connection-file", "{connection_file}"],
+        "display_name": DISPLAY_NAME,
+        "language": "python",
+        "interrupt_mode": "message",
+        "env": {},
+        "metadata": {
+            "debugger": False,
+            "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": {}},
+        },
+    }
+
+
+def install_kernelspec(user: bool = True, prefix: str | None = None) -> str:
+    """Install the kernelspec; returns the directory it was installed to."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec_dict(), indent=2))
+        return KernelSpecManager().install_kernel_spec(
+            tmp, kernel_name=KERNEL_NAME, user=user and prefix is None, prefix=prefix
+        )
