@@ -1,0 +1,405 @@
+"""Run one cell on a Jupyter kernel client and collect its outputs, with bounded memory.
+
+This module owns the messaging of a single ``execute_request``: sending it, reading the iopub
+messages whose parent is that request, and reading its shell reply. It knows nothing about
+sessions, timeouts policy, interrupts or MCP; :mod:`kernelbridge.sessions` drives a
+:class:`CellRun` in slices (``await run.wait(deadline)``) and decides what to do when a deadline
+passes, and :mod:`kernelbridge.server` turns a :class:`CellResult` into MCP content.
+
+Completion follows nbclient: a cell is done only when BOTH the iopub ``status: idle`` for its
+request and its shell ``execute_reply`` have arrived. Either alone is not enough: the reply can
+overtake the last outputs, and ``idle`` can arrive before the reply is read.
+
+Memory stays bounded whatever the cell prints: stream text goes into :class:`BoundedText`, which
+keeps a head and a tail of fixed size and only counts what falls in between, and rich outputs
+are capped in number and size.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any, Literal
+
+import anyio
+from jupyter_client.asynchronous.client import AsyncKernelClient
+
+Status = Literal["ok", "error", "timeout", "kernel_died", "cancelled"]
+State = Literal["kept", "lost"]
+
+# Why these bounds: a cell may print gigabytes or display thousands of images; the bridge must
+# not hold them. The text caps come from Settings.output_limit; these cover rich outputs.
+MAX_DISPLAYS = 50
+"""Rich outputs (display_data / execute_result) kept per cell; later ones are only counted."""
+MAX_IMAGE_BYTES = 4 * 1024 * 1024
+"""Largest base64 image/png kept; a bigger one is replaced by a note (the MCP message would be huge)."""
+MAX_TRACEBACK_CHARS = 8_000
+"""Deep recursion produces megabyte tracebacks; keep the head and the tail of one."""
+MAX_RICH_CHARS = 16 * 1024 * 1024
+"""Total characters of rich outputs kept per cell, whatever their number."""
+POLL_SLICE = 0.5
+"""Longest single poll of a channel: bounds how late a deadline is noticed."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI colour and cursor codes (IPython colours its tracebacks)."""
+    return _ANSI.sub("", text)
+
+
+def cut_middle(text: str, limit: int, what: str = "output") -> tuple[str, int]:
+    """Keep the head and tail of ``text`` within ``limit`` characters; return (text, chars cut)."""
+    if len(text) <= limit:
+        return text, 0
+    half = max(limit // 2, 1)
+    cut = len(text) - 2 * half
+    return f"{text[:half]}\n... [{cut:,} characters of {what} cut] ...\n{text[-half:]}", cut
+
+
+class BoundedText:
+    """Append-only text that remembers only its first and last ``limit // 2`` characters.
+
+    The naive ``"".join(chunks)`` grows without bound; slicing a growing string on every append
+    is quadratic. Instead the head fills once, and the tail is a deque of chunks trimmed from the
+    left whenever it exceeds its budget, so memory is O(limit + largest chunk).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._head_cap = max(limit // 2, 1)
+        self._tail_cap = max(limit - self._head_cap, 1)
+        self._head: list[str] = []
+        self._head_len = 0
+        self._tail: deque[str] = deque()
+        self._tail_len = 0
+        self.total = 0
+        """Characters ever appended."""
+
+    def append(self, text: str) -> None:
+        if not text:
+            return
+        self.total += len(text)
+        room = self._head_cap - self._head_len
+        if room > 0:
+            self._head.append(text[:room])
+            self._head_len += min(room, len(text))
+            text = text[room:]
+            if not text:
+                return
+        if len(text) > self._tail_cap:
+            text = text[-self._tail_cap :]
+        self._tail.append(text)
+        self._tail_len += len(text)
+        while self._tail_len - len(self._tail[0]) >= self._tail_cap:
+            self._tail_len -= len(self._tail.popleft())
+
+    @property
+    def cut(self) -> int:
+        """Characters dropped between head and tail."""
+        return max(self.total - self._head_len - min(self._tail_len, self._tail_cap), 0)
+
+    def render(self, what: str) -> str:
+        head = "".join(self._head)
+        tail = "".join(self._tail)[-self._tail_cap :] if self._tail else ""
+        if self.cut == 0:
+            return head + tail
+        return f"{head}\n... [{self.cut:,} characters of {what} cut] ...\n{tail}"
+
+    def last_lines(self, n: int) -> str:
+        """The latest ``n`` lines written (for progress messages)."""
+        text = "".join(self._tail) if self._tail else "".join(self._head)
+        return "\n".join(text.rstrip("\n").splitlines()[-n:])
+
+
+@dataclass(slots=True)
+class CellError:
+    ename: str
+    evalue: str
+    traceback: str
+    """ANSI-free and compacted: what a model reads."""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"ename": self.ename, "evalue": self.evalue, "traceback": self.traceback}
+
+
+_NO_STDIN = (
+    "StdinNotImplementedError: input() is not available here: nobody can type an answer. "
+    "Put the value in the code instead."
+)
+
+
+def compact_traceback(lines: list[Any]) -> str:
+    """Join IPython's traceback lines without colour codes or the rule line of dashes."""
+    text = "\n".join(strip_ansi(str(line)) for line in lines)
+    text = "\n".join(line for line in text.splitlines() if not re.fullmatch(r"-{20,}", line.strip()))
+    return cut_middle(text.strip("\n"), MAX_TRACEBACK_CHARS, "traceback")[0]
+
+
+@dataclass
+class CellOutputs:
+    """The outputs of one cell, gathered from its iopub messages, in bounded memory."""
+
+    limit: int
+    stdout: BoundedText = field(init=False)
+    stderr: BoundedText = field(init=False)
+    displays: list[dict[str, Any]] = field(default_factory=list)
+    """nbformat display_data / execute_result outputs, at most MAX_DISPLAYS."""
+    order: list[str | int] = field(default_factory=list)
+    """Output order for the notebook: a stream name at its first write, or an index in displays."""
+    dropped_displays: int = 0
+    rich_chars: int = 0
+    result: str | None = None
+    error: CellError | None = None
+    raw_error: dict[str, Any] | None = None
+    execution_count: int | None = None
+
+    def __post_init__(self) -> None:
+        self.stdout = BoundedText(self.limit)
+        self.stderr = BoundedText(self.limit)
+
+    def handle(self, msg_type: str, content: dict[str, Any]) -> None:
+        """Fold one iopub message of this cell into the outputs."""
+        if msg_type == "stream":
+            name = "stderr" if content.get("name") == "stderr" else "stdout"
+            if name not in self.order:
+                self.order.append(name)
+            (self.stderr if name == "stderr" else self.stdout).append(str(content.get("text", "")))
+        elif msg_type in ("display_data", "execute_result"):
+            self._add_display(msg_type, content)
+        elif msg_type == "error":
+            tb = content.get("traceback") or []
+            ename = str(content.get("ename", ""))
+            self.error = CellError(
+                ename=ename,
+                evalue=str(content.get("evalue", "")),
+                traceback=_NO_STDIN if ename == "StdinNotImplementedError" else compact_traceback(tb),
+            )
+            self.raw_error = {
+                "output_type": "error",
+                "ename": self.error.ename,
+                "evalue": self.error.evalue,
+                "traceback": [strip_ansi(str(t)) for t in tb][:200],
+            }
+        elif msg_type == "execute_input":
+            self.execution_count = content.get("execution_count", self.execution_count)
+        elif msg_type == "clear_output":
+            # A progress display redrawing itself: forget what it drew so far.
+            self.stdout = BoundedText(self.limit)
+            self.stderr = BoundedText(self.limit)
+            self.displays.clear()
+            self.order.clear()
+            self.rich_chars = 0
+
+    def _add_display(self, msg_type: str, content: dict[str, Any]) -> None:
+        data = dict(content.get("data") or {})
+        if msg_type == "execute_result":
+            self.execution_count = content.get("execution_count", self.execution_count)
+            text = str(data.get("text/plain", ""))
+            self.result = cut_middle(text, self.limit, "result")[0]
+        png = data.get("image/png")
+        if isinstance(png, str) and len(png) > MAX_IMAGE_BYTES:
+            data["image/png"] = None
+            data["text/plain"] = f"[image/png of {len(png):,} base64 characters omitted: too large]"
+        data = {k: v for k, v in data.items() if v is not None}
+        for key, value in data.items():
+            if isinstance(value, str) and key != "image/png":
+                data[key] = cut_middle(value, self.limit, key)[0]
+        size = sum(len(v) for v in data.values() if isinstance(v, str))
+        if len(self.displays) >= MAX_DISPLAYS or self.rich_chars + size > MAX_RICH_CHARS:
+            self.dropped_displays += 1
+            return
+        self.rich_chars += size
+        output: dict[str, Any] = {
+            "output_type": msg_type,
+            "data": data,
+            "metadata": content.get("metadata") or {},
+        }
+        if msg_type == "execute_result":
+            output["execution_count"] = self.execution_count
+        self.order.append(len(self.displays))
+        self.displays.append(output)
+
+    def images(self) -> list[str]:
+        """Base64 PNGs displayed by the cell, in order."""
+        return [d["data"]["image/png"] for d in self.displays if isinstance(d["data"].get("image/png"), str)]
+
+    def notebook_outputs(self) -> list[dict[str, Any]]:
+        """nbformat v4 output dicts (streams already capped) in first-appearance order."""
+        outputs: list[dict[str, Any]] = []
+        for item in self.order:
+            if isinstance(item, int):
+                outputs.append(self.displays[item])
+            else:
+                buf = self.stderr if item == "stderr" else self.stdout
+                outputs.append({"output_type": "stream", "name": item, "text": buf.render(item)})
+        if self.raw_error is not None:
+            outputs.append(self.raw_error)
+        return outputs
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout.cut > 0 or self.stderr.cut > 0 or self.dropped_displays > 0
+
+    def progress_tail(self, n: int = 5) -> str:
+        return self.stdout.last_lines(n) or self.stderr.last_lines(n)
+
+
+class CellRun:
+    """One ``execute_request`` in flight. Create with :func:`start_cell`, then ``await wait()``.
+
+    ``wait(deadline)`` returns at the deadline without cancelling anything, so the caller can
+    report progress, check that the kernel lives, interrupt it, and wait again on the same run.
+    """
+
+    def __init__(self, kc: AsyncKernelClient, msg_id: str, limit: int) -> None:
+        self.kc = kc
+        self.msg_id = msg_id
+        self.outputs = CellOutputs(limit)
+        self.started = time.monotonic()
+        self.idle = False
+        self.reply: dict[str, Any] | None = None
+        self.broken = False
+        """A channel failed (closed under us, or the kernel vanished): no more messages will come."""
+
+    @property
+    def done(self) -> bool:
+        return self.idle and self.reply is not None
+
+    async def wait(self, deadline: float) -> bool:
+        """Read messages until the cell is done or ``deadline`` (monotonic) passes; return done.
+
+        Polls with a timeout instead of being cancelled: cancelling a receive half-way could
+        drop a message that is needed when waiting resumes.
+        """
+        async with anyio.create_task_group() as tg:
+            if not self.idle:
+                tg.start_soon(self._read_iopub, deadline)
+            if self.reply is None:
+                tg.start_soon(self._read_shell, deadline)
+        return self.done
+
+    async def _read_iopub(self, deadline: float) -> None:
+        while not self.idle:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                msg = await self.kc.get_iopub_msg(timeout=min(remaining, POLL_SLICE))
+            except Empty:
+                continue
+            except Exception:
+                self.broken = True  # channels stopped by a concurrent close, or a dead socket
+                return
+            if msg.get("parent_header", {}).get("msg_id") != self.msg_id:
+                continue  # another client's request, or a late message of an earlier cell
+            msg_type = msg["header"]["msg_type"]
+            if msg_type == "status":
+                self.idle = msg["content"].get("execution_state") == "idle"
+            else:
+                self.outputs.handle(msg_type, msg["content"])
+
+    async def _read_shell(self, deadline: float) -> None:
+        while self.reply is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                msg = await self.kc.get_shell_msg(timeout=min(remaining, POLL_SLICE))
+            except Empty:
+                continue
+            except Exception:
+                self.broken = True
+                return
+            if msg.get("parent_header", {}).get("msg_id") == self.msg_id:
+                self.reply = msg["content"]
+                count = self.reply.get("execution_count")
+                if isinstance(count, int):
+                    self.outputs.execution_count = count
+
+    def elapsed_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
+
+
+def start_cell(kc: AsyncKernelClient, code: str, limit: int) -> CellRun:
+    """Send ``code`` for execution and return the run that collects its outputs.
+
+    ``allow_stdin=False`` makes ``input()`` fail at once with StdinNotImplementedError instead of
+    waiting for an answer nobody will give. ``stop_on_error=False``: requests are serialized by
+    the session lock, and aborting the queue after an error could swallow the next call.
+    """
+    msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
+    return CellRun(kc, msg_id, limit)
+
+
+@dataclass(slots=True)
+class CellResult:
+    """What one ``run_python`` call produced; the server renders it, the journal records it."""
+
+    status: Status
+    session: str
+    execution_count: int | None
+    stdout: str
+    stderr: str
+    result: str | None
+    error: CellError | None
+    truncated: bool
+    duration_ms: int
+    state: State
+    images: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Plain sentences about the session itself (a restart, a fresh kernel, dropped outputs)."""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """nbformat outputs for the journal."""
+
+    def structured(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "session": self.session,
+            "execution_count": self.execution_count,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "result": self.result,
+            "error": self.error.as_dict() if self.error else None,
+            "truncated": self.truncated,
+            "duration_ms": self.duration_ms,
+            "state": self.state,
+            "notes": self.notes,
+        }
+
+
+def finish_cell(run: CellRun, *, session: str, status: Status, state: State, notes: list[str]) -> CellResult:
+    """Freeze a run (complete or not) into a CellResult."""
+    out = run.outputs
+    error = out.error
+    if status == "ok" and run.reply is not None and run.reply.get("status") in ("error", "aborted"):
+        status = "error"
+        if error is None:
+            reply = run.reply
+            error = CellError(
+                str(reply.get("ename", "Aborted")),
+                str(reply.get("evalue", "")),
+                compact_traceback([str(t) for t in reply.get("traceback") or []]),
+            )
+    if status == "ok" and error is not None:
+        status = "error"
+    notes = list(notes)
+    if out.dropped_displays:
+        notes.append(f"{out.dropped_displays} further rich outputs were not kept (limit {MAX_DISPLAYS}).")
+    return CellResult(
+        status=status,
+        session=session,
+        execution_count=out.execution_count,
+        stdout=out.stdout.render("stdout"),
+        stderr=out.stderr.render("stderr"),
+        result=out.result,
+        error=error,
+        truncated=out.truncated,
+        duration_ms=run.elapsed_ms(),
+        state=state,
+        images=out.images(),
+        notes=notes,
+        outputs=out.notebook_outputs(),
+    )

@@ -1,0 +1,270 @@
+"""The MCP face of kernelbridge: four tools, two resources, and the process lifecycle.
+
+This module turns tool calls into :class:`~kernelbridge.sessions.SessionRegistry` operations and
+renders results for a model: short text first (what a model reads), images as image content, and
+the full record as ``structuredContent``. Failures a model can act on (a bad argument, too many
+sessions, a sandbox that will not start) are ``ToolError``s with one-line messages; a user's
+Python error is a normal result with ``isError`` set.
+
+The registry lives in the server lifespan (no global state): it is created when the transport
+starts and torn down, shielded and bounded, when the client disconnects or a signal arrives.
+Tool descriptions are deliberately terse: every byte of ``tools/list`` costs context in every
+conversation. The manual lives in the capabilities resource instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+
+from kernelbridge import __version__
+from kernelbridge.config import Settings
+from kernelbridge.errors import KernelBridgeError
+from kernelbridge.execution import CellResult
+from kernelbridge.notebook import load_session_notebook, notebook_json
+from kernelbridge.sessions import (
+    KernelFactory,
+    SessionRegistry,
+    sandbox_kernel_factory,
+    validate_session_name,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_CODE_CHARS = 1_000_000
+"""Longer code is almost certainly data pasted by mistake; it would also bloat the journal."""
+MAX_IMAGES = 10
+"""Images returned per call; more would flood the model's context."""
+
+CAPABILITIES = """\
+# kernelbridge sandbox
+
+`run_python` runs code in a persistent IPython kernel inside a locked-down container.
+
+- State persists per `session` (default "default"): variables, imports, functions and files
+  in /workspace (writable, 256 MB) and /tmp. Sessions are isolated from each other.
+- Top-level `await` works. The last expression's value is returned, like a notebook cell.
+- No network. Host MCP servers may be reachable through `servers=[...]` (see mcp.runtime).
+- Limits: memory (512 MB by default), CPU, processes. `input()` is not available.
+- `timeout` (seconds) interrupts the cell; if it does not stop, the kernel restarts and the
+  result says `state: lost`. Output is truncated (head and tail kept) past a limit.
+- `IPython.display.display(Image(...))` / matplotlib figures come back as images.
+- Tools: list_sessions, close_session (frees the sandbox), export_notebook (.ipynb of a session).
+- Each session is also a notebook resource: kernelbridge://sessions/{session}/notebook
+"""
+
+
+@dataclass(slots=True)
+class BridgeContext:
+    """What the lifespan provides to every request."""
+
+    settings: Settings
+    registry: SessionRegistry
+
+
+def render_text(result: CellResult) -> str:
+    """The text a model reads: outputs verbatim, then one status line."""
+    parts: list[str] = []
+    if result.stdout:
+        parts.append(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+    if result.stderr:
+        err = result.stderr if result.stderr.endswith("\n") else result.stderr + "\n"
+        parts.append("[stderr]\n" + err)
+    if result.error is not None:
+        parts.append(result.error.traceback + "\n")
+    if result.result is not None:
+        parts.append(f"Out[{result.execution_count}]: {result.result}\n")
+    parts.extend(note + "\n" for note in result.notes)
+    where = f"[{result.execution_count}]" if result.execution_count is not None else ""
+    line = f"-- {result.status}{' ' + where if where else ''} in session {result.session!r}, "
+    line += f"{result.duration_ms} ms, state {result.state}"
+    if result.truncated:
+        line += ", output truncated"
+    return "".join(parts) + line
+
+
+def to_tool_result(result: CellResult) -> CallToolResult:
+    content: list[ContentBlock] = [TextContent(type="text", text=render_text(result))]
+    for png in result.images[:MAX_IMAGES]:
+        content.append(ImageContent(type="image", data=png, mime_type="image/png"))
+    return CallToolResult(
+        content=content, structured_content=result.structured(), is_error=result.status != "ok"
+    )
+
+
+def _registry(ctx: Context) -> SessionRegistry:
+    bridge: BridgeContext = ctx.request_context.lifespan_context
+    return bridge.registry
+
+
+def _check_session(session: str) -> str:
+    try:
+        return validate_session_name(session)
+    except KernelBridgeError as exc:
+        raise ToolError(str(exc)) from None
+
+
+def build_server(
+    settings: Settings, *, kernel_factory: KernelFactory | None = None
+) -> MCPServer[BridgeContext]:
+    """The kernelbridge MCP server. ``kernel_factory`` is a test seam (default: sandboxes)."""
+
+    @asynccontextmanager
+    async def lifespan(_: MCPServer[BridgeContext]) -> AsyncIterator[BridgeContext]:
+        factory = kernel_factory
+        if factory is None:
+            await _reap_orphans(settings)
+            factory = sandbox_kernel_factory(settings)
+        async with SessionRegistry(settings, factory) as registry:
+            yield BridgeContext(settings, registry)
+
+    app: MCPServer[BridgeContext] = MCPServer(
+        "kernelbridge", version=__version__, lifespan=lifespan, instructions=None, log_level="WARNING"
+    )
+
+    @app.tool(
+        description="Run Python in a persistent sandboxed IPython session (state kept per session). "
+        "Manual: resource kernelbridge://capabilities",
+        annotations=ToolAnnotations(open_world_hint=False),
+    )
+    async def run_python(
+        code: str,
+        ctx: Context,
+        session: str = "default",
+        servers: list[str] = [],  # noqa: B006 - the public signature; never mutated
+        timeout: int = 30,
+    ) -> CallToolResult:
+        if not code.strip():
+            raise ToolError("code is empty: pass the Python source to run")
+        if len(code) > MAX_CODE_CHARS:
+            raise ToolError(f"code is {len(code):,} characters; the limit is {MAX_CODE_CHARS:,}")
+        _check_session(session)
+        if not 1 <= timeout <= settings.max_timeout:
+            raise ToolError(f"timeout must be between 1 and {settings.max_timeout:g} seconds, got {timeout}")
+        for name in servers:
+            # TODO: the hub (a later issue) resolves names against configured host MCP servers.
+            raise ToolError(f"unknown server {name!r}: no host MCP servers are configured")
+
+        async def progress(elapsed: float, tail: str) -> None:
+            await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
+
+        try:
+            result = await _registry(ctx).run(
+                session, code, timeout=timeout, servers=servers, on_progress=progress
+            )
+        except KernelBridgeError as exc:
+            raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+        return to_tool_result(result)
+
+    @app.tool(description="List open sandbox sessions.")
+    async def list_sessions(ctx: Context) -> dict[str, Any]:
+        return {"sessions": _registry(ctx).describe()}
+
+    @app.tool(description="Close a session and remove its sandbox; its state is lost.")
+    async def close_session(session: str, ctx: Context) -> dict[str, Any]:
+        closed = await _registry(ctx).close(_check_session(session))
+        return {"session": session, "closed": closed}
+
+    @app.tool(
+        description="Export a session's history as a Jupyter notebook (.ipynb JSON, or written to path)."
+    )
+    async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
+        nb_text = notebook_json(_load_notebook(settings, _check_session(session)))
+        if path is None:
+            return nb_text
+        target = _export_target(settings, path)
+        await anyio.Path(target).write_text(nb_text, encoding="utf-8")
+        return f"wrote {target}"
+
+    @app.resource("kernelbridge://capabilities", name="capabilities", mime_type="text/markdown")
+    def capabilities() -> str:
+        return CAPABILITIES
+
+    @app.resource(
+        "kernelbridge://sessions/{session}/notebook",
+        name="session-notebook",
+        description="A session's history as an .ipynb notebook",
+        mime_type="application/x-ipynb+json",
+    )
+    def session_notebook(session: str) -> str:
+        return notebook_json(_load_notebook(settings, _check_session(session)))
+
+    return app
+
+
+def _load_notebook(settings: Settings, session: str) -> Any:
+    try:
+        return load_session_notebook(settings.sessions_dir, session)
+    except KernelBridgeError as exc:
+        raise ToolError(str(exc)) from None
+
+
+def _export_target(settings: Settings, path: str) -> Path:
+    """Where export_notebook may write: only ``.ipynb`` files, relative paths under the state dir.
+
+    The path comes from the model, so it must not become a way to write arbitrary host files.
+    """
+    target = Path(path).expanduser()
+    if target.suffix != ".ipynb":
+        raise ToolError(f"path must end in .ipynb, got {path!r}")
+    if not target.is_absolute():
+        target = settings.state_dir / "exports" / target
+    target = target.resolve()
+    if not target.parent.is_dir():
+        if target.parent.is_relative_to(settings.state_dir.resolve()):
+            target.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            raise ToolError(f"directory {str(target.parent)!r} does not exist")
+    return target
+
+
+async def _reap_orphans(settings: Settings) -> None:
+    """Remove containers left by bridges that were SIGKILLed (best effort: never blocks serving)."""
+    try:
+        from kernelbridge.runtime import reap_orphans
+
+        with anyio.fail_after(30):
+            removed = await reap_orphans(settings)
+        if removed:
+            log.warning("removed %d sandbox container(s) left by a dead kernelbridge", removed)
+    except Exception:
+        log.warning("reaping orphaned sandboxes failed", exc_info=True)
+
+
+async def _serve_stdio(app: MCPServer[BridgeContext]) -> None:
+    """Serve until stdin closes or SIGTERM/SIGINT/SIGHUP; the lifespan then stops every sandbox."""
+    async with anyio.create_task_group() as tg:
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+                async for signum in signals:
+                    log.warning("received %s; closing every session", signal.Signals(signum).name)
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(on_signal)
+        await app.run_stdio_async()
+        tg.cancel_scope.cancel()
+
+
+def serve(settings: Settings, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Run the MCP server until the client disconnects or a signal arrives.
+
+    ``http=True`` serves streamable HTTP on ``host:port`` (uvicorn handles the signals there);
+    all HTTP clients share one session registry.
+    """
+    app = build_server(settings)
+    if http:
+        anyio.run(lambda: app.run_streamable_http_async(host=host, port=port))
+    else:
+        anyio.run(_serve_stdio, app)
