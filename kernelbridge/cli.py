@@ -1,0 +1,206 @@
+"""The ``kernelbridge`` command line. Each subcommand is a thin shell over one layer's API.
+
+Failures print one line ``kernelbridge: <reason>`` on stderr and exit non-zero; tracebacks are
+for bugs only (and then they are a bug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import anyio
+
+from kernelbridge import __version__
+from kernelbridge.config import Settings, load_settings
+from kernelbridge.errors import KernelBridgeError, SessionError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kernelbridge", description="A stateful, sandboxed Python for AI agents, served over MCP."
+    )
+    parser.add_argument("--version", action="version", version=f"kernelbridge {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    serve.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    serve.add_argument("--servers-config", action="append", default=[], metavar="FILE",
+                       help="host MCP servers config file (repeatable)")  # fmt: skip
+
+    image = sub.add_parser("image", help="manage the sandbox image")
+    image_sub = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")
+    build = image_sub.add_parser("build", help="build the sandbox image (no container registry needed)")
+    build.add_argument("--force", action="store_true", help="rebuild even if the image is current")
+    build.add_argument("--containerfile", action="store_true",
+                       help="build from sandbox_kernel_image/Containerfile (needs a registry)")  # fmt: skip
+    image_sub.add_parser("status", help="say whether the image is current, stale or missing")
+
+    sub.add_parser("doctor", help="check the runtime, limits, image and a kernel start")
+
+    sessions = sub.add_parser("sessions", help="list live sessions")
+    sessions.add_argument("--json", action="store_true", help="machine-readable output")
+
+    attach = sub.add_parser("attach", help="open `jupyter console --existing` on a live session")
+    attach.add_argument("session")
+    attach.add_argument("--print", action="store_true", help="only print the connection file path")
+
+    export = sub.add_parser("export", help="export a session's journal as a notebook")
+    export.add_argument("session")
+    export.add_argument("-o", "--output", required=True, help="output .ipynb path")
+
+    replay = sub.add_parser("replay", help="re-run a notebook in a fresh sandbox")
+    replay.add_argument("notebook")
+    replay.add_argument("-o", "--output", help="write the executed notebook here")
+
+    spec = sub.add_parser("kernelspec", help="manage the `kernelbridge` Jupyter kernelspec")
+    spec_sub = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
+    install = spec_sub.add_parser("install", help="install the kernelspec (user by default)")
+    install.add_argument("--prefix", help="install into this prefix (e.g. sys.prefix) instead")
+
+    sub.add_parser("demo", help="run a short scripted agent session and print it as a transcript")
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.server import serve
+
+    if args.servers_config:
+        extra = tuple(Path(p).expanduser() for p in args.servers_config)
+        settings = _replace(settings, servers_config=settings.servers_config + extra)
+    serve(settings, http=args.http, host=args.host, port=args.port)
+    return 0
+
+
+def cmd_image(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.image import build_image, default_image, image_status
+    from kernelbridge.runtime import detect_runtime
+
+    runtime = detect_runtime(settings)
+    if args.image_command == "status":
+        image = settings.image or default_image()
+        status = image_status(runtime.executable, image)
+        print(f"{image}: {status}")
+        return 0 if status == "current" else 1
+    build_image(runtime.executable, force=args.force, containerfile=args.containerfile)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.doctor import run_doctor
+
+    return anyio.run(run_doctor, settings)
+
+
+def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.sessions import list_session_records
+
+    records = list_session_records(settings.state_dir)
+    if args.json:
+        print(json.dumps(records, indent=2, default=str))
+        return 0
+    if not records:
+        print("no live sessions")
+        return 0
+    print(f"{'SESSION':<20} {'CONTAINER':<36} {'OWNER':>7}  CONNECTION FILE")
+    for r in records:
+        container, owner = r.get("container") or "-", r.get("owner_pid", "-")
+        print(f"{r['name']:<20} {container:<36} {owner:>7}  {r['connection_file']}")
+    return 0
+
+
+def find_session(settings: Settings, name: str) -> dict:
+    from kernelbridge.sessions import list_session_records
+
+    for record in list_session_records(settings.state_dir):
+        if record["name"] == name:
+            return record
+    raise SessionError(f"no live session named {name!r} (see `kernelbridge sessions`)")
+
+
+def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
+    connection_file = find_session(settings, args.session)["connection_file"]
+    if args.print:
+        print(connection_file)
+        return 0
+    console = shutil.which("jupyter-console") or shutil.which("jupyter")
+    if console is None:
+        raise KernelBridgeError("jupyter console is not installed (pip install jupyter-console)")
+    argv = [console] + ([] if console.endswith("jupyter-console") else ["console"])
+    argv += ["--existing", connection_file]
+    os.execv(console, argv)
+    return 0  # not reached
+
+
+def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.notebook import export_session
+
+    path = export_session(settings, args.session, args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge import notebook
+
+    replay = getattr(notebook, "replay_notebook", None)
+    if replay is None:
+        raise KernelBridgeError("replay is not available in this version of kernelbridge")
+    return int(anyio.run(replay, settings, args.notebook, args.output) or 0)
+
+
+def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.kernel import install_kernelspec
+
+    path = install_kernelspec(prefix=args.prefix)
+    print(f"installed the kernelbridge kernelspec in {path}")
+    print("use it with: jupyter console --kernel kernelbridge")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.demo import main as demo_main
+
+    return demo_main()
+
+
+COMMANDS = {
+    "serve": cmd_serve,
+    "image": cmd_image,
+    "doctor": cmd_doctor,
+    "sessions": cmd_sessions,
+    "attach": cmd_attach,
+    "export": cmd_export,
+    "replay": cmd_replay,
+    "kernelspec": cmd_kernelspec,
+    "demo": cmd_demo,
+}
+
+
+def _replace(settings: Settings, **changes: object) -> Settings:
+    from dataclasses import replace
+
+    return replace(settings, **changes)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        return COMMANDS[args.command](args, settings)
+    except KernelBridgeError as exc:
+        print(f"kernelbridge: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("kernelbridge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
