@@ -132,7 +132,8 @@ def image_files(root: Path | None = None) -> list[str]:
     if missing or not package.is_dir():
         raise ImageError(
             f"the sandbox image's sources are not under {root}"
-            f" (missing {', '.join(missing) or AGENT_PACKAGE}); build the image from a kernelbridge checkout (`pip install -e .`)"
+            f" (missing {', '.join(missing) or AGENT_PACKAGE});"
+            " build the image from a kernelbridge checkout (`pip install -e .`)"
         )
     return sorted(set(files))
 
