@@ -19,19 +19,18 @@ every frame as untrusted data.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import hashlib
 import hmac
 import json
 import os
-import queue
 import select
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -49,6 +48,7 @@ HELLO_TIMEOUT = 30.0
 KERNEL_READY_TIMEOUT = 60.0
 KERNEL_INFO_RETRY = 0.2
 SHUTDOWN_GRACE = 2.0
+SHUTDOWN_REPLY_GRACE = 0.5
 MAX_LOG_LINE = 2000
 CHANNEL_OF_PORT = {"shell": "shell_port", "control": "control_port", "stdin": "stdin_port"}
 
@@ -56,8 +56,11 @@ CHANNEL_OF_PORT = {"shell": "shell_port", "control": "control_port", "stdin": "s
 class Agent:
     def __init__(self, out: Any = None) -> None:
         self._out = out or sys.stdout.buffer
-        self._out_lock = threading.Lock()
-        self._incoming: queue.SimpleQueue[frames.Frame | None] = queue.SimpleQueue()
+        self._stdin = sys.stdin.fileno()
+        self._decoder = frames.FrameDecoder()
+        self._incoming: collections.deque[frames.Frame] = collections.deque()
+        self._stdin_closed = False
+        self._kill_at: float | None = None  # set once the kernel answered a shutdown_request
         self.ctx = zmq.Context()
         self.kernel: subprocess.Popen[bytes] | None = None
         self.sockets: dict[str, zmq.Socket[bytes]] = {}
@@ -66,10 +69,8 @@ class Agent:
 
     # -- output ---------------------------------------------------------------------------
     def send(self, frame: frames.Frame) -> None:
-        data = frames.encode(frame)
-        with self._out_lock:
-            self._out.write(data)
-            self._out.flush()
+        self._out.write(frames.encode(frame))
+        self._out.flush()
 
     def log(self, message: str, level: str = "info") -> None:
         self.send({"type": frames.LOG, "level": level, "message": message[:MAX_LOG_LINE]})
@@ -80,14 +81,15 @@ class Agent:
 
     # -- start-up ------------------------------------------------------------------------
     def read_hello(self) -> frames.Frame | None:
-        ready, _, _ = select.select([sys.stdin.buffer], [], [], HELLO_TIMEOUT)
-        if not ready:
-            return None
-        line = sys.stdin.buffer.readline()
-        frame = frames.parse_line(line.rstrip(b"\n"))
-        if isinstance(frame, frames.FrameError) or frame.get("type") != frames.HELLO:
-            return None
-        return frame
+        """The first frame on stdin, which must be ``hello``. Later frames stay queued."""
+        deadline = time.monotonic() + HELLO_TIMEOUT
+        while not self._incoming and not self._stdin_closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._stdin], [], [], remaining)[0]:
+                return None
+            self.read_stdin()
+        frame = self._incoming.popleft() if self._incoming else None
+        return frame if frame is not None and frame["type"] == frames.HELLO else None
 
     def check_agent_hash(self, expected: str | None) -> str | None:
         """Return None if this agent is the one the host expects, else the reason why not."""
@@ -216,64 +218,67 @@ class Agent:
         return msg, parts[start + 4 :]
 
     def read_stdin(self) -> None:
-        """Thread: decode host frames from stdin into the queue; None marks end of input."""
-        decoder = frames.FrameDecoder()
-        stream = sys.stdin.buffer
-        while True:
-            chunk = stream.read1(1 << 20) if hasattr(stream, "read1") else stream.read(1 << 16)
-            if not chunk:
-                break
-            for item in decoder.feed(chunk):
-                if isinstance(item, frames.FrameError):
-                    self.log(f"dropped host frame: {item.reason}", "warning")
-                else:
-                    self._incoming.put(item)
-            self._wake.send(b"")
-        self._incoming.put(None)
-        self._wake.send(b"")
+        """Decode whatever stdin has into the incoming queue. We read the fd directly (no
+        buffered reader, no thread): the zmq poller watches it next to the kernel's sockets."""
+        try:
+            chunk = os.read(self._stdin, 1 << 20)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self._stdin_closed = True
+            return
+        for item in self._decoder.feed(chunk):
+            if isinstance(item, frames.FrameError):
+                self.log(f"dropped host frame: {item.reason}", "warning")
+            else:
+                self._incoming.append(item)
 
     def relay(self) -> int:
         """Relay until the kernel exits or the host leaves. Returns the agent's exit status."""
-        wake_recv = self.ctx.socket(zmq.PAIR)
-        wake_recv.bind("inproc://wake")
-        self._wake = self.ctx.socket(zmq.PAIR)
-        self._wake.connect("inproc://wake")
-        threading.Thread(target=self.read_stdin, daemon=True).start()
+        os.set_blocking(self._stdin, False)
         poller = zmq.Poller()
         channel_of = {}
         for channel, sock in self.sockets.items():
             poller.register(sock, zmq.POLLIN)
             channel_of[sock] = channel
-        poller.register(wake_recv, zmq.POLLIN)
+        poller.register(self._stdin, zmq.POLLIN)
         assert self.kernel is not None and self.kernel.stdout is not None
         kernel_out = self.kernel.stdout.fileno()
         os.set_blocking(kernel_out, False)
         poller.register(kernel_out, zmq.POLLIN)
         while True:
-            for sock, _ in poller.poll(500):
-                if sock is wake_recv:
-                    wake_recv.recv()
-                    status = self.handle_host_frames()
-                    if status is not None:
-                        return status
+            status = self.handle_host_frames()  # frames queued behind the hello come first
+            if status is not None:
+                return status
+            for sock, _ in poller.poll(200):
+                if sock == self._stdin:
+                    self.read_stdin()
                 elif sock == kernel_out:
                     self.forward_kernel_output(kernel_out)
                 else:
                     msg, buffers = self.receive_from_kernel(sock)
                     self.send(frames.kernel_frame(channel_of[sock], msg, buffers))
+                    self.note_shutdown_reply(msg)
+            if self._kill_at is not None and time.monotonic() > self._kill_at:
+                self.stop_kernel()
             if self.kernel.poll() is not None:
                 self.forward_kernel_output(kernel_out)
                 return self.report_kernel_exit()
 
+    def note_shutdown_reply(self, msg: dict[str, Any]) -> None:
+        """ipykernel sometimes lingers for seconds after answering shutdown_request; the host
+        waits for the container to end, so give the kernel a short grace, then stop it."""
+        if msg["header"].get("msg_type") == "shutdown_reply" and self._kill_at is None:
+            self._kill_at = time.monotonic() + SHUTDOWN_REPLY_GRACE
+
     def handle_host_frames(self) -> int | None:
         while True:
-            try:
-                frame = self._incoming.get_nowait()
-            except queue.Empty:
+            if not self._incoming:
+                if self._stdin_closed:  # the host is gone: stop everything
+                    self.stop_kernel()
+                    return 0
                 return None
-            if frame is None:  # host closed stdin: it is gone, stop everything
-                self.stop_kernel()
-                return 0
+            frame = self._incoming.popleft()
             kind = frame["type"]
             if kind == frames.KERNEL:
                 try:
@@ -302,7 +307,11 @@ class Agent:
     def report_kernel_exit(self) -> int:
         assert self.kernel is not None
         status = self.kernel.returncode
-        self.send({"type": frames.EXIT, "status": status, "reason": describe_exit(status)})
+        if self._kill_at is not None:  # it had answered a shutdown_request: a clean exit
+            status, reason = 0, "shut down on request"
+        else:
+            reason = describe_exit(status)
+        self.send({"type": frames.EXIT, "status": status, "reason": reason})
         return 0
 
     def stop_kernel(self) -> None:

@@ -1,0 +1,90 @@
+"""The frame codec: pure bytes in, frames out, no event loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernelbridge import frames
+
+
+def kernel_msg(text: str = "hi") -> dict:
+    return {
+        "header": {"msg_id": "1", "msg_type": "stream"},
+        "parent_header": {},
+        "metadata": {},
+        "content": {"name": "stdout", "text": text},
+    }
+
+
+def test_round_trip_with_buffers() -> None:
+    frame = frames.kernel_frame("iopub", kernel_msg("a\nb"), [b"\x00\x01binary"])
+    line = frames.encode(frame)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1  # newlines inside strings are escaped
+    [decoded] = frames.FrameDecoder().feed(line)
+    assert decoded == frame
+    assert frames.frame_buffers(decoded) == [b"\x00\x01binary"]
+
+
+def test_frames_split_across_arbitrary_chunks() -> None:
+    data = b"".join(frames.encode(frames.kernel_frame("iopub", kernel_msg(str(i)))) for i in range(50))
+    decoder = frames.FrameDecoder()
+    out = []
+    for i in range(0, len(data), 7):
+        out += decoder.feed(data[i : i + 7])
+    assert [f["msg"]["content"]["text"] for f in out] == [str(i) for i in range(50)]
+    assert decoder.pending_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b"not json at all", "not JSON"),
+        (b"[1, 2, 3]", "not a JSON object"),
+        (b'"a string"', "not a JSON object"),
+        (b'{"no": "type"}', "unknown frame type"),
+        (b'{"type": "launch_missiles"}', "unknown frame type"),
+        (b'{"type": "kernel", "channel": "shell"}', "kernel frame without"),
+        (b'{"type": "kernel", "channel": "nope", "msg": {"header": {}}}', "kernel frame without"),
+        (b"\xff\xfe\x00garbage", "not JSON"),
+    ],
+)
+def test_bad_lines_become_errors_and_decoding_continues(line: bytes, reason: str) -> None:
+    good = frames.encode({"type": "log", "level": "info", "message": "after"})
+    result = frames.FrameDecoder().feed(line + b"\n" + good)
+    assert isinstance(result[0], frames.FrameError)
+    assert reason in result[0].reason
+    assert result[1] == {"type": "log", "level": "info", "message": "after"}
+
+
+def test_32_mib_frame_passes() -> None:
+    text = "x" * (32 * 1024 * 1024)
+    line = frames.encode(frames.kernel_frame("iopub", kernel_msg(text)))
+    decoder = frames.FrameDecoder()
+    out = []
+    for i in range(0, len(line), 1 << 20):
+        out += decoder.feed(line[i : i + (1 << 20)])
+    assert len(out) == 1 and out[0]["msg"]["content"]["text"] == text
+
+
+def test_oversized_frame_is_dropped_without_buffering_it() -> None:
+    decoder = frames.FrameDecoder(max_frame_bytes=1000)
+    big = json.dumps({"type": "log", "message": "y" * 5000}).encode()
+    out = []
+    for i in range(0, len(big), 100):
+        out += decoder.feed(big[i : i + 100])
+        assert decoder._buffered <= 1000  # never holds more than the cap
+    out += decoder.feed(b"\n" + frames.encode({"type": "log", "message": "next"}))
+    assert isinstance(out[0], frames.FrameError) and "exceeds" in out[0].reason
+    assert out[1]["message"] == "next"
+
+
+def test_encode_refuses_unknown_types() -> None:
+    with pytest.raises(ValueError, match="unknown frame type"):
+        frames.encode({"type": "bogus"})
+
+
+def test_bad_base64_buffers_are_reported() -> None:
+    with pytest.raises(ValueError, match="bad buffer"):
+        frames.frame_buffers({"type": "kernel", "buffers": ["***"]})
