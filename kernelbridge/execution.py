@@ -374,6 +374,8 @@ def finish_cell(run: CellRun, *, session: str, status: Status, state: State, not
     """Freeze a run (complete or not) into a CellResult."""
     out = run.outputs
     error = out.error
+    if out.execution_count is None and run.reply is not None:
+        out.execution_count = run.reply.get("execution_count")
     if status == "ok" and run.reply is not None and run.reply.get("status") in ("error", "aborted"):
         status = "error"
         if error is None:

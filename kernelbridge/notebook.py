@@ -108,12 +108,12 @@ def _valid_count(value: Any) -> int | None:
     return value if isinstance(value, int) and value >= 0 else None
 
 
-def _clean_output(output: dict[str, Any], count: int | None) -> dict[str, Any]:
+def _clean_output(output: dict[str, Any], count: int | None) -> nbformat.NotebookNode:
     """Fix up one output so nbformat accepts it (execute_result needs an int or null count)."""
     out = dict(output)
     if out.get("output_type") == "execute_result":
         out["execution_count"] = _valid_count(out.get("execution_count")) or count
-    return out
+    return nbformat.from_dict(out)
 
 
 def journal_to_notebook(entries: list[dict[str, Any]], session: str) -> nbformat.NotebookNode:

@@ -14,6 +14,7 @@ conversation. The manual lives in the capabilities resource instead.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -25,7 +26,8 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+from mcp.server.mcpserver.tools import Tool
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
 from kernelbridge import __version__
 from kernelbridge.config import Settings
@@ -128,15 +130,6 @@ def build_server(
         async with SessionRegistry(settings, factory) as registry:
             yield BridgeContext(settings, registry)
 
-    app: MCPServer[BridgeContext] = MCPServer(
-        "kernelbridge", version=__version__, lifespan=lifespan, instructions=None, log_level="WARNING"
-    )
-
-    @app.tool(
-        description="Run Python in a persistent sandboxed IPython session (state kept per session). "
-        "Manual: resource kernelbridge://capabilities",
-        annotations=ToolAnnotations(open_world_hint=False),
-    )
     async def run_python(
         code: str,
         ctx: Context,
@@ -158,26 +151,20 @@ def build_server(
         async def progress(elapsed: float, tail: str) -> None:
             await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
 
+        registry = _registry(ctx)
         try:
-            result = await _registry(ctx).run(
-                session, code, timeout=timeout, servers=servers, on_progress=progress
-            )
+            result = await registry.run(session, code, timeout=timeout, servers=servers, on_progress=progress)
         except KernelBridgeError as exc:
             raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
         return to_tool_result(result)
 
-    @app.tool(description="List open sandbox sessions.")
-    async def list_sessions(ctx: Context) -> dict[str, Any]:
-        return {"sessions": _registry(ctx).describe()}
+    async def list_sessions(ctx: Context) -> str:
+        return json.dumps({"sessions": _registry(ctx).describe()})
 
-    @app.tool(description="Close a session and remove its sandbox; its state is lost.")
-    async def close_session(session: str, ctx: Context) -> dict[str, Any]:
+    async def close_session(session: str, ctx: Context) -> str:
         closed = await _registry(ctx).close(_check_session(session))
-        return {"session": session, "closed": closed}
+        return f"closed session {session!r}" if closed else f"no open session {session!r}"
 
-    @app.tool(
-        description="Export a session's history as a Jupyter notebook (.ipynb JSON, or written to path)."
-    )
     async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
         nb_text = notebook_json(_load_notebook(settings, _check_session(session)))
         if path is None:
@@ -185,6 +172,16 @@ def build_server(
         target = _export_target(settings, path)
         await anyio.Path(target).write_text(nb_text, encoding="utf-8")
         return f"wrote {target}"
+
+    tools = [
+        _compact_tool(run_python, RUN_PYTHON_DOC, structured_output=False),
+        _compact_tool(list_sessions, "List open sessions."),
+        _compact_tool(close_session, "Close a session and remove its sandbox."),
+        _compact_tool(export_notebook, "A session's history as .ipynb JSON (or written to path)."),
+    ]
+    app: MCPServer[BridgeContext] = MCPServer(
+        "kernelbridge", version=__version__, lifespan=lifespan, tools=tools, log_level="WARNING"
+    )
 
     @app.resource("kernelbridge://capabilities", name="capabilities", mime_type="text/markdown")
     def capabilities() -> str:
@@ -200,6 +197,37 @@ def build_server(
         return notebook_json(_load_notebook(settings, _check_session(session)))
 
     return app
+
+
+RUN_PYTHON_DOC = (
+    "Run Python in a persistent sandboxed IPython session; state is kept per session. "
+    "Manual: resource kernelbridge://capabilities"
+)
+
+
+def _compact_schema(schema: Any) -> Any:
+    """Drop what a model does not need from a pydantic JSON schema: titles, and the ``null``
+    branch of optional arguments (omitting an argument means the same)."""
+    if isinstance(schema, list):
+        return [_compact_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _compact_schema(v) for k, v in schema.items() if k != "title"}
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and {"type": "null"} in branches and len(branches) == 2:
+        del out["anyOf"]
+        out.update(next(b for b in branches if b != {"type": "null"}))
+        if out.get("default", 0) is None:
+            del out["default"]
+    return out
+
+
+def _compact_tool(fn: Any, description: str, structured_output: bool = False) -> Tool:
+    """A tool whose published schema is as small as possible: every byte of tools/list is
+    context spent in every conversation. Arguments are still validated by the full model."""
+    tool = Tool.from_function(fn, description=description, structured_output=structured_output)
+    tool.parameters = _compact_schema(tool.parameters)
+    return tool
 
 
 def _load_notebook(settings: Settings, session: str) -> Any:

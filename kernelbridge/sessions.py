@@ -414,11 +414,11 @@ class SessionRegistry:
                 try:
                     with anyio.fail_after(self.settings.kernel_start_timeout + SHUTDOWN_TIMEOUT):
                         handle = await self._factory(f"warm-{secrets.token_hex(4)}")
-                except Exception:
+                except Exception as exc:
                     self._pool_starting = False
                     self._notify_pool()
                     failures += 1
-                    log.warning("starting a warm kernel failed (%d)", failures, exc_info=True)
+                    log.warning("starting a warm kernel failed (%d): %s", failures, exc)
                     # Don't spin on a broken runtime; a session's own start will report the error.
                     await anyio.sleep(min(2.0**failures, 60.0))
                     continue
