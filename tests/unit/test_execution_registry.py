@@ -32,18 +32,37 @@ def anyio_backend() -> str:
 
 
 class LocalKernels:
-    """A kernel factory of unsandboxed local ipykernels; records which names it started."""
+    """A kernel factory of unsandboxed local ipykernels; records which it started and stopped."""
 
     def __init__(self) -> None:
         self.started: list[str] = []
+        self.stopped = 0
+        self.changed = anyio.Event()
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def wait_until(self, *, started: int = 0, stopped: int = 0) -> None:
+        while len(self.started) < started or self.stopped < stopped:
+            await self.changed.wait()
 
     async def __call__(self, name: str) -> KernelHandle:
-        self.started.append(name)
-        km = AsyncKernelManager(kernel_name="python3")
+        kernels = self
+
+        class TrackedKernelManager(AsyncKernelManager):
+            async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+                await super().shutdown_kernel(now=now, restart=restart)
+                kernels.stopped += 1
+                kernels._changed()
+
+        km = TrackedKernelManager(kernel_name="python3")
         await km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
         kc = km.client()
         kc.start_channels()
         await kc.wait_for_ready(timeout=30)
+        self.started.append(name)
+        self._changed()
         return km, kc
 
 
@@ -141,18 +160,20 @@ async def test_session_record_lives_while_the_session_does(
         await registry.run("rec", "1", timeout=10)
         record_file = settings.sessions_dir / "rec.session.json"
         record = json.loads(record_file.read_text())
-        assert record["name"] == "rec" and Path(record["connection_file"]).exists()
+        assert record["name"] == "rec" and await anyio.Path(record["connection_file"]).exists()
         assert set(record) == {"name", "connection_file", "container", "kernel_id", "owner_pid", "created"}
         await registry.close("rec")
     assert not record_file.exists()
 
 
 async def test_idle_sessions_are_closed(settings: Settings) -> None:
-    async with SessionRegistry(replace(settings, idle_timeout=0.5), LocalKernels()) as registry:
+    kernels = LocalKernels()
+    async with SessionRegistry(replace(settings, idle_timeout=0.5), kernels) as registry:
         with anyio.fail_after(30):
             await registry.run("a", "1", timeout=10)
-            while registry.describe():
-                await anyio.sleep(0.1)
+            assert registry.describe()
+            await kernels.wait_until(stopped=1)
+            assert registry.describe() == []
 
 
 async def test_warm_pool_serves_the_first_call(settings: Settings) -> None:
@@ -162,5 +183,4 @@ async def test_warm_pool_serves_the_first_call(settings: Settings) -> None:
             result = await registry.run("a", "1 + 1", timeout=10)
             assert result.result == "2"
             assert kernels.started[0].startswith("warm-") and "a" not in kernels.started
-            while len(kernels.started) < 2:  # the pool refills in the background
-                await anyio.sleep(0.05)
+            await kernels.wait_until(started=2)  # the pool refills in the background
