@@ -27,6 +27,7 @@ image from a shell (``scripts/setup.sh`` does).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -230,6 +231,17 @@ def build_image(
     if not force and image_status(executable, tag) == "current":
         log(f"sandbox image {tag} is current")
         return tag
+    with _build_lock(log):
+        # Whoever held the lock may just have built this very image.
+        if not force and image_status(executable, tag) == "current":
+            log(f"sandbox image {tag} is current")
+            return tag
+        _build(executable, root, hash_, tag, log, containerfile)
+    return tag
+
+
+def _build(executable: str, root: Path, hash_: str, tag: str, log: Log, containerfile: bool) -> None:
+    """Build, tag ``:latest`` and prune; the caller holds the build lock."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kernelbridge-image-") as tmp:
         work = Path(tmp)
@@ -240,7 +252,6 @@ def build_image(
     _run([executable, "tag", tag, f"{REPOSITORY}:latest"], "tag the image", "check `podman images`")
     _remove_other_images(executable, tag, log)
     log(f"built {tag} in {time.monotonic() - started:.1f} s")
-    return tag
 
 
 def _build_without_registry(executable: str, root: Path, work: Path, hash_: str, tag: str, log: Log) -> None:
@@ -345,6 +356,23 @@ def _remove_other_images(executable: str, keep: str, log: Log) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
+@contextmanager
+def _build_lock(log: Log) -> Iterator[None]:
+    """One build at a time per user: parallel test runs or a `make setup` beside a test session would
+    otherwise each spend a minute building the same image and race on its tags."""
+    path = Path(tempfile.gettempdir()) / f"kernelbridge-image-build-{os.getuid()}.lock"
+    with path.open("a") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log("waiting for another build of the sandbox image ...")
+            fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
+
+
 @contextmanager
 def _step(log: Log, what: str) -> Iterator[None]:
     """Log how long one build step took."""

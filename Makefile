@@ -1,0 +1,44 @@
+# kernelbridge developer entry points. Every target sets up what it needs first (scripts/setup.sh is
+# idempotent and takes about a second when everything is already there).
+
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: all setup setup-venv test lint format demo bench image clean
+
+all: test
+
+setup:
+	scripts/setup.sh
+
+setup-venv:
+	scripts/setup.sh --venv-only
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest
+
+lint: setup-venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup-venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+demo: setup
+	$(VENV)/bin/kernelbridge demo
+
+# Runs every script in bench/ (each prints its own figures).
+bench: setup
+	@set -e; for f in bench/*.py; do \
+		[ -e "$$f" ] || { echo "no benchmarks in bench/"; break; }; \
+		echo "== $$f"; $(PY) "$$f"; \
+	done
+
+# Rebuild the sandbox image even if it is current.
+image: setup-venv
+	$(PY) -m kernelbridge.image --force
+
+clean:
+	rm -rf .pytest_cache .ruff_cache build *.egg-info

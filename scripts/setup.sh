@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# One-command set-up of a kernelbridge checkout on Debian or Ubuntu; safe to re-run (each step is
+# skipped when its result is already there, so a second run takes about a second).
+#
+#   scripts/setup.sh              system packages, .venv, the sandbox image, the npm test peers
+#   scripts/setup.sh --venv-only  system python bits and .venv only (enough for lint)
+#
+# As root it installs missing Debian packages itself; otherwise it prints what to install and
+# exits 1. Environment: PYTHON (default python3) creates the venv; KERNELBRIDGE_SKIP_IMAGE=1 and
+# KERNELBRIDGE_SKIP_NPM=1 skip those steps.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.kernelbridge-installed
+NPM_PREFIX=.cache/npm
+# The MCP inspector releases after 0.15.0 need Node >= 22; 0.15.0 works with Node 20.
+NPM_PACKAGES=(@modelcontextprotocol/inspector@0.15.0 @modelcontextprotocol/server-everything)
+
+venv_only=0
+[[ ${1:-} == --venv-only ]] && venv_only=1
+
+say() { printf 'setup: %s\n' "$*"; }
+
+# -- system packages -----------------------------------------------------------------------------------
+missing=()
+need() {  # need COMMAND PACKAGE: PACKAGE provides COMMAND
+    command -v "$1" >/dev/null 2>&1 || missing+=("$2")
+}
+command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3)
+if [[ ! -x $VENV/bin/python ]] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    missing+=(python3-venv)
+fi
+if ((!venv_only)); then
+    need podman podman
+    need runc runc
+    need mmdebstrap mmdebstrap
+    need newuidmap uidmap
+    if [[ ${KERNELBRIDGE_SKIP_NPM:-0} != 1 ]] && ! command -v npx >/dev/null 2>&1; then
+        missing+=(nodejs npm)
+    fi
+fi
+
+if ((${#missing[@]})); then
+    if [[ $(id -u) != 0 ]]; then
+        say "missing system packages: ${missing[*]}"
+        say "install them with: sudo apt-get update && sudo apt-get install -y ${missing[*]}"
+        exit 1
+    fi
+    say "installing ${missing[*]} ..."
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# -- the virtualenv --------------------------------------------------------------------------------------
+if [[ ! -x $VENV/bin/python ]]; then
+    say "creating $VENV with $("$PYTHON" --version 2>&1)"
+    "$PYTHON" -m venv "$VENV"
+fi
+if [[ ! -f $STAMP || pyproject.toml -nt $STAMP ]]; then
+    say "installing kernelbridge and its test dependencies into $VENV ..."
+    # setuptools is chatty on stderr during an editable build: keep its output for failures only.
+    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[test]' >"$VENV/pip-install.log" 2>&1
+    then
+        tail -n 20 "$VENV/pip-install.log" >&2
+        say "pip install -e '.[test]' failed (full log: $VENV/pip-install.log)"
+        exit 1
+    fi
+    touch "$STAMP"
+fi
+((venv_only)) && exit 0
+
+# -- the sandbox image -----------------------------------------------------------------------------------
+if [[ ${KERNELBRIDGE_SKIP_IMAGE:-0} != 1 ]]; then
+    status=$("$VENV/bin/python" -c \
+        'from kernelbridge.image import default_image, image_status; print(image_status("podman", default_image()))')
+    if [[ $status != current ]]; then
+        say "sandbox image is $status: building it (about a minute) ..."
+        "$VENV/bin/python" -m kernelbridge.image
+    fi
+fi
+
+# -- MCP peers used by the tests (no network at test time) ---------------------------------------------
+if [[ ${KERNELBRIDGE_SKIP_NPM:-0} != 1 ]]; then
+    have_all=1
+    for spec in "${NPM_PACKAGES[@]}"; do
+        # "@scope/name@1.2" -> "@scope/name": drop a version, not the scope's leading "@".
+        if [[ $spec == @* ]]; then rest=${spec#@}; name=@${rest%@*}; else name=${spec%@*}; fi
+        [[ -f $NPM_PREFIX/node_modules/$name/package.json ]] || have_all=0
+    done
+    if ((!have_all)); then
+        say "installing ${NPM_PACKAGES[*]} into $NPM_PREFIX ..."
+        mkdir -p "$NPM_PREFIX"
+        npm install --prefix "$NPM_PREFIX" --no-audit --no-fund --loglevel=error "${NPM_PACKAGES[@]}" >/dev/null
+    fi
+fi
+say "ready"
