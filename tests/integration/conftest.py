@@ -71,7 +71,7 @@ async def mcp_client(connect: ClientFactory) -> AsyncIterator[Client]:
         yield client
 
 
-def containers(label_value: str | None = None) -> list[str]:
+def list_containers() -> list[str]:
     """Names of kernelbridge sandbox containers (running or not)."""
     out = subprocess.run(
         ["podman", "ps", "-a", "--filter", "label=kernelbridge.session", "--format", "{{.Names}}"],
@@ -80,7 +80,7 @@ def containers(label_value: str | None = None) -> list[str]:
         timeout=30,
         check=True,
     ).stdout
-    return [n for n in out.split() if label_value is None or label_value in n]
+    return out.split()
 
 
 def serve_pids(state_dir: Path) -> list[int]:
@@ -118,3 +118,22 @@ def peak_rss_kib(pid: int) -> int:
 
 def text_of(result: Any) -> str:
     return "\n".join(block.text for block in result.content if getattr(block, "type", None) == "text")
+
+
+class ServerTools:
+    """Helpers for server tests, handed out as the ``kb`` fixture (conftest is not importable)."""
+
+    containers = staticmethod(list_containers)
+    serve_pids = staticmethod(serve_pids)
+    rss_kib = staticmethod(rss_kib)
+    peak_rss_kib = staticmethod(peak_rss_kib)
+    text_of = staticmethod(text_of)
+
+    @staticmethod
+    async def run(client: Client, code: str, **args: Any) -> Any:
+        return await client.call_tool("run_python", {"code": code, **args})
+
+
+@pytest.fixture
+def kb() -> type[ServerTools]:
+    return ServerTools

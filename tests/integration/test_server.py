@@ -1,0 +1,222 @@
+"""`kernelbridge serve` through a real MCP client over stdio, with real sandbox containers.
+
+Each test spawns its own server (state in tmp_path), so sessions and containers never leak
+between tests. Every wait is bounded with ``anyio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import zlib
+from typing import Any
+
+import anyio
+import nbformat
+import pytest
+from mcp.client.client import Client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.podman]
+
+
+async def run(client: Client, code: str, **args: Any) -> Any:
+    return await client.call_tool("run_python", {"code": code, **args})
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+def png_bytes() -> bytes:
+    """A valid 1x1 PNG, built by hand (no PIL or matplotlib needed)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return len(data).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
+
+    header = chunk(b"IHDR", (1).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0]))
+    return b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\0\xff\0\0")) + chunk(b"IEND", b"")
+
+
+async def test_state_is_kept_across_three_calls(mcp_client: Client) -> None:
+    with anyio.fail_after(60):
+        first = await run(mcp_client, "import math\nx = 40")
+        second = await run(
+            mcp_client, "def f(v):\n    return v + 2\nwith open('note.txt', 'w') as fh:\n    fh.write('hi')"
+        )
+        third = await run(mcp_client, "print()\nprint(f(x), math.pi > 3, open('note.txt').read())\n()")
+    for result in (first, second, third):
+        assert result.is_error is False, text_of(result)
+    sc = third.structured_content
+    assert sc["status"] == "ok" and sc["state"] == "kept" and sc["session"] == "default"
+    assert sc["stdout"] == "\n42 True hi\n"  # the blank line is kept verbatim
+    assert sc["result"] == "()"
+    assert sc["execution_count"] == 3
+    assert "Out[3]: ()" in text_of(third)
+
+
+async def test_errors_are_results_with_a_clean_traceback(mcp_client: Client) -> None:
+    with anyio.fail_after(60):
+        result = await run(mcp_client, "def g():\n    return 1/0\ng()")
+    assert result.is_error is True
+    error = result.structured_content["error"]
+    assert error["ename"] == "ZeroDivisionError" and error["evalue"] == "division by zero"
+    assert "\x1b" not in error["traceback"] and "\x1b" not in text_of(result)
+    assert "return 1/0" in error["traceback"]
+    assert result.structured_content["status"] == "error"
+
+
+async def test_top_level_await(mcp_client: Client) -> None:
+    with anyio.fail_after(60):
+        result = await run(mcp_client, "import asyncio\nawait asyncio.sleep(0.01)\n'awaited'")
+    assert result.structured_content["result"] == "'awaited'"
+
+
+async def test_timeout_interrupts_returns_partial_output_and_keeps_state(mcp_client: Client) -> None:
+    with anyio.fail_after(90):
+        await run(mcp_client, "kept = 'yes'")
+        start = time.monotonic()
+        result = await run(mcp_client, "import time\nprint('partial', flush=True)\ntime.sleep(60)", timeout=2)
+        elapsed = time.monotonic() - start
+        after = await run(mcp_client, "kept")
+    assert elapsed < 5, elapsed
+    sc = result.structured_content
+    assert result.is_error is True
+    assert (sc["status"], sc["state"]) == ("timeout", "kept")
+    assert sc["stdout"] == "partial\n"
+    assert "variables are kept" in text_of(result)
+    assert after.structured_content["result"] == "'yes'"
+
+
+async def test_cell_ignoring_interrupt_forces_a_restart_reported_as_lost(mcp_client: Client) -> None:
+    stubborn = "\n".join(
+        [
+            "import time",
+            "while True:",
+            "    try:",
+            "        time.sleep(1)",
+            "    except KeyboardInterrupt:",
+            "        pass",
+        ]
+    )
+    with anyio.fail_after(120):
+        await run(mcp_client, "gone = 1")
+        result = await run(mcp_client, stubborn, timeout=2)
+        after = await run(mcp_client, "'gone' in globals()")
+    sc = result.structured_content
+    assert (sc["status"], sc["state"]) == ("timeout", "lost")
+    assert "restarted" in text_of(result) and "lost" in text_of(result)
+    assert after.structured_content["result"] == "False"
+    assert after.is_error is False
+
+
+async def test_png_display_arrives_as_image_content(mcp_client: Client) -> None:
+    png = png_bytes()
+    code = f"from IPython.display import Image, display\ndisplay(Image(data={png!r}))\nprint('shown')"
+    with anyio.fail_after(60):
+        result = await run(mcp_client, code)
+    images = [block for block in result.content if block.type == "image"]
+    assert len(images) == 1
+    assert images[0].mime_type == "image/png"
+    assert base64.b64decode(images[0].data) == png
+    assert result.structured_content["stdout"] == "shown\n"
+
+
+async def test_input_fails_immediately(mcp_client: Client) -> None:
+    with anyio.fail_after(60):
+        await run(mcp_client, "1")  # the kernel is started
+        start = time.monotonic()
+        result = await run(mcp_client, "name = input('name? ')")
+    assert time.monotonic() - start < 2
+    assert result.is_error is True
+    assert result.structured_content["error"]["ename"] == "StdinNotImplementedError"
+    assert "input() is not available" in text_of(result)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"code": ""}, "code is empty"),
+        ({"code": "   \n"}, "code is empty"),
+        ({"code": 5}, "validation error"),
+        ({"code": "1", "timeout": -1}, "timeout must be between 1 and 600"),
+        ({"code": "1", "timeout": 10**9}, "timeout must be between 1 and 600"),
+        ({"code": "1", "timeout": "soon"}, "validation error"),
+        ({"code": "1", "session": "../etc"}, "invalid session name"),
+        ({"code": "1", "session": "a b"}, "invalid session name"),
+        ({"code": "1", "session": "x" * 65}, "invalid session name"),
+        ({"code": "1", "servers": ["x"]}, "unknown server 'x': no host MCP servers are configured"),
+        ({"code": "1", "servers": "x"}, "validation error"),
+    ],
+)
+async def test_bad_input_gives_a_clear_error(mcp_client: Client, args: dict[str, Any], message: str) -> None:
+    with anyio.fail_after(60):
+        result = await mcp_client.call_tool("run_python", args)
+    assert result.is_error is True
+    text = text_of(result)
+    assert message in text
+    assert "Traceback" not in text
+
+
+async def test_progress_notifications_arrive_for_a_long_call(mcp_client: Client) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    code = "import time\nfor i in range(6):\n    print('step', i, flush=True)\n    time.sleep(1)"
+    with anyio.fail_after(60):
+        result = await mcp_client.call_tool("run_python", {"code": code}, progress_callback=on_progress)
+    assert result.is_error is False
+    assert len(seen) >= 2, seen
+    assert seen[0][1] == 30.0
+    assert [p for p, _, _ in seen] == sorted(p for p, _, _ in seen)
+    assert any(message and "step" in message for _, _, message in seen)
+
+
+async def test_sessions_list_close_and_export(mcp_client: Client, kb: Any) -> None:
+    with anyio.fail_after(90):
+        await run(mcp_client, "a = 1\nprint('in a')", session="alpha")
+        await run(mcp_client, "b = 2", session="beta")
+        listed = json.loads(text_of(await mcp_client.call_tool("list_sessions", {})))
+        names = {s["session"]: s for s in listed["sessions"]}
+        assert set(names) == {"alpha", "beta"}
+        alpha_container = names["alpha"]["container"]
+        assert alpha_container in kb.containers()
+
+        exported = await mcp_client.call_tool("export_notebook", {"session": "alpha"})
+        nb = nbformat.reads(text_of(exported), as_version=4)
+        nbformat.validate(nb)
+        assert nb.cells[0].source == "a = 1\nprint('in a')"
+        assert nb.cells[0].metadata.kernelbridge["status"] == "ok"
+        assert nb.metadata.kernelspec.name == "kernelbridge"
+        written = await mcp_client.call_tool("export_notebook", {"session": "alpha", "path": "alpha.ipynb"})
+        assert written.is_error is False and text_of(written).endswith("alpha.ipynb")
+        refused = await mcp_client.call_tool("export_notebook", {"session": "alpha", "path": "/tmp/x.sh"})
+        assert refused.is_error is True and ".ipynb" in text_of(refused)
+
+        resource = await mcp_client.read_resource("kernelbridge://sessions/alpha/notebook")
+        nbformat.validate(nbformat.reads(resource.contents[0].text, as_version=4))
+        manual = await mcp_client.read_resource("kernelbridge://capabilities")
+        assert "run_python" in manual.contents[0].text
+
+        closed = await mcp_client.call_tool("close_session", {"session": "alpha"})
+        assert closed.is_error is False
+        assert alpha_container not in kb.containers()
+        listed = json.loads(text_of(await mcp_client.call_tool("list_sessions", {})))
+        assert [s["session"] for s in listed["sessions"]] == ["beta"]
+        fresh = await run(mcp_client, "'a' in globals()", session="alpha")
+        assert fresh.structured_content["result"] == "False"
+
+
+async def test_disconnecting_removes_every_container(connect: Any, kb: Any) -> None:
+    with anyio.fail_after(90):
+        async with connect() as client:
+            await run(client, "1", session="one")
+            await run(client, "1", session="two")
+            listed = json.loads(text_of(await client.call_tool("list_sessions", {})))
+            ours = [s["container"] for s in listed["sessions"]]
+            assert all(name in kb.containers() for name in ours)
+        remaining = set(kb.containers())
+    assert not remaining & set(ours)
