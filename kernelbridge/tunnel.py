@@ -194,6 +194,7 @@ class Tunnel:
         if kind == frames.KERNEL:
             await self.deliver(frame)
         elif kind == frames.READY and not ready.is_set():
+            log.info("sandbox ready: %s", frame.get("versions"))
             emit({"event": "ready", "versions": frame.get("versions"), "agent_hash": frame.get("agent_hash")})
             ready.set()
         elif kind == frames.EXIT:
@@ -252,6 +253,7 @@ class Tunnel:
     async def run(self) -> int:
         self.bind()
         self.stderr_tail: list[str] = []
+        log.info("starting the container: %s", " ".join(self.argv))
         async with await anyio.open_process(self.argv, stdin=-1, stdout=-1, stderr=-1) as process:
             self.process = process
             hello = {

@@ -18,12 +18,13 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelbridge.config import Settings, load_settings
+from kernelbridge.errors import KernelDied
 from kernelbridge.kernel.provisioner import SandboxProvisioner, connection_dir
 from kernelbridge.kernel.spec import KERNEL_NAME, kernelspec_dict
 
-# Why 0.2 s: the host's PUB->SUB subscription propagates in ~1 ms on loopback; re-asking every
-# 0.2 s keeps the handshake fast without flooding a kernel that is still busy starting.
-IOPUB_PROBE_INTERVAL = 0.2
+# Why 0.05 s: the host's PUB->SUB subscription propagates in ~1 ms on loopback; re-asking every
+# 0.05 s keeps the handshake fast without flooding a kernel that is still busy starting.
+IOPUB_PROBE_INTERVAL = 0.05
 
 
 class SandboxKernelManager(AsyncKernelManager):
@@ -62,31 +63,33 @@ class SandboxKernelManager(AsyncKernelManager):
 async def connect_client(km: AsyncKernelManager, timeout: float = 30.0) -> AsyncKernelClient:
     """A client with channels started, kernel_info answered and iopub proven to deliver.
 
-    jupyter_client's ``wait_for_ready`` only proves the shell channel; a SUB socket that joins
-    late silently misses the first messages, so we also wait for an iopub ``status`` answering
-    one of our kernel_info_requests. Raises TimeoutError or RuntimeError (kernel died).
+    jupyter_client's ``wait_for_ready`` only proves the shell channel (and then idles 0.2 s to
+    flush iopub); a SUB socket that joins late silently misses the first messages. So we ask
+    kernel_info until an iopub ``status`` answering one of the requests arrives, which proves
+    shell and iopub at once. Raises TimeoutError, or KernelDied if the kernel dies meanwhile.
     """
     kc: AsyncKernelClient = km.client()
     kc.start_channels()
     try:
-        await kc.wait_for_ready(timeout=timeout)
-        await wait_for_iopub(kc, timeout)
+        await wait_for_iopub(kc, timeout, km)
     except BaseException:
         kc.stop_channels()
         raise
     return kc
 
 
-async def wait_for_iopub(kc: AsyncKernelClient, timeout: float) -> None:
+async def wait_for_iopub(kc: AsyncKernelClient, timeout: float, km: AsyncKernelManager | None = None) -> None:
     sent: set[str] = set()
-    deadline = time.monotonic() + timeout
     with anyio.fail_after(timeout):
         while True:
+            if km is not None and not await km.is_alive():
+                reason = getattr(km, "death_reason", lambda: None)() or "the kernel died"
+                raise KernelDied(f"the kernel died before answering: {reason}")
             sent.add(kc.kernel_info())
-            probe_end = min(deadline, time.monotonic() + IOPUB_PROBE_INTERVAL)
-            while time.monotonic() < probe_end:
+            probe_end = time.monotonic() + IOPUB_PROBE_INTERVAL
+            while (left := probe_end - time.monotonic()) > 0:
                 try:
-                    msg = await kc.get_iopub_msg(timeout=max(0.01, probe_end - time.monotonic()))
+                    msg = await kc.get_iopub_msg(timeout=left)
                 except Empty:
                     break
                 if msg.get("parent_header", {}).get("msg_id") in sent:
@@ -95,15 +98,16 @@ async def wait_for_iopub(kc: AsyncKernelClient, timeout: float) -> None:
 
 
 async def _drain_replies(kc: AsyncKernelClient, sent: set[str]) -> None:
-    """Consume the kernel_info replies of the probe so the caller starts from a clean shell."""
+    """Consume the probe's kernel_info replies and the rest of its iopub messages, so the
+    caller starts from clean channels."""
     try:
         while sent:
-            reply = await kc.get_shell_msg(timeout=1.0)
+            reply = await kc.get_shell_msg(timeout=5.0)
             sent.discard(reply.get("parent_header", {}).get("msg_id"))
     except Empty:
         pass
     try:
-        while True:  # the probe's other iopub messages (busy/idle of each kernel_info)
-            await kc.get_iopub_msg(timeout=0.05)
+        while True:
+            await kc.get_iopub_msg(timeout=0.02)
     except Empty:
         return

@@ -48,7 +48,7 @@ def detect_runtime(settings: Settings) -> OciCliRuntime:
         if not path:
             continue
         if name == "podman":
-            return PodmanRuntime(executable=path, oci_runtime=default_oci_runtime(path))
+            return PodmanRuntime(executable=path, oci_runtime=default_oci_runtime())
         return DockerRuntime(executable=path)
     raise RuntimeUnavailable(
         f"no container runtime found ({' or '.join(wanted)} not on PATH); "

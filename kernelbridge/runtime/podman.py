@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,21 +35,13 @@ def cgroup_layout() -> str:
     return "v1"
 
 
-def default_oci_runtime(executable: str) -> str | None:
+def default_oci_runtime() -> str | None:
     """crun fails to create containers on hybrid cgroup hierarchies; use runc there.
 
-    Returns ``runc`` only when podman's default is crun, the layout is hybrid and runc exists.
+    Returns ``runc`` when crun is installed (so podman may pick it), the layout is hybrid and
+    runc exists; forcing runc where podman would have picked it anyway is harmless. Decided
+    from files alone: asking ``podman info`` costs ~0.4 s on every sandbox start.
     """
-    if cgroup_layout() != "hybrid" or not shutil.which("runc"):
-        return None
-    try:
-        current = subprocess.run(
-            [executable, "info", "--format", "{{.Host.OCIRuntime.Name}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return "runc" if current == "crun" else None
+    if cgroup_layout() == "hybrid" and shutil.which("crun") and shutil.which("runc"):
+        return "runc"
+    return None
