@@ -197,10 +197,14 @@ def image_labels(executable: str, image: str) -> dict[str, str] | None:
 def image_status(executable: str, image: str) -> ImageStatus:
     """``current`` if ``image`` exists and carries this tree's agent hash, ``stale`` if it carries
     another, ``missing`` if there is no such image."""
+    return _status(executable, image, agent_hash())
+
+
+def _status(executable: str, image: str, hash_: str) -> ImageStatus:
     labels = image_labels(executable, image)
     if labels is None:
         return "missing"
-    return "current" if labels.get(HASH_LABEL) == agent_hash() else "stale"
+    return "current" if labels.get(HASH_LABEL) == hash_ else "stale"
 
 
 def ensure_image(executable: str = "podman", *, log: Log = print) -> str:
@@ -226,29 +230,43 @@ def build_image(
     Raises ImageError, with a one-line fix, when a tool is missing or a step fails.
     """
     root = source_root() if root is None else root
-    hash_ = agent_hash(root)
-    tag = image_tag(hash_)
-    if not force and image_status(executable, tag) == "current":
-        log(f"sandbox image {tag} is current")
-        return tag
-    with _build_lock(log):
-        # Whoever held the lock may just have built this very image.
-        if not force and image_status(executable, tag) == "current":
+    with tempfile.TemporaryDirectory(prefix="kernelbridge-image-") as tmp:
+        work = Path(tmp)
+        # Build from a snapshot: the tree may change during the minute a build takes (an editor
+        # saving, a checkout), and the label must describe what the image really holds.
+        source = _snapshot(root, work / "source")
+        hash_ = agent_hash(source)
+        tag = image_tag(hash_)
+        if not force and _status(executable, tag, hash_) == "current":
             log(f"sandbox image {tag} is current")
             return tag
-        _build(executable, root, hash_, tag, log, containerfile)
+        with _build_lock(log):
+            # Whoever held the lock may just have built this very image.
+            if not force and _status(executable, tag, hash_) == "current":
+                log(f"sandbox image {tag} is current")
+                return tag
+            _build(executable, source, work, hash_, tag, log, containerfile)
     return tag
 
 
-def _build(executable: str, root: Path, hash_: str, tag: str, log: Log, containerfile: bool) -> None:
-    """Build, tag ``:latest`` and prune; the caller holds the build lock."""
+def _snapshot(root: Path, dest: Path) -> Path:
+    """Copy the image's source files from ``root`` to ``dest``; returns ``dest``."""
+    for name in image_files(root):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / name, target)
+    return dest
+
+
+def _build(
+    executable: str, source: Path, work: Path, hash_: str, tag: str, log: Log, containerfile: bool
+) -> None:
+    """Build from the snapshot ``source``, tag ``:latest`` and prune; the caller holds the build lock."""
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kernelbridge-image-") as tmp:
-        work = Path(tmp)
-        if containerfile:
-            _build_from_containerfile(executable, root, work, hash_, tag, log)
-        else:
-            _build_without_registry(executable, root, work, hash_, tag, log)
+    if containerfile:
+        _build_from_containerfile(executable, source, work / "context", hash_, tag, log)
+    else:
+        _build_without_registry(executable, source, work, hash_, tag, log)
     _run([executable, "tag", tag, f"{REPOSITORY}:latest"], "tag the image", "check `podman images`")
     _remove_other_images(executable, tag, log)
     log(f"built {tag} in {time.monotonic() - started:.1f} s")
@@ -329,6 +347,7 @@ def _build_from_containerfile(
 ) -> None:
     """``podman build`` on the Containerfile, with a build context holding only what it copies."""
     with _step(log, "stage the build context"):
+        work.mkdir(parents=True, exist_ok=True)
         for name in RECIPE_FILES:
             shutil.copyfile(root / RECIPE_DIR / name, work / name)
         _stage_agent(root, work / AGENT_PREFIX, hash_)
