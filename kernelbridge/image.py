@@ -358,7 +358,8 @@ def _build_from_containerfile(
 
 
 def _remove_other_images(executable: str, keep: str, log: Log) -> None:
-    """Untag images of other agent hashes; an image still used by a container is left alone."""
+    """Remove images of other agent hashes and untagged old builds; one still used by a container
+    stays."""
     proc = subprocess.run(
         [executable, "images", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY],
         capture_output=True,
@@ -366,8 +367,16 @@ def _remove_other_images(executable: str, keep: str, log: Log) -> None:
         timeout=INSPECT_TIMEOUT,
         check=False,
     )
-    stale = {ref for ref in proc.stdout.split() if ref not in (keep, f"{REPOSITORY}:latest")}
-    for ref in sorted(stale):
+    stale = sorted({ref for ref in proc.stdout.split() if ref not in (keep, f"{REPOSITORY}:latest")})
+    # A rebuild under the same tag (--force) leaves the previous image untagged.
+    untagged = subprocess.run(
+        [executable, "images", "--quiet", "--filter", "dangling=true", "--filter", f"label={HASH_LABEL}"],
+        capture_output=True,
+        text=True,
+        timeout=INSPECT_TIMEOUT,
+        check=False,
+    )
+    for ref in stale + untagged.stdout.split():
         removed = subprocess.run(
             [executable, "rmi", ref], capture_output=True, timeout=INSPECT_TIMEOUT, check=False
         )
