@@ -12,7 +12,6 @@ import argparse
 import statistics
 import time
 from importlib.metadata import version
-from queue import Empty
 
 import anyio
 from jupyter_client.asynchronous import AsyncKernelClient
@@ -22,25 +21,28 @@ from kernelbridge.kernel import SandboxKernelManager, connect_client
 
 
 async def run_cell(kc: AsyncKernelClient, code: str) -> None:
-    """Until both the shell reply and iopub idle for this request have arrived."""
+    """Until both the shell reply and iopub idle for this request have arrived. Two tasks wait
+    on the two channels at once: polling them in turn with short timeouts would measure the
+    polling interval, not the kernel."""
     msg_id = kc.execute(code)
-    idle = replied = False
-    while not (idle and replied):
-        if not replied:
-            try:
-                reply = await kc.get_shell_msg(timeout=0.001)
-                replied = reply["parent_header"].get("msg_id") == msg_id
-            except Empty:
-                pass
-        try:
-            msg = await kc.get_iopub_msg(timeout=0.001)
-        except Empty:
-            continue
-        idle = idle or (
-            msg["parent_header"].get("msg_id") == msg_id
-            and msg["msg_type"] == "status"
-            and msg["content"]["execution_state"] == "idle"
-        )
+
+    async def shell_reply() -> None:
+        while (await kc.get_shell_msg(timeout=30))["parent_header"].get("msg_id") != msg_id:
+            pass
+
+    async def iopub_idle() -> None:
+        while True:
+            msg = await kc.get_iopub_msg(timeout=30)
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"
+            ):
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(shell_reply)
+        tg.start_soon(iopub_idle)
 
 
 def new_manager(kind: str) -> AsyncKernelManager:

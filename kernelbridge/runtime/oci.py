@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 
 import anyio
@@ -25,6 +24,10 @@ class OciCliRuntime:
     executable: str
 
     def extra_flags(self) -> list[str]:
+        return []
+
+    def remove_flags(self) -> list[str]:
+        """Flags of ``rm`` besides ``-f``: how to skip names that are already gone."""
         return []
 
     def run_argv(self, spec: ContainerSpec) -> list[str]:
@@ -91,20 +94,10 @@ class OciCliRuntime:
         if not names:
             return
         try:
-            await self._cli("rm", "-f", *names)
+            await self._cli("rm", "-f", *self.remove_flags(), *names)
         except RuntimeUnavailable as exc:
             if "no such container" not in str(exc).lower():
                 raise
-
-    def remove_sync(self, names: list[str]) -> None:
-        """Blocking variant for atexit/signal paths where no event loop runs."""
-        if names:
-            subprocess.run(
-                [self.executable, "rm", "-f", *names],
-                capture_output=True,
-                timeout=CLI_TIMEOUT,
-                check=False,
-            )
 
 
 def parse_ps_output(text: str) -> list[ContainerInfo]:

@@ -24,6 +24,11 @@ class PodmanRuntime(OciCliRuntime):
             flags += ["--runtime", self.oci_runtime]
         return flags
 
+    def remove_flags(self) -> list[str]:
+        # Without --ignore, podman stops at the first name that is already gone and leaves the
+        # rest; `-t 0` kills at once instead of waiting out the stop timeout.
+        return ["--ignore", "--time", "0"]
+
 
 def cgroup_layout() -> str:
     """``v2`` (unified), ``hybrid`` (v1 controllers plus a unified hierarchy) or ``v1``."""

@@ -1,0 +1,123 @@
+"""Sandbox lifecycle around the kernel: stale agents refused, orphans reaped, doctor's verdict."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
+import pytest
+
+from kernelbridge.config import Settings, load_settings
+from kernelbridge.errors import AgentMismatch
+from kernelbridge.kernel import SandboxKernelManager
+from kernelbridge.runtime import ContainerSpec, detect_runtime, reap_orphans
+
+pytestmark = pytest.mark.podman
+
+
+@pytest.fixture
+def settings(tmp_path: Path, sandbox_image: str) -> Settings:
+    return load_settings({"KERNELBRIDGE_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path)})
+
+
+@pytest.mark.anyio
+async def test_a_stale_agent_is_refused_with_a_clear_message(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kernelbridge.image
+
+    real_image = kernelbridge.image.default_image()
+    monkeypatch.setattr(kernelbridge.image, "agent_hash", lambda *args: "f" * 64)
+    km = SandboxKernelManager(settings=replace(settings, image=real_image), session_name="stale")
+    with pytest.raises(AgentMismatch, match="rebuild it with `kernelbridge image build`"):
+        await km.start_kernel()
+
+
+def dead_pid() -> int:
+    """A pid that certainly belonged to a process which has exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_containers_of_a_dead_bridge_are_reaped_and_live_ones_kept(settings: Settings) -> None:
+    runtime = detect_runtime(settings)
+    image = kernelbridge_image(settings)
+    orphan_name = f"kernelbridge-reap-orphan-{os.getpid()}"
+    mine_name = f"kernelbridge-reap-mine-{os.getpid()}"
+
+    def reap_containers() -> set[str]:
+        return {c.name for c in anyio.run(runtime.list_containers, {"kernelbridge.session": "reap"})}
+
+    procs = []
+    try:
+        for name, owner in ((mine_name, os.getpid()), (orphan_name, dead_pid())):
+            spec = ContainerSpec(
+                image=image, name=name, session="reap", owner_pid=owner, command=("sleep", "120")
+            )
+            argv = runtime.run_argv(spec)
+            procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE))
+            deadline = time.monotonic() + 60
+            while name not in reap_containers():  # bounded wait until the runtime lists it
+                assert procs[-1].poll() is None, procs[-1].stderr.read()
+                assert time.monotonic() < deadline, f"{name} did not start"
+                time.sleep(0.1)
+        assert anyio.run(reap_orphans, settings, runtime) >= 1
+        assert reap_containers() == {mine_name}
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        anyio.run(runtime.remove, [orphan_name, mine_name])
+
+
+def kernelbridge_image(settings: Settings) -> str:
+    from kernelbridge.image import default_image
+
+    return settings.image or default_image()
+
+
+def test_doctor_passes_every_check(settings: Settings) -> None:
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("kernelbridge")), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "KERNELBRIDGE_STATE_DIR": str(settings.state_dir)},
+        check=False,
+    )
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [line.split()[:2] for line in lines] == [
+        ["ok", "runtime"],
+        ["ok", "image"],
+        ["ok", "limits"],
+        ["ok", "kernel"],
+    ]
+
+
+def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings: Settings) -> None:
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("kernelbridge")), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "KERNELBRIDGE_STATE_DIR": str(settings.state_dir),
+            "KERNELBRIDGE_IMAGE": "localhost/kernelbridge-sandbox:nope",
+        },
+        check=False,
+    )
+    assert result.returncode == 1
+    assert [line.split()[:2] for line in result.stdout.splitlines()] == [
+        ["ok", "runtime"],
+        ["FAIL", "image"],
+        ["skip", "limits"],
+        ["skip", "kernel"],
+    ]
