@@ -181,6 +181,11 @@ class SessionRegistry:
             for s in self._sessions.values()
         ]
 
+    @property
+    def warm_kernels(self) -> int:
+        """Started kernels waiting in the pool for a new session."""
+        return len(self._pool)
+
     def journal_file(self, name: str) -> Path:
         return journal_path(self.settings.sessions_dir, validate_session_name(name))
 

@@ -134,29 +134,35 @@ async def test_input_fails_immediately(mcp_client: Client) -> None:
     assert "input() is not available" in text_of(result)
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ({"code": ""}, "code is empty"),
-        ({"code": "   \n"}, "code is empty"),
-        ({"code": 5}, "validation error"),
-        ({"code": "1", "timeout": -1}, "timeout must be between 1 and 600"),
-        ({"code": "1", "timeout": 10**9}, "timeout must be between 1 and 600"),
-        ({"code": "1", "timeout": "soon"}, "validation error"),
-        ({"code": "1", "session": "../etc"}, "invalid session name"),
-        ({"code": "1", "session": "a b"}, "invalid session name"),
-        ({"code": "1", "session": "x" * 65}, "invalid session name"),
-        ({"code": "1", "servers": ["x"]}, "unknown server 'x': no host MCP servers are configured"),
-        ({"code": "1", "servers": "x"}, "validation error"),
-    ],
-)
-async def test_bad_input_gives_a_clear_error(mcp_client: Client, args: dict[str, Any], message: str) -> None:
-    with anyio.fail_after(60):
-        result = await mcp_client.call_tool("run_python", args)
-    assert result.is_error is True
-    text = text_of(result)
-    assert message in text
-    assert "Traceback" not in text
+BAD_INPUT: list[tuple[dict[str, Any], str]] = [
+    ({"code": ""}, "code is empty"),
+    ({"code": "   \n"}, "code is empty"),
+    ({"code": 5}, "validation error"),
+    ({"code": "1", "timeout": -1}, "timeout must be between 1 and 600"),
+    ({"code": "1", "timeout": 10**9}, "timeout must be between 1 and 600"),
+    ({"code": "1", "timeout": "soon"}, "validation error"),
+    ({"code": "1", "session": "../etc"}, "invalid session name"),
+    ({"code": "1", "session": "a b"}, "invalid session name"),
+    ({"code": "1", "session": "x" * 65}, "invalid session name"),
+    ({"code": "1", "servers": ["x"]}, "unknown server 'x': no host MCP servers are configured"),
+    ({"code": "1", "servers": "x"}, "validation error"),
+]
+
+
+async def test_bad_input_gives_a_clear_error(mcp_client: Client) -> None:
+    # One server for every case: spawning one per case would cost seconds each.
+    for args, message in BAD_INPUT:
+        with anyio.fail_after(60):
+            result = await mcp_client.call_tool("run_python", args)
+        text = text_of(result)
+        assert result.is_error is True, args
+        assert message in text, (args, text)
+        assert "Traceback" not in text, (args, text)
+    assert no_sessions(await mcp_client.call_tool("list_sessions", {}))
+
+
+def no_sessions(result: Any) -> bool:
+    return json.loads(text_of(result))["sessions"] == []
 
 
 async def test_progress_notifications_arrive_for_a_long_call(mcp_client: Client) -> None:

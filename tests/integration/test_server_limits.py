@@ -1,0 +1,199 @@
+"""`kernelbridge serve` under stress: huge output, parallel sessions, OOM, signals, warm pool.
+
+Measured figures are printed (run with ``-s`` to see them) and asserted against loose bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.client.client import Client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.podman]
+
+PEAK_GROWTH_LIMIT_KIB = 192 * 1024
+"""How far the bridge's peak RSS may rise while 50 MB pass through it. What the bridge keeps is
+head + tail (20 KB), but a single Jupyter message is decoded whole: ipykernel batches everything
+written in 0.2 s into one stream message (tens of MB here), and jupyter_client holds its bytes and
+its decoded JSON at once. So the peak is bounded by the largest message, not the total output."""
+SETTLED_GROWTH_LIMIT_KIB = 48 * 1024
+"""After the call, memory must come back: nothing of the 50 MB is retained."""
+
+
+async def run(client: Client, code: str, **args: Any) -> Any:
+    return await client.call_tool("run_python", {"code": code, **args})
+
+
+async def wait_for_warm(client: Client, kb: Any) -> None:
+    """Bounded by the caller's fail_after: the pool reports through list_sessions."""
+    # Polling another process, which offers no event to wait on.
+    while json.loads(kb.text_of(await client.call_tool("list_sessions", {})))["warm"] < 1:  # noqa: ASYNC110
+        await anyio.sleep(0.1)
+
+
+async def test_50mb_print_is_truncated_and_the_bridge_memory_stays_bounded(
+    mcp_client: Client, kb: Any, tmp_path: Path
+) -> None:
+    with anyio.fail_after(120):
+        await run(mcp_client, "1")
+        (pid,) = kb.serve_pids(tmp_path / "state")
+        before = kb.rss_kib(pid)
+        # Chunks of 1 MB, as real programs print; the total is 50 MB.
+        code = "line = 'x' * 999_999\nfor i in range(50):\n    print(line)\nprint('THE END')"
+        start = time.monotonic()
+        result = await run(mcp_client, code, timeout=120)
+        elapsed = time.monotonic() - start
+        peak = kb.peak_rss_kib(pid)
+        single = await run(mcp_client, "print('y' * 50_000_000)", timeout=120)
+        peak_single = kb.peak_rss_kib(pid)
+        settled = kb.rss_kib(pid)
+    sc = result.structured_content
+    text = kb.text_of(result)
+    print(
+        f"\n50 MB print: {elapsed:.2f}s; serve RSS {before // 1024} MiB, peak {peak // 1024} MiB "
+        f"(1 MB lines), {peak_single // 1024} MiB (one 50 MB print), {settled // 1024} MiB after"
+    )
+    assert sc["status"] == "ok" and sc["truncated"] is True
+    assert sc["stdout"].startswith("x" * 1000) and sc["stdout"].endswith("THE END\n")
+    assert "characters of stdout cut" in sc["stdout"]
+    assert len(text) < 25_000 and len(sc["stdout"]) < 21_000
+    assert single.structured_content["status"] == "ok"
+    assert len(kb.text_of(single)) < 25_000
+    assert peak_single - before < PEAK_GROWTH_LIMIT_KIB, (before, peak, peak_single)
+    assert settled - before < SETTLED_GROWTH_LIMIT_KIB, (before, settled)
+
+
+async def test_two_sessions_run_in_parallel(mcp_client: Client) -> None:
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for name in ("left", "right"):
+                tg.start_soon(partial(run, mcp_client, "import time", session=name))
+        start = time.monotonic()
+        await run(mcp_client, "time.sleep(2)", session="left")
+        one = time.monotonic() - start
+        start = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for name in ("left", "right"):
+                tg.start_soon(partial(run, mcp_client, "time.sleep(2)", session=name))
+        both = time.monotonic() - start
+    print(f"\none session: {one:.2f}s, two in parallel: {both:.2f}s")
+    assert both < one + 0.8, (one, both)
+
+
+async def test_out_of_memory_reports_kernel_died_and_the_next_call_starts_fresh(
+    mcp_client: Client, kb: Any
+) -> None:
+    with anyio.fail_after(120):
+        await run(mcp_client, "survivor = 1")
+        died = await run(mcp_client, "hog = b'x' * (2 * 1024**3)", timeout=60)
+        fresh = await run(mcp_client, "'survivor' in globals()")
+    sc = died.structured_content
+    print(f"\nOOM result: {kb.text_of(died)!r}")
+    assert died.is_error is True
+    assert (sc["status"], sc["state"]) == ("kernel_died", "lost")
+    assert "died" in kb.text_of(died)
+    assert fresh.is_error is False
+    assert fresh.structured_content["result"] == "False"
+    assert "fresh kernel" in kb.text_of(fresh)
+
+
+async def test_warm_pool_makes_the_first_call_fast(connect: Any, kb: Any, tmp_path: Path) -> None:
+    with anyio.fail_after(120):
+        async with connect(tmp_path / "cold", KERNELBRIDGE_WARM_POOL="0") as client:
+            start = time.monotonic()
+            await run(client, "1")
+            cold = time.monotonic() - start
+        async with connect(tmp_path / "warm") as client:
+            await wait_for_warm(client, kb)
+            start = time.monotonic()
+            await run(client, "1")
+            warm = time.monotonic() - start
+            await wait_for_warm(client, kb)  # refilled in the background
+    print(f"\nfirst call: cold {cold:.3f}s, from the warm pool {warm:.3f}s")
+    assert warm < cold / 2, (cold, warm)
+
+
+async def test_sigterm_removes_every_container(connect: Any, kb: Any, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with anyio.fail_after(90):
+        async with connect(state) as client:
+            await run(client, "1", session="a")
+            await wait_for_warm(client, kb)
+            ours = [c for c in kb.containers() if _owned_by(c, kb.serve_pids(state))]
+            assert len(ours) == 2
+            (pid,) = kb.serve_pids(state)
+            os.kill(pid, signal.SIGTERM)
+            while _exists(pid):  # noqa: ASYNC110 - another process: no event to wait on
+                await anyio.sleep(0.1)
+            assert not set(ours) & set(kb.containers())
+            with pytest.raises(Exception):  # noqa: B017 - any transport error: the server is gone
+                await client.call_tool("list_sessions", {})
+
+
+async def test_containers_of_a_sigkilled_bridge_are_reaped_at_the_next_start(
+    connect: Any, kb: Any, tmp_path: Path, sandbox_image: str
+) -> None:
+    state = tmp_path / "state"
+    orphan = _start_orphan(sandbox_image)
+    assert orphan in kb.containers()
+    with anyio.fail_after(120):
+        async with connect(state) as client:
+            await run(client, "1", session="a")
+            (pid,) = kb.serve_pids(state)
+            ours = [c for c in kb.containers() if _owned_by(c, [pid])]
+            assert ours
+            os.kill(pid, signal.SIGKILL)
+            while _exists(pid):  # noqa: ASYNC110 - another process: no event to wait on
+                await anyio.sleep(0.1)
+            with pytest.raises(Exception):  # noqa: B017 - any transport error: the server is gone
+                await client.call_tool("list_sessions", {})
+        # Usually the sandboxes outlive a SIGKILLed bridge (their tunnels are separate processes).
+        survivors = set(ours) & set(kb.containers())
+        print(f"\nafter SIGKILL {len(survivors)} of {len(ours)} sandboxes were still there")
+        async with connect(state) as client:
+            await client.call_tool("list_sessions", {})  # the lifespan (and its reaping) has run
+            assert not (set(ours) | {orphan}) & set(kb.containers())
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited as far as we care.
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+
+
+def _start_orphan(image: str) -> str:
+    """A sandbox that certainly outlived its bridge: labelled with the pid of an exited process."""
+    dead_pid = subprocess.run(
+        ["sh", "-c", "echo $$"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    orphan = f"kernelbridge-orphan-test-{dead_pid}"
+    subprocess.run(
+        ["podman", "run", "-d", "--rm", "--name", orphan, "--label", "kernelbridge.session=orphan",
+         "--label", f"kernelbridge.owner={dead_pid}", "--network", "none", "--log-driver", "none",
+         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+         image, "python3", "-c", "import time; time.sleep(300)"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return orphan
+
+
+def _owned_by(container: str, pids: list[int]) -> bool:
+    owner = subprocess.run(
+        ["podman", "inspect", "--format", '{{index .Config.Labels "kernelbridge.owner"}}', container],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+    return owner.isdigit() and int(owner) in pids
