@@ -181,8 +181,8 @@ def build_server(
     tools = [
         _compact_tool(run_python, RUN_PYTHON_DOC, structured_output=False),
         _compact_tool(list_sessions, "List open sessions."),
-        _compact_tool(close_session, "Close a session and remove its sandbox."),
-        _compact_tool(export_notebook, "A session's history as .ipynb JSON (or written to path)."),
+        _compact_tool(close_session, "Close a session; removes its sandbox."),
+        _compact_tool(export_notebook, "Session history as .ipynb (JSON, or written to path)."),
     ]
     app: MCPServer[BridgeContext] = MCPServer(
         "kernelbridge", version=__version__, lifespan=lifespan, tools=tools, log_level="WARNING"
@@ -205,8 +205,8 @@ def build_server(
 
 
 RUN_PYTHON_DOC = (
-    "Run Python in a persistent sandboxed IPython session; state is kept per session. "
-    "Manual: resource kernelbridge://capabilities"
+    "Run Python in a persistent sandboxed IPython session (state kept per session). "
+    "Manual: kernelbridge://capabilities"
 )
 
 
