@@ -176,7 +176,7 @@ def build_server(
             return nb_text
         target = _export_target(settings, path)
         await anyio.Path(target).write_text(nb_text, encoding="utf-8")
-        return f"wrote {target}"
+        return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
 
     tools = [
         _compact_tool(run_python, RUN_PYTHON_DOC, structured_output=False),
