@@ -58,6 +58,7 @@ READ_CHUNK = 1 << 20
 # Container stop: the agent gets `shutdown`, then the runtime client gets SIGTERM, then SIGKILL.
 SHUTDOWN_GRACE = 3.0
 KILL_GRACE = 2.0
+STDERR_GRACE = 1.0
 
 
 class Signer:
@@ -91,6 +92,8 @@ class Tunnel:
         self.exit_event: dict[str, Any] | None = None
         self.dropped_frames = 0
         self._send_lock = anyio.Lock()
+        self.stderr_tail: list[str] = []
+        self.stderr_done = anyio.Event()
 
     # -- sockets ------------------------------------------------------------------------------
     def bind(self) -> None:
@@ -210,14 +213,14 @@ class Tunnel:
             self.drop(f"unexpected {kind} frame")
 
     async def pump_stderr(self) -> None:
+        """The runtime client's stderr, logged; the last lines explain a failed start."""
         assert self.process is not None and self.process.stderr is not None
-        lines: list[str] = []
         with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
             async for chunk in self.process.stderr:
                 for line in chunk.decode(errors="replace").splitlines():
                     log.info("runtime: %s", line)
-                    lines = [*lines[-19:], line]
-        self.stderr_tail = lines
+                    self.stderr_tail = [*self.stderr_tail[-19:], line]
+        self.stderr_done.set()
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def handle_signals(self, scope: anyio.CancelScope) -> None:
@@ -252,7 +255,6 @@ class Tunnel:
 
     async def run(self) -> int:
         self.bind()
-        self.stderr_tail: list[str] = []
         log.info("starting the container: %s", " ".join(self.argv))
         async with await anyio.open_process(self.argv, stdin=-1, stdout=-1, stderr=-1) as process:
             self.process = process
@@ -272,6 +274,10 @@ class Tunnel:
                 await self.pump_stdout(ready)  # returns at EOF: the container is ending
                 log.info("sandbox stdout closed")
                 await self.stop_process()
+                # stdout and stderr end independently: read the runtime's last words (why a
+                # start failed) before giving up on them.
+                with anyio.move_on_after(STDERR_GRACE):
+                    await self.stderr_done.wait()
                 tg.cancel_scope.cancel()
         status = process.returncode
         event = self.exit_event or {
