@@ -60,7 +60,7 @@ CAPABILITIES = """\
 - State persists per `session` (default "default"): variables, imports, functions and files
   in /workspace (writable, 256 MB) and /tmp. Sessions are isolated from each other.
 - Top-level `await` works. The last expression's value is returned, like a notebook cell.
-- No network. Host MCP servers may be reachable through `servers=[...]` (see mcp.runtime).
+- No network. Calling host MCP servers (`servers=[...]`) is not available yet.
 - Limits: memory (512 MB by default), CPU, processes. `input()` is not available.
 - `timeout` (seconds) interrupts the cell; if it does not stop, the kernel restarts and the
   result says `state: lost`. Output is truncated (head and tail kept) past a limit.
@@ -148,9 +148,10 @@ def build_server(
         _check_session(session)
         if not 1 <= timeout <= settings.max_timeout:
             raise ToolError(f"timeout must be between 1 and {settings.max_timeout:g} seconds, got {timeout}")
-        for name in servers:
-            # TODO: the hub (a later issue) resolves names against configured host MCP servers.
-            raise ToolError(f"unknown server {name!r}: no host MCP servers are configured")
+        if servers:
+            # TODO: the hub (a later issue) resolves names against configured host MCP servers;
+            # until it exists no name is known, and saying so beats silently ignoring it.
+            raise ToolError(f"unknown server {servers[0]!r}: no host MCP servers are configured")
 
         async def progress(elapsed: float, tail: str) -> None:
             await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")

@@ -1,0 +1,56 @@
+"""`kernelbridge serve --http`: streamable HTTP on 127.0.0.1, driven by the SDK's HTTP client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import Process
+from mcp.client.client import Client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.podman]
+
+KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_listening(port: int, proc: Process) -> None:
+    with anyio.fail_after(30):
+        while True:
+            assert proc.returncode is None, "kernelbridge serve --http exited"
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.1)
+                continue
+            await stream.aclose()
+            return
+
+
+async def test_run_python_over_streamable_http(tmp_path: Path, sandbox_image: str) -> None:
+    port = free_port()
+    env = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(tmp_path / "state"), "KERNELBRIDGE_WARM_POOL": "0"}
+    argv = [str(KERNELBRIDGE), "serve", "--http", "--port", str(port)]
+    async with await anyio.open_process(argv, env=env, stdin=None, stdout=None, stderr=None) as proc:
+        try:
+            await wait_listening(port, proc)
+            async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=120) as client:
+                first = await client.call_tool("run_python", {"code": "x = 6 * 7", "session": "web"})
+                second = await client.call_tool("run_python", {"code": "x", "session": "web"})
+            assert not first.is_error
+            assert second.structured_content["result"] == "42"
+            assert second.structured_content["state"] == "kept"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30):
+                assert await proc.wait() is not None
