@@ -129,11 +129,14 @@ def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
     if args.print:
         print(connection_file)
         return 0
-    console = shutil.which("jupyter-console") or shutil.which("jupyter")
+    # Beside our own interpreter first: the venv's bin directory need not be on PATH.
+    beside = Path(sys.executable).with_name("jupyter-console")
+    console = str(beside) if beside.exists() else shutil.which("jupyter-console")
     if console is None:
         raise KernelBridgeError("jupyter console is not installed (pip install jupyter-console)")
-    argv = [console] + ([] if console.endswith("jupyter-console") else ["console"])
-    argv += ["--existing", connection_file]
+    argv = [console, "--existing", connection_file]
+    if not sys.stdin.isatty():  # scripted input: prompt_toolkit needs a terminal
+        argv.append("--simple-prompt")
     os.execv(console, argv)
     return 0  # not reached
 

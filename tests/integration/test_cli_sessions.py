@@ -1,0 +1,65 @@
+"""The CLI beside a running bridge: `sessions`, `attach` (jupyter console) and `export` see the
+live sessions of a `kernelbridge serve` driven by a real MCP client."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import nbformat
+import pytest
+
+pytestmark = [pytest.mark.anyio, pytest.mark.podman]
+
+KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
+
+
+async def cli(state_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(state_dir)}
+    with anyio.fail_after(120):
+        return await anyio.run_process(
+            [str(KERNELBRIDGE), *args], input=stdin.encode() if stdin else None, env=env, check=False
+        )
+
+
+async def test_sessions_attach_and_export_see_a_live_session(connect, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    async with connect(state_dir=state) as client:
+        made = await client.call_tool(
+            "run_python", {"code": "secret = 'made by the agent'", "session": "look"}
+        )
+        assert not made.is_error
+
+        listed = await cli(state, "sessions", "--json")
+        records = json.loads(listed.stdout)
+        assert [r["name"] for r in records] == ["look"]
+
+        printed = await cli(state, "attach", "look", "--print")
+        assert printed.stdout.decode().strip() == records[0]["connection_file"]
+
+        # A human's `jupyter console --existing` on the same sandbox sees the agent's state, and
+        # what the human does is visible to the agent. End of input (Ctrl-D) leaves the kernel
+        # running; typing `exit` would stop it, as for any shared Jupyter kernel.
+        console = await cli(state, "attach", "look", stdin="print(secret)\nhuman = 1\n")
+        assert "made by the agent" in console.stdout.decode(), console.stdout + console.stderr
+        seen = await client.call_tool("run_python", {"code": "human", "session": "look"})
+        assert seen.structured_content["result"] == "1", seen.structured_content
+
+        exported = await cli(state, "export", "look", "-o", str(tmp_path / "look.ipynb"))
+        assert exported.returncode == 0, exported.stderr
+    nb = nbformat.read(tmp_path / "look.ipynb", as_version=4)
+    nbformat.validate(nb)
+    assert [c.source for c in nb.cells] == ["secret = 'made by the agent'", "human"]
+
+
+async def test_attach_to_an_unknown_session_is_a_one_line_error(tmp_path: Path) -> None:
+    result = await cli(tmp_path / "state", "attach", "nope")
+    assert result.returncode == 1
+    assert (
+        result.stderr.decode().strip()
+        == "kernelbridge: no live session named 'nope' (see `kernelbridge sessions`)"
+    )
