@@ -202,11 +202,13 @@ print(outcome, len(children))
 async def test_interrupt_returns_control_and_keeps_state(sandbox: OpenSandbox) -> None:
     km, kc = await sandbox()
     await execute(kc, "before = 'still here'")
-    msg_id = kc.execute("while True: pass")
-    with anyio.fail_after(10):  # the loop is running once iopub says busy for it
+    msg_id = kc.execute("print('looping', flush=True)\nwhile True: pass")
+    # Output of the cell proves it runs: execute_input comes before ipykernel installs the
+    # handler that turns SIGINT into KeyboardInterrupt.
+    with anyio.fail_after(10):
         while True:
             msg = await kc.get_iopub_msg()
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            if msg["parent_header"].get("msg_id") == msg_id and msg["content"].get("text") == "looping\n":
                 break
     await km.interrupt_kernel()
     with anyio.fail_after(10):

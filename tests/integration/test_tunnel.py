@@ -112,9 +112,11 @@ async def test_sigint_to_the_tunnel_interrupts_the_kernel(tunnel: tuple) -> None
     kc = client(connection_file)
     try:
         await kc.wait_for_ready(timeout=30)
-        msg_id = kc.execute("import time\nfor _ in range(600): time.sleep(0.1)")
+        msg_id = kc.execute("import time\nprint('started', flush=True)\nfor _ in range(600): time.sleep(0.1)")
+        # Wait for output from the cell itself: ipykernel publishes execute_input before the cell
+        # runs, and a SIGINT landing in between is swallowed by its event loop (and the cell lost).
         with anyio.fail_after(10):
-            while (await kc.get_iopub_msg(timeout=10))["msg_type"] != "execute_input":
+            while (await kc.get_iopub_msg(timeout=10))["content"].get("text") != "started\n":
                 pass
         proc.send_signal(signal.SIGINT)
         reply = await kc.get_shell_msg(timeout=10)
