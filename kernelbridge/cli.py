@@ -150,12 +150,11 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge import notebook
+    from kernelbridge.replay import replay_notebook
 
-    replay = getattr(notebook, "replay_notebook", None)
-    if replay is None:
-        raise KernelBridgeError("replay is not available in this version of kernelbridge")
-    return int(anyio.run(replay, settings, args.notebook, args.output) or 0)
+    summary = anyio.run(replay_notebook, settings, args.notebook, args.output)
+    print(summary.line() + (f"; wrote {args.output}" if args.output else ""))
+    return 0
 
 
 def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
