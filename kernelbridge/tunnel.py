@@ -116,13 +116,12 @@ class Tunnel:
         sock = self.sockets[channel]
         while True:
             parts = await sock.recv_multipart()
-            try:
-                split = parts.index(DELIM)
-            except ValueError:
-                log.warning("dropped %s message without delimiter", channel)
+            split = parts.index(DELIM) if DELIM in parts else -1
+            if split < 0 or len(parts) < split + 6:
+                log.warning("dropped a malformed %s message", channel)
                 continue
             idents, signature, body = parts[:split], parts[split + 1], parts[split + 2 :]
-            if len(body) < 4 or not self.host.verify(signature, body[:4]):
+            if not self.host.verify(signature, body[:4]):
                 log.warning("dropped %s message with a bad signature", channel)
                 continue
             try:
@@ -159,7 +158,8 @@ class Tunnel:
             msg_type = str(msg["header"].get("msg_type", ""))
             await self.sockets["iopub"].send_multipart([f"kernel.{msg_type}".encode(), *wire])
             return
-        parent_id = (msg.get("parent_header") or {}).get("msg_id")
+        parent = msg.get("parent_header")
+        parent_id = parent.get("msg_id") if isinstance(parent, dict) else None
         # Replies end a request; an input_request (stdin) answers an execute_request still running.
         idents = self.pending.get(parent_id) if channel == "stdin" else self.pending.pop(parent_id, None)
         if idents is None:

@@ -280,7 +280,9 @@ class Agent:
                 return None
             frame = self._incoming.popleft()
             kind = frame["type"]
-            if kind == frames.KERNEL:
+            if kind == frames.KERNEL and frame["channel"] not in CHANNEL_OF_PORT:
+                self.log(f"dropped a kernel frame for the {frame['channel']} channel", "warning")
+            elif kind == frames.KERNEL:
                 try:
                     self.send_to_kernel(frame["channel"], frame["msg"], frames.frame_buffers(frame))
                 except (ValueError, KeyError, TypeError) as exc:

@@ -133,3 +133,34 @@ def test_frames_module_is_stdlib_only() -> None:
         line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))
     }
     assert imports <= {"__future__", "base64", "json", "collections", "dataclasses", "typing"}
+
+
+@pytest.mark.anyio
+async def test_malformed_client_messages_do_not_break_the_tunnel(tunnel: tuple) -> None:
+    import zmq
+    import zmq.asyncio
+
+    proc, connection_file, log_file = tunnel
+    info = json.loads(await anyio.Path(connection_file).read_text())
+    ctx = zmq.asyncio.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect(f"tcp://127.0.0.1:{info['shell_port']}")
+    for parts in (
+        [b"<IDS|MSG>"],
+        [b"no delimiter"],
+        [b"<IDS|MSG>", b"sig", b"{}"],
+        [b"<IDS|MSG>", *[b"x"] * 5],
+    ):
+        await raw.send_multipart(parts)
+    raw.close(linger=2000)  # deliver what was sent before closing
+    ctx.term()
+    kc = client(connection_file)
+    try:
+        await kc.wait_for_ready(timeout=30)
+        assert (await execute(kc, "'alive'"))["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+    assert proc.poll() is None
+    log = log_file.read_text()
+    assert "dropped a malformed shell message" in log
+    assert "dropped shell message with a bad signature" in log
