@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import json
 import logging
+import logging.handlers
 import os
 import secrets
 import signal
@@ -59,6 +60,7 @@ READ_CHUNK = 1 << 20
 SHUTDOWN_GRACE = 3.0
 KILL_GRACE = 2.0
 STDERR_GRACE = 1.0
+LOG_FILE_BYTES = 1024 * 1024
 
 
 class Signer:
@@ -320,6 +322,18 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
 
 
+def configure_logging(log_file: str | None) -> None:
+    """Log to ``log_file`` (else stderr). The sandbox can make the kernel print without end, and
+    each line becomes a log record: cap the file so a sandbox cannot fill the host's disk."""
+    handler: logging.Handler = (
+        logging.handlers.RotatingFileHandler(log_file, maxBytes=LOG_FILE_BYTES, backupCount=1)
+        if log_file
+        else logging.StreamHandler()
+    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m kernelbridge.tunnel", description=__doc__.splitlines()[0]
@@ -340,11 +354,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        filename=args.log_file,
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(args.log_file)
     connection = json.loads(Path(args.connection_file).read_text())
     tunnel = Tunnel(connection, args.command, args.agent_hash, args.session)
     try:

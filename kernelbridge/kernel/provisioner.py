@@ -47,6 +47,8 @@ from kernelbridge.runtime import ContainerSpec, OciCliRuntime, detect_runtime
 SHUTDOWN_WAIT = 10.0
 # Removing a container whose tunnel was SIGKILLed; `podman rm -f` takes ~0.3 s here.
 REMOVE_TIMEOUT = 20.0
+# Tunnel logs kept for post-mortems: each is at most 2 MiB (tunnel.LOG_FILE_BYTES, one backup).
+KEEP_LOGS = 100
 
 
 class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
@@ -96,7 +98,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs = await super().pre_launch(**kwargs)
         km = self.parent
         settings = self.settings
-        settings.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        prune_logs(settings.logs_dir)
         container_argv = self.container_argv()
         kwargs["cmd"] = [
             sys.executable,
@@ -222,6 +224,19 @@ def start_failure(event: dict[str, Any] | None) -> SandboxError:
     if "kernel exited" in lowered:
         return KernelDied(reason)
     return SandboxError(f"the sandbox failed to start: {reason}")
+
+
+def prune_logs(logs_dir: Path, keep: int = KEEP_LOGS) -> None:
+    """Keep the newest ``keep`` tunnel logs (one per sandbox ever started, for post-mortems)."""
+    logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    dated = []
+    for path in logs_dir.glob("*.log*"):
+        try:
+            dated.append((path.stat().st_mtime, path))
+        except FileNotFoundError:  # pruned by another bridge meanwhile
+            continue
+    for _, old in sorted(dated, reverse=True)[keep:]:
+        old.unlink(missing_ok=True)
 
 
 def connection_dir(settings: Settings) -> Path:
