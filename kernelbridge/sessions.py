@@ -41,6 +41,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
 from kernelbridge.execution import CellResult, CellRun, State, Status, finish_cell, start_cell
+from kernelbridge.kernel.manager import wait_for_iopub
 from kernelbridge.notebook import Journal, journal_path
 from kernelbridge.runtime import pid_alive
 
@@ -353,7 +354,9 @@ class SessionRegistry:
         try:
             with anyio.fail_after(self.settings.kernel_start_timeout):
                 await km.restart_kernel(now=True)
-                await kc.wait_for_ready(timeout=self.settings.kernel_start_timeout)
+                # The client's sockets reconnect to the new kernel: its SUB is a slow joiner
+                # again, so prove iopub (not just shell) before the next cell's outputs flow.
+                await wait_for_iopub(kc, self.settings.kernel_start_timeout, km)
             self._write_record(session)
         except Exception:
             log.warning("restarting session %s failed; replacing its kernel", session.name, exc_info=True)
