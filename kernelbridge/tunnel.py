@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ SHUTDOWN_GRACE = 3.0
 KILL_GRACE = 2.0
 STDERR_GRACE = 1.0
 LOG_FILE_BYTES = 1024 * 1024
+REMOVE_TIMEOUT = 20.0
 
 
 class Signer:
@@ -79,8 +81,16 @@ class Signer:
 
 
 class Tunnel:
-    def __init__(self, connection: dict[str, Any], argv: list[str], agent_hash: str | None, session: str):
+    def __init__(
+        self,
+        connection: dict[str, Any],
+        argv: list[str],
+        agent_hash: str | None,
+        session: str,
+        container_name: str | None = None,
+    ):
         self.connection = connection
+        self.container_name = container_name
         self.argv = argv
         self.agent_hash = agent_hash
         self.session = session
@@ -225,16 +235,15 @@ class Tunnel:
         self.stderr_done.set()
 
     # -- lifecycle ----------------------------------------------------------------------------
-    async def handle_signals(self, scope: anyio.CancelScope) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-            async for signum in signals:
-                if signum == signal.SIGINT:
-                    await self.send_frame({"type": frames.INTERRUPT})
-                else:
-                    await self.send_frame({"type": frames.SHUTDOWN})
-                    await self.stop_process()
-                    scope.cancel()
-                    return
+    async def handle_signals(self, signals: AsyncIterator[int], scope: anyio.CancelScope) -> None:
+        async for signum in signals:
+            if signum == signal.SIGINT:
+                await self.send_frame({"type": frames.INTERRUPT})
+            else:
+                await self.send_frame({"type": frames.SHUTDOWN})
+                await self.stop_process()
+                scope.cancel()
+                return
 
     async def stop_process(self) -> None:
         """Shielded, bounded teardown: close stdin (the agent exits on EOF), then SIGTERM, then SIGKILL."""
@@ -254,33 +263,39 @@ class Tunnel:
                 return
             process.kill()
             await process.wait()
+            # The runtime client died without stopping its container: remove it ourselves.
+            if self.container_name:
+                with anyio.move_on_after(REMOVE_TIMEOUT):
+                    await anyio.run_process([self.argv[0], "rm", "-f", self.container_name], check=False)
 
     async def run(self) -> int:
         self.bind()
-        log.info("starting the container: %s", " ".join(self.argv))
-        async with await anyio.open_process(self.argv, stdin=-1, stdout=-1, stderr=-1) as process:
-            self.process = process
-            hello = {
-                "type": frames.HELLO,
-                "key": self.sandbox_key,
-                "session": self.session,
-                "agent_hash": self.agent_hash,
-            }
-            await self.send_frame(hello)
-            ready = anyio.Event()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.handle_signals, tg.cancel_scope)
-                tg.start_soon(self.pump_stderr)
-                for channel in ROUTED_CHANNELS:
-                    tg.start_soon(self.pump_socket, channel)
-                await self.pump_stdout(ready)  # returns at EOF: the container is ending
-                log.info("sandbox stdout closed")
-                await self.stop_process()
-                # stdout and stderr end independently: read the runtime's last words (why a
-                # start failed) before giving up on them.
-                with anyio.move_on_after(STDERR_GRACE):
-                    await self.stderr_done.wait()
-                tg.cancel_scope.cancel()
+        # Handlers first: a SIGTERM that arrives once the container exists must stop it.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            log.info("starting the container: %s", " ".join(self.argv))
+            async with await anyio.open_process(self.argv, stdin=-1, stdout=-1, stderr=-1) as process:
+                self.process = process
+                hello = {
+                    "type": frames.HELLO,
+                    "key": self.sandbox_key,
+                    "session": self.session,
+                    "agent_hash": self.agent_hash,
+                }
+                await self.send_frame(hello)
+                ready = anyio.Event()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.handle_signals, signals, tg.cancel_scope)
+                    tg.start_soon(self.pump_stderr)
+                    for channel in ROUTED_CHANNELS:
+                        tg.start_soon(self.pump_socket, channel)
+                    await self.pump_stdout(ready)  # returns at EOF: the container is ending
+                    log.info("sandbox stdout closed")
+                    await self.stop_process()
+                    # stdout and stderr end independently: read the runtime's last words (why a
+                    # start failed) before giving up on them.
+                    with anyio.move_on_after(STDERR_GRACE):
+                        await self.stderr_done.wait()
+                    tg.cancel_scope.cancel()
         status = process.returncode
         event = self.exit_event or {
             "event": "exit",
@@ -341,6 +356,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--connection-file", required=True)
     parser.add_argument("--session", default="sandbox")
     parser.add_argument("--agent-hash", default=None)
+    parser.add_argument("--container-name", default=None, help="removed if the runtime client must be killed")
     parser.add_argument("--log-file", default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- runtime argv of the container")
     args = parser.parse_args(argv)
@@ -356,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging(args.log_file)
     connection = json.loads(Path(args.connection_file).read_text())
-    tunnel = Tunnel(connection, args.command, args.agent_hash, args.session)
+    tunnel = Tunnel(connection, args.command, args.agent_hash, args.session, args.container_name)
     try:
         return anyio.run(tunnel.run)
     except zmq.ZMQError as exc:

@@ -110,6 +110,8 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.session_name,
             "--agent-hash",
             agent_hash(),
+            "--container-name",
+            self.container_name,
             "--log-file",
             str(settings.logs_dir / f"{self.container_name}.log"),
             "--",
@@ -141,6 +143,12 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             raise SandboxError(
                 f"the sandbox did not become ready within {self.settings.kernel_start_timeout:g} s"
             ) from None
+        except BaseException:
+            # Cancelled while starting (e.g. the client gave up). Awaiting cleanup here could be
+            # cancelled again, so hand it to the tunnel: SIGTERM makes it stop and remove the
+            # container on its own, in its own process.
+            self.process.send_signal(signal.SIGTERM)
+            raise
         if event is None or event.get("event") != "ready":
             self.exit_event = event
             await self.wait()

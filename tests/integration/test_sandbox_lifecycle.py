@@ -121,3 +121,18 @@ def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings
         ["skip", "limits"],
         ["skip", "kernel"],
     ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("after", [0.05, 0.3, 0.6])
+async def test_cancelling_a_start_leaves_no_container(settings: Settings, after: float) -> None:
+    runtime = detect_runtime(settings)
+    session = f"cancel{int(after * 100)}"
+    km = SandboxKernelManager(settings=settings, session_name=session)
+    with anyio.move_on_after(after) as scope:
+        await km.start_kernel()
+    if not scope.cancelled_caught:  # started before the deadline: an ordinary shutdown
+        await km.shutdown_kernel(now=True)
+    with anyio.fail_after(30):
+        while await runtime.list_containers({"kernelbridge.session": session}):  # noqa: ASYNC110
+            await anyio.sleep(0.2)  # the runtime has no "removed" event to wait for
