@@ -60,6 +60,10 @@ class Doctor:
         self.out(check.line())
         return status in ("ok", "warn")
 
+    def skip(self, names: list[str], why: str) -> None:
+        for name in names:
+            self.report(name, "skip", why)
+
     async def check(self, name: str, probe: Callable[[], Awaitable[tuple[str, str]]]) -> bool:
         try:
             status, detail = await probe()
@@ -73,8 +77,10 @@ class Doctor:
         self.runtime = detect_runtime(self.settings)
         version = await self.runtime.version()
         if self.runtime.name != "podman":
-            return "ok", version
-        info = json.loads(await self.runtime._cli("info", "--format", "json"))
+            # The client answers --version without an engine; `info` needs the engine itself.
+            server = await self.runtime.info("{{.ServerVersion}}")
+            return "ok", f"{version}; engine {server}"
+        info = json.loads(await self.runtime.info("json"))
         host = info.get("host", {})
         rootless = bool(host.get("security", {}).get("rootless"))
         cgroups = host.get("cgroupVersion", "?")
@@ -152,13 +158,13 @@ class Doctor:
         )
 
     async def run(self) -> int:
-        if await self.check("runtime", self.runtime_check):
-            if await self.check("image", self.image_check):
-                await self.check("limits", self.limits_check)
-                await self.check("kernel", self.kernel_check)
-            else:
-                self.report("limits", "skip", "needs the image")
-                self.report("kernel", "skip", "needs the image")
+        if not await self.check("runtime", self.runtime_check):
+            self.skip(["image", "limits", "kernel"], "needs a container runtime")
+        elif not await self.check("image", self.image_check):
+            self.skip(["limits", "kernel"], "needs the image")
+        else:
+            await self.check("limits", self.limits_check)
+            await self.check("kernel", self.kernel_check)
         failed = [c.name for c in self.checks if c.status == "FAIL"]
         return 1 if failed else 0
 

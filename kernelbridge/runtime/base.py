@@ -70,3 +70,7 @@ class RuntimeBackend(Protocol):
     async def version(self) -> str:
         """The runtime's version string. Raises RuntimeUnavailable if the runtime does not answer."""
         ...
+
+    async def info(self, template: str) -> str:
+        """The runtime's ``info`` rendered with a Go template. Raises RuntimeUnavailable."""
+        ...

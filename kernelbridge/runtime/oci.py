@@ -84,6 +84,10 @@ class OciCliRuntime:
     async def version(self) -> str:
         return (await self._cli("--version")).strip()
 
+    async def info(self, template: str) -> str:
+        """``info --format TEMPLATE``: unlike ``--version`` it needs a working engine/storage."""
+        return (await self._cli("info", "--format", template)).strip()
+
     async def list_containers(self, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         args = ["ps", "-a", "--no-trunc", "--format", "{{json .}}"]
         for key, value in (labels or {SESSION_LABEL: ""}).items():
