@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kernelbridge: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `kernelbridge doctor | head -1`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
 
 
 if __name__ == "__main__":
