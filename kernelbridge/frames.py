@@ -24,6 +24,10 @@ exit           sandbox -> host  status (kernel exit status; negative = signal), 
 log            sandbox -> host  level, message
 =============  ===============  =====================================================================
 
+Both ends also translate between ``kernel`` frames and the Jupyter wire protocol (ZMQ multipart:
+routing ids, ``<IDS|MSG>``, HMAC signature, header, parent_header, metadata, content, buffers):
+:func:`to_wire` and :func:`from_wire` are that translation, shared so the two ends cannot drift.
+
 The receiving side treats every line as untrusted. :class:`FrameDecoder` never raises on bad
 input: non-JSON, non-object, unknown ``type`` and oversized lines become :class:`FrameError`
 values that the caller logs and drops, and decoding continues with the next line.
@@ -32,6 +36,8 @@ values that the caller logs and drops, and decoding continues with the next line
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -57,6 +63,9 @@ CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
 DEFAULT_MAX_FRAME_BYTES = 128 * 1024 * 1024
 
 Frame = dict[str, Any]
+
+DELIM = b"<IDS|MSG>"
+MSG_PARTS = ("header", "parent_header", "metadata", "content")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +187,57 @@ class FrameDecoder:
     def pending_bytes(self) -> int:
         """Bytes of an unfinished line held (or being discarded)."""
         return self._buffered or self._discarding
+
+
+# -- the Jupyter wire protocol ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WireMessage:
+    """One multipart Jupyter message, split up. ``body`` is the four signed JSON parts."""
+
+    idents: list[bytes]
+    signature: bytes
+    body: list[bytes]
+    msg: dict[str, Any]
+    buffers: list[bytes]
+
+
+def sign(key: bytes, body: list[bytes]) -> bytes:
+    """HMAC-SHA256 hex digest of the four JSON parts (empty key: no signing, as Jupyter does)."""
+    if not key:
+        return b""
+    return hmac.new(key, b"".join(body), hashlib.sha256).hexdigest().encode()
+
+
+def verify(key: bytes, message: WireMessage) -> bool:
+    return not key or hmac.compare_digest(message.signature, sign(key, message.body))
+
+
+def to_wire(msg: dict[str, Any], buffers: list[bytes], key: bytes) -> list[bytes]:
+    """``[DELIM, signature, header, parent, metadata, content, *buffers]`` (prepend routing ids).
+
+    Raises TypeError if the message is not JSON-serializable.
+    """
+    body = [json.dumps(msg.get(part) or {}).encode() for part in MSG_PARTS]
+    return [DELIM, sign(key, body), *body, *buffers]
+
+
+def from_wire(parts: list[bytes]) -> WireMessage:
+    """Split a received multipart message. Raises ValueError if it is malformed."""
+    if DELIM not in parts:
+        raise ValueError("no <IDS|MSG> delimiter")
+    split = parts.index(DELIM)
+    if len(parts) < split + 6:
+        raise ValueError("fewer than the six parts after the routing ids")
+    body = parts[split + 2 : split + 6]
+    decoded = [json.loads(part) for part in body]  # ValueError on bad JSON
+    if not all(isinstance(part, dict) for part in decoded):
+        raise ValueError("a message part is not a JSON object")
+    return WireMessage(
+        idents=parts[:split],
+        signature=parts[split + 1],
+        body=body,
+        msg=dict(zip(MSG_PARTS, decoded, strict=True)),
+        buffers=parts[split + 6 :],
+    )

@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import hashlib
-import hmac
 import json
 import logging
 import logging.handlers
@@ -51,7 +49,6 @@ from kernelbridge import frames
 
 log = logging.getLogger("kernelbridge.tunnel")
 
-DELIM = b"<IDS|MSG>"
 ROUTED_CHANNELS = ("shell", "control", "stdin")
 # Why 10 000: a client may fire requests whose replies never come (the kernel died); the map
 # must not grow without bound. 10 000 outstanding requests is far beyond any real client.
@@ -63,21 +60,6 @@ KILL_GRACE = 2.0
 STDERR_GRACE = 1.0
 LOG_FILE_BYTES = 1024 * 1024
 REMOVE_TIMEOUT = 20.0
-
-
-class Signer:
-    """HMAC-SHA256 signatures of the Jupyter wire protocol."""
-
-    def __init__(self, key: bytes) -> None:
-        self.key = key
-
-    def sign(self, parts: list[bytes]) -> bytes:
-        if not self.key:
-            return b""
-        return hmac.new(self.key, b"".join(parts), hashlib.sha256).hexdigest().encode()
-
-    def verify(self, signature: bytes, parts: list[bytes]) -> bool:
-        return not self.key or hmac.compare_digest(signature, self.sign(parts))
 
 
 class Tunnel:
@@ -94,7 +76,7 @@ class Tunnel:
         self.argv = argv
         self.agent_hash = agent_hash
         self.session = session
-        self.host = Signer(str(connection.get("key", "")).encode())
+        self.host_key = str(connection.get("key", "")).encode()
         self.sandbox_key = secrets.token_hex(32)
         self.ctx = zmq.asyncio.Context()
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
@@ -128,25 +110,19 @@ class Tunnel:
         sock = self.sockets[channel]
         while True:
             parts = await sock.recv_multipart()
-            split = parts.index(DELIM) if DELIM in parts else -1
-            if split < 0 or len(parts) < split + 6:
-                log.warning("dropped a malformed %s message", channel)
+            try:
+                wire = frames.from_wire(parts)
+            except ValueError as exc:
+                log.warning("dropped a malformed %s message: %s", channel, exc)
                 continue
-            idents, signature, body = parts[:split], parts[split + 1], parts[split + 2 :]
-            if not self.host.verify(signature, body[:4]):
+            if not frames.verify(self.host_key, wire):
                 log.warning("dropped %s message with a bad signature", channel)
                 continue
-            try:
-                header, parent, metadata, content = (json.loads(p) for p in body[:4])
-            except ValueError:
-                log.warning("dropped %s message with malformed JSON", channel)
-                continue
-            msg_id = header.get("msg_id") if isinstance(header, dict) else None
+            msg_id = wire.msg["header"].get("msg_id")
             if not msg_id:
                 continue
-            self.remember(msg_id, idents)
-            msg = {"header": header, "parent_header": parent, "metadata": metadata, "content": content}
-            await self.send_frame(frames.kernel_frame(channel, msg, body[4:]))
+            self.remember(msg_id, wire.idents)
+            await self.send_frame(frames.kernel_frame(channel, wire.msg, wire.buffers))
 
     def remember(self, msg_id: str, idents: list[bytes]) -> None:
         self.pending[msg_id] = idents
@@ -157,15 +133,10 @@ class Tunnel:
         """Sandbox -> clients: sign with the host key and route."""
         channel, msg = frame["channel"], frame["msg"]
         try:
-            buffers = frames.frame_buffers(frame)
-            body = [
-                json.dumps(msg.get(k) or {}).encode()
-                for k in ("header", "parent_header", "metadata", "content")
-            ]
+            wire = frames.to_wire(msg, frames.frame_buffers(frame), self.host_key)
         except (ValueError, TypeError) as exc:
             self.drop(f"bad kernel frame: {exc}")
             return
-        wire = [DELIM, self.host.sign(body), *body, *buffers]
         if channel == "iopub":
             msg_type = str(msg["header"].get("msg_type", ""))
             await self.sockets["iopub"].send_multipart([f"kernel.{msg_type}".encode(), *wire])

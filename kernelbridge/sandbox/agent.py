@@ -22,8 +22,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import hashlib
-import hmac
 import json
 import os
 import select
@@ -41,7 +39,6 @@ import zmq
 from kernelbridge import frames
 
 AGENT_HASH_FILE = Path(__file__).with_name("AGENT_HASH")
-DELIM = b"<IDS|MSG>"
 HELLO_TIMEOUT = 30.0
 # Why 60 s: ipykernel 7 is ready in ~0.25 s, but 20 kernels started at once on 2 cores take
 # ~12 s; a kernel that needs longer than this is broken, not slow.
@@ -180,7 +177,10 @@ class Agent:
                 sent.add(self.send_to_kernel("shell", _new_message("kernel_info_request", self.session_id)))
                 next_send = time.monotonic() + KERNEL_INFO_RETRY
             for sock, _ in poller.poll(50):
-                msg, _ = self.receive_from_kernel(sock)
+                received = self.receive_from_kernel(sock)
+                if received is None:
+                    continue
+                msg = received[0]
                 parent = msg.get("parent_header", {}).get("msg_id")
                 if parent not in sent:
                     continue
@@ -202,20 +202,17 @@ class Agent:
 
     # -- relay ------------------------------------------------------------------------------
     def send_to_kernel(self, channel: str, msg: dict[str, Any], buffers: list[bytes] | None = None) -> str:
-        parts = [
-            json.dumps(msg.get(part) or {}).encode()
-            for part in ("header", "parent_header", "metadata", "content")
-        ]
-        signature = hmac.new(self.key, b"".join(parts), hashlib.sha256).hexdigest().encode()
-        self.sockets[channel].send_multipart([DELIM, signature, *parts, *(buffers or [])], copy=False)
+        self.sockets[channel].send_multipart(frames.to_wire(msg, buffers or [], self.key), copy=False)
         return msg["header"].get("msg_id", "")
 
-    def receive_from_kernel(self, sock: zmq.Socket[bytes]) -> tuple[dict[str, Any], list[bytes]]:
-        parts = sock.recv_multipart()
-        start = parts.index(DELIM) + 2  # skip routing ids, the delimiter and the signature
-        header, parent, metadata, content = (json.loads(p) for p in parts[start : start + 4])
-        msg = {"header": header, "parent_header": parent, "metadata": metadata, "content": content}
-        return msg, parts[start + 4 :]
+    def receive_from_kernel(self, sock: zmq.Socket[bytes]) -> tuple[dict[str, Any], list[bytes]] | None:
+        """The next message of ``sock``, or None (logged) if it is malformed."""
+        try:
+            wire = frames.from_wire(sock.recv_multipart())
+        except ValueError as exc:
+            self.log(f"dropped a malformed kernel message: {exc}", "warning")
+            return None
+        return wire.msg, wire.buffers
 
     def read_stdin(self) -> None:
         """Decode whatever stdin has into the incoming queue. We read the fd directly (no
@@ -255,8 +252,8 @@ class Agent:
                     self.read_stdin()
                 elif sock == kernel_out:
                     self.forward_kernel_output(kernel_out)
-                else:
-                    msg, buffers = self.receive_from_kernel(sock)
+                elif (received := self.receive_from_kernel(sock)) is not None:
+                    msg, buffers = received
                     self.send(frames.kernel_frame(channel_of[sock], msg, buffers))
                     self.note_shutdown_reply(msg)
             if self._kill_at is not None and time.monotonic() > self._kill_at:

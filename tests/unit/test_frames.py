@@ -88,3 +88,27 @@ def test_encode_refuses_unknown_types() -> None:
 def test_bad_base64_buffers_are_reported() -> None:
     with pytest.raises(ValueError, match="bad buffer"):
         frames.frame_buffers({"type": "kernel", "buffers": ["***"]})
+
+
+def test_wire_round_trip_and_signature() -> None:
+    msg = kernel_msg("hello")
+    parts = [b"client-id", *frames.to_wire(msg, [b"\x00buf"], b"key")]
+    wire = frames.from_wire(parts)
+    assert wire.idents == [b"client-id"] and wire.msg == msg and wire.buffers == [b"\x00buf"]
+    assert frames.verify(b"key", wire)
+    assert not frames.verify(b"other-key", wire)
+    assert frames.verify(b"", wire)  # Jupyter's "no key": nothing to check
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        [b"no delimiter at all"],
+        [b"<IDS|MSG>", b"sig", b"{}"],
+        [b"<IDS|MSG>", b"sig", b"{}", b"{}", b"{}", b"not json"],
+        [b"<IDS|MSG>", b"sig", b"[]", b"{}", b"{}", b"{}"],
+    ],
+)
+def test_malformed_wire_messages_raise_value_error(parts: list[bytes]) -> None:
+    with pytest.raises(ValueError):
+        frames.from_wire(parts)
