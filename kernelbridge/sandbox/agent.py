@@ -130,6 +130,10 @@ class Agent:
             info["path"],
             # The journal is kept by the host; IPython's sqlite history would only cost I/O.
             "--HistoryManager.enabled=False",
+            # Bounded output messages and a per-cell cap: see kernelbridge/sandbox/outstream.py.
+            "--IPKernelApp.outstream_class=kernelbridge.sandbox.outstream.CappedOutStream",
+            # Stops IPython 9 from keeping every printed byte for the kernel's lifetime.
+            '--IPKernelApp.extensions=["kernelbridge.sandbox.shell_setup"]',
         ]
         self.kernel = subprocess.Popen(
             argv,

@@ -334,3 +334,16 @@ async def test_missing_image_is_a_clear_error(settings: Settings) -> None:
     km = SandboxKernelManager(settings=broken, session_name="noimage")
     with pytest.raises(ImageError, match="kernelbridge image build"):
         await km.start_kernel()
+
+
+async def test_printing_a_gigabyte_is_capped_and_the_kernel_survives(sandbox: OpenSandbox) -> None:
+    _, kc = await sandbox()
+    await execute(kc, "kept = 'yes'")
+    flood = await execute(kc, "for _ in range(1000): print('x' * 1_000_000)", timeout=120)
+    assert flood.status == "ok"
+    assert flood.stdout.startswith("x" * 1000)
+    assert flood.stdout.endswith("the rest is discarded]\n")
+    assert 64 * MiB <= len(flood.stdout) < 64 * MiB + 1000
+    rss = await execute(kc, "int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) // 1024")
+    assert int(rss.text) < 200  # MiB: IPython keeps none of the output (shell_setup extension)
+    assert (await execute(kc, "kept")).text == "'yes'"
