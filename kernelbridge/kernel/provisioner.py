@@ -39,7 +39,7 @@ from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning import LocalProvisioner
 
 from kernelbridge.config import Settings, load_settings
-from kernelbridge.errors import AgentMismatch, ImageError, KernelDied, SandboxError
+from kernelbridge.errors import AgentMismatch, ImageError, KernelBridgeError, KernelDied, SandboxError
 from kernelbridge.runtime import ContainerSpec, OciCliRuntime, detect_runtime
 
 # Why 10 s: a graceful container stop is: kernel shutdown_reply, agent exit, `podman run`
@@ -195,7 +195,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         if self.container_name:
             try:
                 await asyncio.wait_for(self.runtime().remove([self.container_name]), REMOVE_TIMEOUT)
-            except (TimeoutError, SandboxError, OSError) as exc:
+            except (TimeoutError, KernelBridgeError, OSError) as exc:
                 self.log.warning("could not remove container %s: %s", self.container_name, exc)
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()

@@ -14,6 +14,8 @@ from kernelbridge.runtime.base import OWNER_LABEL, SESSION_LABEL, ContainerInfo,
 # sandboxes at once can stall the client for several seconds. Past this the runtime is wedged.
 CLI_TIMEOUT = 30.0
 WORKDIR = "/workspace"
+REMOVE_ATTEMPTS = 3
+REMOVE_RETRY_DELAY = 0.5
 
 
 @dataclass
@@ -97,11 +99,18 @@ class OciCliRuntime:
     async def remove(self, names: list[str]) -> None:
         if not names:
             return
-        try:
-            await self._cli("rm", "-f", *self.remove_flags(), *names)
-        except RuntimeUnavailable as exc:
-            if "no such container" not in str(exc).lower():
-                raise
+        for attempt in range(REMOVE_ATTEMPTS):
+            try:
+                await self._cli("rm", "-f", *self.remove_flags(), *names)
+                return
+            except RuntimeUnavailable as exc:
+                if "no such container" in str(exc).lower():
+                    return
+                if attempt == REMOVE_ATTEMPTS - 1:
+                    raise
+                # A container that is stopping on its own ("container state improper") cannot
+                # be killed for a moment; once stopped it can be removed.
+                await anyio.sleep(REMOVE_RETRY_DELAY)
 
 
 def parse_ps_output(text: str) -> list[ContainerInfo]:

@@ -39,16 +39,18 @@ class CappedOutStream(OutStream):  # type: ignore[misc]
     def write(self, string: str) -> int | None:
         if not isinstance(string, str):
             return super().write(string)  # ipykernel's own TypeError
-        keep, notice, flush = self._admit(string)
-        if keep:
-            super().write(keep)
-        if notice:
-            super().write(
-                f"\n[kernelbridge: this cell wrote more than {CELL_CAP_CHARS >> 20} MiB to {self.name}; "
-                "the rest is discarded]\n"
-            )
-        if flush:
-            self.flush()
+        # One huge write (print of a 50 MB string) goes out in message-sized pieces too.
+        for start in range(0, len(string), MESSAGE_CHARS):
+            keep, notice, flush = self._admit(string[start : start + MESSAGE_CHARS])
+            if keep:
+                super().write(keep)
+            if notice:
+                super().write(
+                    f"\n[kernelbridge: this cell wrote more than {CELL_CAP_CHARS >> 20} MiB to "
+                    f"{self.name}; the rest is discarded]\n"
+                )
+            if flush:
+                self.flush()
         return len(string)
 
     def _admit(self, string: str) -> tuple[str, bool, bool]:
