@@ -22,7 +22,6 @@ from kernelbridge.errors import (
     KernelDied,
     RuntimeUnavailable,
     SandboxError,
-    SandboxNotFound,
     SessionError,
 )
 
@@ -37,7 +36,6 @@ __all__ = [
     "RuntimeUnavailable",
     "SandboxError",
     "SandboxLimits",
-    "SandboxNotFound",
     "SessionError",
     "Settings",
     "__version__",

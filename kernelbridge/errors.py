@@ -1,12 +1,11 @@
 """The kernelbridge exception hierarchy. Library errors are translated into these at the layer
-boundaries (e.g. podman's "no such container" becomes SandboxNotFound inside ``runtime/``)::
+boundaries (e.g. a failing ``podman`` call becomes RuntimeUnavailable inside ``runtime/``)::
 
     KernelBridgeError                 base of everything kernelbridge raises on purpose
     ├── ConfigError                   a bad setting or config file (one line says which and why)
     ├── RuntimeUnavailable            no usable container runtime (podman/docker missing or broken)
     ├── ImageError                    sandbox image missing, stale, or its build failed
     ├── SandboxError                  a sandbox failed to start or misbehaved
-    │   ├── SandboxNotFound           the container is gone
     │   ├── AgentMismatch             the image's agent is not the one this host expects
     │   └── KernelDied                the kernel process in the sandbox exited
     └── SessionError                  session-level refusal (bad name, too many sessions, ...)
@@ -35,10 +34,6 @@ class ImageError(KernelBridgeError):
 
 class SandboxError(KernelBridgeError):
     """A sandbox failed to start or stopped unexpectedly."""
-
-
-class SandboxNotFound(SandboxError):
-    """The sandbox's container does not exist (any more)."""
 
 
 class AgentMismatch(SandboxError):

@@ -267,6 +267,8 @@ class Tunnel:
                     with anyio.move_on_after(STDERR_GRACE):
                         await self.stderr_done.wait()
                     tg.cancel_scope.cancel()
+        if self.dropped_frames:
+            log.warning("dropped %d invalid frames from the sandbox in all", self.dropped_frames)
         status = process.returncode
         event = self.exit_event or {
             "event": "exit",

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 import anyio
 
 from kernelbridge.errors import RuntimeUnavailable
-from kernelbridge.runtime.base import OWNER_LABEL, SESSION_LABEL, ContainerInfo, ContainerSpec
+from kernelbridge.runtime.base import (
+    OWNER_LABEL,
+    SESSION_LABEL,
+    ContainerInfo,
+    ContainerSpec,
+    RuntimeBackend,
+)
 
 # Why 30 s: `podman ps`/`rm` answer in well under a second here, but a busy machine starting 20
 # sandboxes at once can stall the client for several seconds. Past this the runtime is wedged.
@@ -19,7 +25,7 @@ REMOVE_RETRY_DELAY = 0.5
 
 
 @dataclass
-class OciCliRuntime:
+class OciCliRuntime(RuntimeBackend):
     """Base for podman and docker; subclasses add their own flags in :meth:`extra_flags`."""
 
     name: str
