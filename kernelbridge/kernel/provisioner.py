@@ -130,6 +130,9 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs["stdout"] = subprocess.PIPE
         kwargs.setdefault("stderr", subprocess.DEVNULL)
         kwargs["stdin"] = subprocess.DEVNULL
+        # The runtime's helpers inherit this: conmon drops an `oom` file in its working directory
+        # when the kernel is OOM-killed, which must not land in whatever directory the user is in.
+        kwargs["cwd"] = str(runtime_dir(self.settings))
         self.process = launch_kernel(cmd, **kwargs)
         self.pid = self.process.pid
         self.pgid = os.getpgid(self.pid)
@@ -245,6 +248,12 @@ def prune_logs(logs_dir: Path, keep: int = KEEP_LOGS) -> None:
             continue
     for _, old in sorted(dated, reverse=True)[keep:]:
         old.unlink(missing_ok=True)
+
+
+def runtime_dir(settings: Settings) -> Path:
+    path = settings.state_dir / "run"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
 
 
 def connection_dir(settings: Settings) -> Path:
