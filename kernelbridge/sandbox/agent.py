@@ -43,7 +43,9 @@ HELLO_TIMEOUT = 30.0
 # Why 60 s: ipykernel 7 is ready in ~0.25 s, but 20 kernels started at once on 2 cores take
 # ~12 s; a kernel that needs longer than this is broken, not slow.
 KERNEL_READY_TIMEOUT = 60.0
-KERNEL_INFO_RETRY = 0.2
+# Re-ask every 0.05 s: an iopub SUB that joins late misses the status of the first requests, and
+# each retry interval is paid in full by every cold start. kernel_info is cheap to answer.
+KERNEL_INFO_RETRY = 0.05
 SHUTDOWN_GRACE = 2.0
 SHUTDOWN_REPLY_GRACE = 0.5
 MAX_LOG_LINE = 2000
