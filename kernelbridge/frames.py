@@ -19,6 +19,7 @@ kernel         both             channel (shell|control|stdin|iopub), msg {header
 rpc_request    sandbox -> host  id, method, params
 rpc_response   host -> sandbox  id, result | error
 interrupt      host -> sandbox  (none): SIGINT to the kernel process
+restart        host -> sandbox  (none): replace the kernel, keep the container (answered by ready)
 shutdown       host -> sandbox  (none): stop the kernel and exit
 exit           sandbox -> host  status (kernel exit status; negative = signal), reason
 log            sandbox -> host  level, message
@@ -49,11 +50,14 @@ KERNEL = "kernel"
 RPC_REQUEST = "rpc_request"
 RPC_RESPONSE = "rpc_response"
 INTERRUPT = "interrupt"
+RESTART = "restart"
 SHUTDOWN = "shutdown"
 EXIT = "exit"
 LOG = "log"
 
-FRAME_TYPES = frozenset({HELLO, READY, KERNEL, RPC_REQUEST, RPC_RESPONSE, INTERRUPT, SHUTDOWN, EXIT, LOG})
+FRAME_TYPES = frozenset(
+    {HELLO, READY, KERNEL, RPC_REQUEST, RPC_RESPONSE, INTERRUPT, RESTART, SHUTDOWN, EXIT, LOG}
+)
 CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
 
 # Why 128 MiB: a 32 MiB display payload must pass, and JSON escaping plus base64 of binary

@@ -313,8 +313,10 @@ class SessionRegistry:
                     break
                 if now >= deadline:
                     status = "timeout"
+                    container = _container_of(session)
                     state = await self._stop_overrun(session, run)
-                    notes.append(_timeout_note(timeout, state))
+                    same_sandbox = container is not None and _container_of(session) == container
+                    notes.append(_timeout_note(timeout, state, files_kept=same_sandbox))
                     break
                 if on_progress is not None and now - last_progress >= PROGRESS_EVERY:
                     last_progress = now
@@ -477,12 +479,17 @@ def _death_reason(km: AsyncKernelManager) -> str | None:
     return reason() if callable(reason) else None
 
 
-def _timeout_note(timeout: float, state: State) -> str:
+def _container_of(session: Session) -> str | None:
+    return getattr(session.handle[0], "container_name", None) if session.handle else None
+
+
+def _timeout_note(timeout: float, state: State, files_kept: bool = False) -> str:
     if state == "kept":
         return f"Timed out after {timeout:g} s and was interrupted; the session's variables are kept."
+    files = " Files in /workspace are kept (same sandbox)." if files_kept else ""
     return (
         f"Timed out after {timeout:g} s and ignored the interrupt, so the kernel was restarted: "
-        "all variables and imports are lost."
+        f"all variables and imports are lost.{files}"
     )
 
 

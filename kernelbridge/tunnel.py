@@ -15,9 +15,11 @@ What it owns
 - Routes each reply (and each ``input_request``) back to the client identity that sent the
   request, by the request's msg_id. Any number of clients can be connected at once.
 - Treats every frame from the container as untrusted: bad frames are logged and dropped.
-- Turns SIGINT into an ``interrupt`` frame and SIGTERM into a graceful ``shutdown``.
-- Prints JSON events on its own stdout for the provisioner: ``{"event": "ready", ...}`` once the
-  agent has proven that iopub delivers, and ``{"event": "exit", "status", "reason"}`` at the end.
+- Turns SIGINT into an ``interrupt`` frame, SIGUSR1 into a ``restart`` (a new kernel in the same
+  container) and SIGTERM into a graceful ``shutdown``.
+- Prints JSON events on its own stdout for the provisioner: ``{"event": "ready", ...}`` each time
+  the agent has proven that iopub delivers (at start and after a restart), and
+  ``{"event": "exit", "status", "reason"}`` at the end.
 
 It knows nothing of sessions, notebooks or MCP.
 """
@@ -179,7 +181,7 @@ class Tunnel:
         kind = frame["type"]
         if kind == frames.KERNEL:
             await self.deliver(frame)
-        elif kind == frames.READY and not ready.is_set():
+        elif kind == frames.READY:  # the first kernel, or a new one after a restart
             log.info("sandbox ready: %s", frame.get("versions"))
             emit({"event": "ready", "versions": frame.get("versions"), "agent_hash": frame.get("agent_hash")})
             ready.set()
@@ -210,6 +212,9 @@ class Tunnel:
         async for signum in signals:
             if signum == signal.SIGINT:
                 await self.send_frame({"type": frames.INTERRUPT})
+            elif signum == signal.SIGUSR1:
+                log.info("restarting the kernel in its container")
+                await self.send_frame({"type": frames.RESTART})
             else:
                 await self.send_frame({"type": frames.SHUTDOWN})
                 await self.stop_process()
@@ -242,7 +247,8 @@ class Tunnel:
     async def run(self) -> int:
         self.bind()
         # Handlers first: a SIGTERM that arrives once the container exists must stop it.
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        watched = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
+        with anyio.open_signal_receiver(*watched) as signals:
             log.info("starting the container: %s", " ".join(self.argv))
             async with await anyio.open_process(self.argv, stdin=-1, stdout=-1, stderr=-1) as process:
                 self.process = process

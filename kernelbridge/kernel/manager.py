@@ -55,6 +55,14 @@ class SandboxKernelManager(AsyncKernelManager):
     def versions(self) -> dict[str, Any] | None:
         return self.sandbox.versions if self.sandbox else None
 
+    async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:  # type: ignore[override]
+        """Restart the kernel inside its container, so files in /workspace and /tmp survive a
+        restart as they would on a workstation; the tunnel, ports and clients stay connected.
+        Falls back to jupyter_client's restart (a new container) if the sandbox cannot."""
+        if not newports and self.sandbox is not None and await self.sandbox.restart_in_place():
+            return
+        await super().restart_kernel(now=now, newports=newports, **kw)
+
     def death_reason(self) -> str | None:
         """Why the kernel's sandbox ended (e.g. killed by SIGKILL, out of memory); None if alive."""
         return self.sandbox.death_reason() if self.sandbox else None

@@ -17,6 +17,7 @@ send_signal(SIGINT)     the tunnel turns it into an ``interrupt`` frame (kernels
 terminate               SIGTERM: the tunnel sends ``shutdown``, closes stdin, stops the container
 kill                    SIGKILL to the tunnel; ``cleanup`` then force-removes the container
 cleanup                 remove the container (bounded), keep the ports on restart
+restart_in_place        (ours) SIGUSR1: a new kernel in the same container, same ports
 ======================  ===================================================================
 
 Settings come from the parent manager's ``settings`` attribute when it has one
@@ -217,6 +218,25 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.container_name = provisioner_info.get("container_name")
 
     # -- kernelbridge additions ------------------------------------------------------------
+    async def restart_in_place(self) -> bool:
+        """Replace the kernel but keep its container (and so /workspace and /tmp): SIGUSR1
+        makes the tunnel send a ``restart`` frame, answered by a new ``ready``. Returns False
+        when that did not work; the caller then restarts the jupyter_client way."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        self.process.send_signal(signal.SIGUSR1)
+        try:
+            event = await asyncio.wait_for(
+                asyncio.to_thread(self._read_event), timeout=self.settings.kernel_start_timeout
+            )
+        except TimeoutError:
+            return False
+        if event is None or event.get("event") != "ready":
+            self.exit_event = event
+            return False
+        self.versions = event.get("versions")
+        return True
+
     def death_reason(self) -> str | None:
         """Why the sandbox ended, as reported by the agent or the runtime; None while alive."""
         if self.exit_event is None:

@@ -49,6 +49,8 @@ KERNEL_INFO_RETRY = 0.05
 SHUTDOWN_GRACE = 2.0
 SHUTDOWN_REPLY_GRACE = 0.5
 MAX_LOG_LINE = 2000
+RESTARTED = -1
+"""handle_host_frames' answer after a restart frame replaced the kernel (not an exit status)."""
 CHANNEL_OF_PORT = {"shell": "shell_port", "control": "control_port", "stdin": "stdin_port"}
 
 
@@ -239,6 +241,13 @@ class Agent:
     def relay(self) -> int:
         """Relay until the kernel exits or the host leaves. Returns the agent's exit status."""
         os.set_blocking(self._stdin, False)
+        while True:  # once per kernel: a restart replaces the kernel and its sockets
+            status = self.relay_kernel()
+            if status is not None:
+                return status
+
+    def relay_kernel(self) -> int | None:
+        """Relay for the current kernel; None when it was replaced by a restart."""
         poller = zmq.Poller()
         channel_of = {}
         for channel, sock in self.sockets.items():
@@ -252,7 +261,7 @@ class Agent:
         while True:
             status = self.handle_host_frames()  # frames queued behind the hello come first
             if status is not None:
-                return status
+                return None if status == RESTARTED else status
             for sock, _ in poller.poll(200):
                 if sock == self._stdin:
                     self.read_stdin()
@@ -275,6 +284,7 @@ class Agent:
             self._kill_at = time.monotonic() + SHUTDOWN_REPLY_GRACE
 
     def handle_host_frames(self) -> int | None:
+        """Act on queued host frames. Returns an exit status, RESTARTED, or None to go on."""
         while True:
             if not self._incoming:
                 if self._stdin_closed:  # the host is gone: stop everything
@@ -293,6 +303,8 @@ class Agent:
             elif kind == frames.INTERRUPT and self.kernel is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.kernel.pid, signal.SIGINT)
+            elif kind == frames.RESTART:
+                return self.restart_kernel()
             elif kind == frames.SHUTDOWN:
                 self.stop_kernel()
                 self.send({"type": frames.EXIT, "status": 0, "reason": "shutdown requested"})
@@ -329,26 +341,35 @@ class Agent:
             self.kernel.kill()
             self.kernel.wait()
 
-    # -- main -------------------------------------------------------------------------------
-    def run(self) -> int:
-        hello = self.read_hello()
-        if hello is None:
-            return self.fail("no valid hello frame on stdin within 30 s", 2)
-        mismatch = self.check_agent_hash(hello.get("agent_hash"))
-        if mismatch:
-            return self.fail(mismatch, 3)
-        self.key = str(hello.get("key", "")).encode()
-        info = self.write_connection_file()
-        self.start_kernel(info)
+    # -- kernel (re)start ---------------------------------------------------------------------
+    def restart_kernel(self) -> int:
+        """A new kernel in the same container: variables go, /workspace and /tmp stay. The
+        old kernel's whole process group is killed at once (it may be stuck, that is why the
+        host restarts it). Returns RESTARTED, or an exit status if no new kernel came up."""
+        if self.kernel is not None and self.kernel.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.kernel.pid, signal.SIGKILL)
+            self.kernel.wait()
+        for sock in self.sockets.values():
+            sock.close(linger=0)
+        self.sockets.clear()
+        self._kill_at = None
+        failure = self.boot_kernel()
+        return RESTARTED if failure is None else self.fail(failure, 4)
+
+    def boot_kernel(self) -> str | None:
+        """Start a kernel, prove iopub delivers and say ``ready``; else the reason it failed."""
+        self.start_kernel(self.write_connection_file())
         kernel_info = self.wait_until_iopub_delivers()
         if kernel_info is None:
             assert self.kernel is not None
-            self.forward_kernel_output(self.kernel.stdout.fileno()) if self.kernel.stdout else None
+            if self.kernel.stdout is not None:
+                self.forward_kernel_output(self.kernel.stdout.fileno())
             status = self.kernel.poll()
             self.stop_kernel()
             if status is None:
-                return self.fail("kernel did not answer within 60 s", 4)
-            return self.fail(f"kernel exited during start-up: {describe_exit(status)}", 4)
+                return "kernel did not answer within 60 s"
+            return f"kernel exited during start-up: {describe_exit(status)}"
         self.send(
             {
                 "type": frames.READY,
@@ -361,6 +382,20 @@ class Agent:
                 },
             }
         )
+        return None
+
+    # -- main -------------------------------------------------------------------------------
+    def run(self) -> int:
+        hello = self.read_hello()
+        if hello is None:
+            return self.fail("no valid hello frame on stdin within 30 s", 2)
+        mismatch = self.check_agent_hash(hello.get("agent_hash"))
+        if mismatch:
+            return self.fail(mismatch, 3)
+        self.key = str(hello.get("key", "")).encode()
+        failure = self.boot_kernel()
+        if failure is not None:
+            return self.fail(failure, 4)
         try:
             return self.relay()
         finally:

@@ -17,11 +17,19 @@ import pytest
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from kernelbridge.config import Settings, load_settings
-from kernelbridge.kernel import SandboxKernelManager, connect_client
+from kernelbridge.kernel import SandboxKernelManager, connect_client, wait_for_iopub
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
 MiB = 1024 * 1024
+STUBBORN_CELL = """
+import time
+while True:
+    try:
+        time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+"""
 
 
 @dataclass
@@ -310,17 +318,30 @@ async def test_first_cell_output_of_20_fresh_kernels(settings: Settings) -> None
     assert outputs == {i: f"first output of kernel {i}\n" for i in range(20)}
 
 
-async def test_restart_gives_a_fresh_kernel(sandbox: OpenSandbox) -> None:
+async def test_restart_keeps_the_container_and_its_files_but_not_variables(sandbox: OpenSandbox) -> None:
     km, kc = await sandbox()
-    await execute(kc, "x = 1")
-    first_container = km.container_name
-    await km.restart_kernel(now=True)
+    await execute(kc, "x = 1\nopen('/workspace/keep.txt', 'w').write('kept')")
+    container = km.container_name
+    # A cell stuck where KeyboardInterrupt cannot reach it: the reason restarts happen.
+    kc.execute(STUBBORN_CELL)
+    with anyio.fail_after(30):
+        await km.restart_kernel(now=True)
+        await wait_for_iopub(kc, 30, km)  # the same client goes on: same tunnel, same ports
+    assert km.container_name == container
+    assert (await execute(kc, "'x' in globals()")).text == "False"
+    assert (await execute(kc, "open('/workspace/keep.txt').read()")).text == "'kept'"
+
+
+async def test_restart_with_new_ports_starts_a_new_container(sandbox: OpenSandbox) -> None:
+    km, kc = await sandbox()
+    await execute(kc, "open('/workspace/gone.txt', 'w').write('x')")
+    container = km.container_name
+    await km.restart_kernel(now=True, newports=True)
     kc.stop_channels()
     kc = await connect_client(km)
     try:
-        cell = await execute(kc, "'x' in globals()")
-        assert cell.text == "False"
-        assert km.container_name != first_container
+        assert km.container_name != container
+        assert (await execute(kc, "import os; os.path.exists('/workspace/gone.txt')")).text == "False"
     finally:
         kc.stop_channels()
 

@@ -101,13 +101,14 @@ async def test_cell_ignoring_interrupt_forces_a_restart_reported_as_lost(mcp_cli
         ]
     )
     with anyio.fail_after(120):
-        await run(mcp_client, "gone = 1")
+        await run(mcp_client, "gone = 1\nopen('/workspace/stays.txt', 'w').write('file')")
         result = await run(mcp_client, stubborn, timeout=2)
-        after = await run(mcp_client, "'gone' in globals()")
+        after = await run(mcp_client, "'gone' in globals(), open('/workspace/stays.txt').read()")
     sc = result.structured_content
     assert (sc["status"], sc["state"]) == ("timeout", "lost")
     assert "restarted" in text_of(result) and "lost" in text_of(result)
-    assert after.structured_content["result"] == "False"
+    assert "Files in /workspace are kept" in text_of(result)
+    assert after.structured_content["result"] == "(False, 'file')"
     assert after.is_error is False
 
 

@@ -166,3 +166,19 @@ async def test_malformed_client_messages_do_not_break_the_tunnel(tunnel: tuple) 
     log = log_file.read_text()
     assert "dropped a malformed shell message" in log
     assert "dropped shell message with a bad signature" in log
+
+
+@pytest.mark.anyio
+async def test_sigusr1_restarts_the_kernel_behind_the_same_sockets(tunnel: tuple) -> None:
+    proc, connection_file, _ = tunnel
+    kc = client(connection_file)
+    try:
+        await kc.wait_for_ready(timeout=30)
+        await execute(kc, "before_restart = 1")
+        proc.send_signal(signal.SIGUSR1)
+        event = json.loads(await anyio.to_thread.run_sync(proc.stdout.readline))
+        assert event["event"] == "ready"
+        reply = await execute(kc, "before_restart")  # the same client, no reconnect
+        assert reply["content"]["ename"] == "NameError"
+    finally:
+        kc.stop_channels()

@@ -112,3 +112,11 @@ def test_wire_round_trip_and_signature() -> None:
 def test_malformed_wire_messages_raise_value_error(parts: list[bytes]) -> None:
     with pytest.raises(ValueError):
         frames.from_wire(parts)
+
+
+def test_every_declared_frame_type_encodes() -> None:
+    # Every upper-case string constant of the module is a frame type, and all are accepted.
+    declared = {value for name, value in vars(frames).items() if name.isupper() and isinstance(value, str)}
+    assert declared == set(frames.FRAME_TYPES)
+    for frame_type in declared:
+        assert frames.encode({"type": frame_type}).endswith(b"\n")
