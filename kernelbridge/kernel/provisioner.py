@@ -61,10 +61,15 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
     _runtime: OciCliRuntime | None = None
 
     # -- configuration -------------------------------------------------------------------
+    _settings: Settings | None = None
+
     @property
     def settings(self) -> Settings:
-        settings = getattr(self.parent, "settings", None)
-        return settings if isinstance(settings, Settings) else load_settings()
+        """The manager's settings (SandboxKernelManager), else read once from the environment."""
+        if self._settings is None:
+            settings = getattr(self.parent, "settings", None)
+            self._settings = settings if isinstance(settings, Settings) else load_settings()
+        return self._settings
 
     @property
     def session_name(self) -> str:
