@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -55,11 +56,17 @@ def tunnel(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
     proc.wait(timeout=10)
 
 
-def client(connection_file: str) -> AsyncKernelClient:
+@asynccontextmanager
+async def connected(connection_file: str) -> AsyncIterator[AsyncKernelClient]:
+    """A client on the tunnel's sockets, ready (shell answered), stopped at the end."""
     kc = AsyncKernelClient(connection_file=connection_file)
     kc.load_connection_file()
     kc.start_channels()
-    return kc
+    try:
+        await kc.wait_for_ready(timeout=30)
+        yield kc
+    finally:
+        kc.stop_channels()
 
 
 async def execute(kc: AsyncKernelClient, code: str) -> dict:
@@ -74,13 +81,9 @@ async def execute(kc: AsyncKernelClient, code: str) -> dict:
 @pytest.mark.anyio
 async def test_hostile_frames_are_logged_and_dropped(tunnel: tuple) -> None:
     _, connection_file, log_file = tunnel
-    kc = client(connection_file)
-    try:
-        await kc.wait_for_ready(timeout=30)
+    async with connected(connection_file) as kc:
         reply = await execute(kc, "40 + 2")
         assert reply["content"]["status"] == "ok"
-    finally:
-        kc.stop_channels()
     log = log_file.read_text()
     for reason in ("not JSON", "not a JSON object", "unknown frame type"):
         assert reason in log
@@ -89,10 +92,7 @@ async def test_hostile_frames_are_logged_and_dropped(tunnel: tuple) -> None:
 @pytest.mark.anyio
 async def test_replies_go_to_the_client_that_asked(tunnel: tuple) -> None:
     _, connection_file, _ = tunnel
-    first, second = client(connection_file), client(connection_file)
-    try:
-        await first.wait_for_ready(timeout=30)
-        await second.wait_for_ready(timeout=30)
+    async with connected(connection_file) as first, connected(connection_file) as second:
         ids = {first.execute("import time; time.sleep(0.2); 'first'"), second.execute("'second'")}
         got_first = await first.get_shell_msg(timeout=30)
         got_second = await second.get_shell_msg(timeout=30)
@@ -101,17 +101,12 @@ async def test_replies_go_to_the_client_that_asked(tunnel: tuple) -> None:
         assert got_first["parent_header"]["msg_id"] != got_second["parent_header"]["msg_id"]
         assert got_first["parent_header"]["session"] == first.session.session
         assert got_second["parent_header"]["session"] == second.session.session
-    finally:
-        first.stop_channels()
-        second.stop_channels()
 
 
 @pytest.mark.anyio
 async def test_sigint_to_the_tunnel_interrupts_the_kernel(tunnel: tuple) -> None:
     proc, connection_file, _ = tunnel
-    kc = client(connection_file)
-    try:
-        await kc.wait_for_ready(timeout=30)
+    async with connected(connection_file) as kc:
         msg_id = kc.execute("import time\nprint('started', flush=True)\nfor _ in range(600): time.sleep(0.1)")
         # Wait for output from the cell itself: ipykernel publishes execute_input before the cell
         # runs, and a SIGINT landing in between is swallowed by its event loop (and the cell lost).
@@ -122,8 +117,6 @@ async def test_sigint_to_the_tunnel_interrupts_the_kernel(tunnel: tuple) -> None
         reply = await kc.get_shell_msg(timeout=10)
         assert reply["parent_header"]["msg_id"] == msg_id
         assert reply["content"]["ename"] == "KeyboardInterrupt"
-    finally:
-        kc.stop_channels()
 
 
 def test_frames_module_is_stdlib_only() -> None:
@@ -156,12 +149,8 @@ async def test_malformed_client_messages_do_not_break_the_tunnel(tunnel: tuple) 
         await raw.send_multipart(parts)
     raw.close(linger=2000)  # deliver what was sent before closing
     ctx.term()
-    kc = client(connection_file)
-    try:
-        await kc.wait_for_ready(timeout=30)
+    async with connected(connection_file) as kc:
         assert (await execute(kc, "'alive'"))["content"]["status"] == "ok"
-    finally:
-        kc.stop_channels()
     assert proc.poll() is None
     log = log_file.read_text()
     assert "dropped a malformed shell message" in log
@@ -171,14 +160,10 @@ async def test_malformed_client_messages_do_not_break_the_tunnel(tunnel: tuple) 
 @pytest.mark.anyio
 async def test_sigusr1_restarts_the_kernel_behind_the_same_sockets(tunnel: tuple) -> None:
     proc, connection_file, _ = tunnel
-    kc = client(connection_file)
-    try:
-        await kc.wait_for_ready(timeout=30)
+    async with connected(connection_file) as kc:
         await execute(kc, "before_restart = 1")
         proc.send_signal(signal.SIGUSR1)
         event = json.loads(await anyio.to_thread.run_sync(proc.stdout.readline))
         assert event["event"] == "ready"
         reply = await execute(kc, "before_restart")  # the same client, no reconnect
         assert reply["content"]["ename"] == "NameError"
-    finally:
-        kc.stop_channels()
