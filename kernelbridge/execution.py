@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from queue import Empty
 from typing import Any, Literal
@@ -276,18 +277,22 @@ class CellRun:
         """
         async with anyio.create_task_group() as tg:
             if not self.idle:
-                tg.start_soon(self._read_iopub, deadline)
+                tg.start_soon(self._read, self.kc.get_iopub_msg, self._on_iopub, deadline)
             if self.reply is None:
-                tg.start_soon(self._read_shell, deadline)
+                tg.start_soon(self._read, self.kc.get_shell_msg, self._on_shell, deadline)
         return self.done
 
-    async def _read_iopub(self, deadline: float) -> None:
-        while not self.idle:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
+    async def _read(
+        self,
+        receive: Callable[..., Awaitable[dict[str, Any]]],
+        handle: Callable[[dict[str, Any]], bool],
+        deadline: float,
+    ) -> None:
+        """Feed this request's messages from one channel to ``handle`` until it returns True
+        (that channel's part is complete) or the deadline passes."""
+        while (remaining := deadline - time.monotonic()) > 0:
             try:
-                msg = await self.kc.get_iopub_msg(timeout=min(remaining, POLL_SLICE))
+                msg = await receive(timeout=min(remaining, POLL_SLICE))
             except Empty:
                 continue
             except Exception:
@@ -295,29 +300,23 @@ class CellRun:
                 return
             if msg.get("parent_header", {}).get("msg_id") != self.msg_id:
                 continue  # another client's request, or a late message of an earlier cell
-            msg_type = msg["header"]["msg_type"]
-            if msg_type == "status":
-                self.idle = msg["content"].get("execution_state") == "idle"
-            else:
-                self.outputs.handle(msg_type, msg["content"])
+            if handle(msg):
+                return
 
-    async def _read_shell(self, deadline: float) -> None:
-        while self.reply is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            try:
-                msg = await self.kc.get_shell_msg(timeout=min(remaining, POLL_SLICE))
-            except Empty:
-                continue
-            except Exception:
-                self.broken = True
-                return
-            if msg.get("parent_header", {}).get("msg_id") == self.msg_id:
-                self.reply = msg["content"]
-                count = self.reply.get("execution_count")
-                if isinstance(count, int):
-                    self.outputs.execution_count = count
+    def _on_iopub(self, msg: dict[str, Any]) -> bool:
+        msg_type = msg["header"]["msg_type"]
+        if msg_type == "status":
+            self.idle = msg["content"].get("execution_state") == "idle"
+        else:
+            self.outputs.handle(msg_type, msg["content"])
+        return self.idle
+
+    def _on_shell(self, msg: dict[str, Any]) -> bool:
+        self.reply = msg["content"]
+        count = self.reply.get("execution_count")
+        if isinstance(count, int):
+            self.outputs.execution_count = count
+        return True
 
     def elapsed_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
