@@ -3,7 +3,8 @@
 General layout (one direction of dependency, top to bottom; see docs/architecture.md):
 
 - ``server``     MCP tools and resources; formats results for a model
-- ``sessions``   session registry: create/reuse/close, locks, timeouts, idle reaping, warm pool
+- ``sessions``   session registry: create/reuse/close, locks, timeouts, idle reaping
+- ``warm_pool``  sandboxes started ahead of need for new sessions
 - ``execution``  runs one cell on a kernel client and collects its outputs (bounded)
 - ``kernel``     jupyter_client integration: a KernelProvisioner that runs the kernel in a sandbox
 - ``tunnel``     host end of the tunnel: real ZMQ sockets <-> frames on the container's stdio

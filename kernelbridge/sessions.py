@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelbridge.config import Settings
@@ -44,11 +42,10 @@ from kernelbridge.execution import CellResult, CellRun, State, Status, finish_ce
 from kernelbridge.kernel.manager import wait_for_iopub
 from kernelbridge.notebook import Journal, journal_path
 from kernelbridge.runtime import pid_alive
+from kernelbridge.warm_pool import SHUTDOWN_TIMEOUT, KernelFactory, KernelHandle, WarmPool, stop_kernel
 
 log = logging.getLogger(__name__)
 
-KernelHandle = tuple[AsyncKernelManager, AsyncKernelClient]
-KernelFactory = Callable[[str], Awaitable[KernelHandle]]
 ProgressCallback = Callable[[float, str], Awaitable[None]]
 """Called with (seconds elapsed, latest output lines) while a cell runs."""
 
@@ -56,8 +53,6 @@ SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """Session names end up in container names and file paths: no slashes, no leading dot."""
 INTERRUPT_GRACE = 3.0
 """Seconds an interrupted cell gets to finish before the kernel is restarted."""
-SHUTDOWN_TIMEOUT = 15.0
-"""Bound on stopping one kernel (a container can take seconds to stop)."""
 TEARDOWN_TIMEOUT = 25.0
 """Bound on stopping every kernel at exit; they stop in parallel."""
 TICK = 1.0
@@ -74,19 +69,6 @@ def validate_session_name(name: object) -> str:
             "starting with a letter or digit"
         )
     return name
-
-
-async def _stop(handle: KernelHandle) -> None:
-    """Stop one kernel, bounded and shielded (also used while being cancelled)."""
-    km, kc = handle
-    with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_TIMEOUT) as scope:
-        try:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
-        except Exception:
-            log.exception("stopping kernel %s failed", getattr(km, "kernel_id", "?"))
-    if scope.cancelled_caught:
-        log.warning("kernel %s did not stop within %.0fs", getattr(km, "kernel_id", "?"), SHUTDOWN_TIMEOUT)
 
 
 def sandbox_kernel_factory(settings: Settings) -> KernelFactory:
@@ -135,18 +117,14 @@ class SessionRegistry:
         self.settings = settings
         self._factory = kernel_factory
         self._sessions: dict[str, Session] = {}
-        self._pool: list[KernelHandle] = []
-        self._pool_wanted = anyio.Event()
-        self._pool_changed = anyio.Event()
-        self._pool_starting = False
-        self._pool_claimed = False
+        self._pool = WarmPool(settings.warm_pool, kernel_factory, settings.kernel_start_timeout)
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> SessionRegistry:
         self.settings.sessions_dir.mkdir(parents=True, exist_ok=True)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._tg.start_soon(self._fill_pool)
+        self._tg.start_soon(self._pool.run)
         self._tg.start_soon(self._reap_idle)
         return self
 
@@ -159,13 +137,13 @@ class SessionRegistry:
     async def aclose(self) -> None:
         """Stop every kernel and pooled kernel, in parallel, shielded and bounded."""
         sessions, self._sessions = list(self._sessions.values()), {}
-        pool, self._pool = self._pool, []
+        pool = self._pool.drain()
         with anyio.CancelScope(shield=True), anyio.move_on_after(TEARDOWN_TIMEOUT):
             async with anyio.create_task_group() as tg:
                 for session in sessions:
                     tg.start_soon(self._close_session, session)
                 for handle in pool:
-                    tg.start_soon(_stop, handle)
+                    tg.start_soon(stop_kernel, handle)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -259,26 +237,7 @@ class SessionRegistry:
         self._write_record(session)
 
     async def _take_kernel(self, name: str) -> KernelHandle:
-        if not self._pool and self._pool_starting and not self._pool_claimed:
-            # A warm kernel is half-way started (e.g. the first call right after `serve`): waiting
-            # for it beats starting a second one that competes with it for CPU. Only one caller
-            # claims it; others start their own kernels in parallel.
-            self._pool_claimed = True
-            try:
-                with anyio.move_on_after(self.settings.kernel_start_timeout):
-                    while not self._pool and self._pool_starting:
-                        await self._pool_changed.wait()
-            finally:
-                self._pool_claimed = False
-        if self._pool:
-            handle = self._pool.pop()
-            self._pool_wanted.set()
-            if await handle[0].is_alive():
-                return handle
-            await _stop(handle)
-        self._pool_wanted.set()
-        with anyio.fail_after(self.settings.kernel_start_timeout + SHUTDOWN_TIMEOUT):
-            return await self._factory(name)
+        return await self._pool.take(name)
 
     async def _execute(
         self,
@@ -367,7 +326,7 @@ class SessionRegistry:
     async def _replace_kernel(self, session: Session) -> None:
         old, session.handle = session.handle, None
         if old is not None:
-            await _stop(old)
+            await stop_kernel(old)
         try:
             session.handle = await self._take_kernel(session.name)
         except BaseException:
@@ -398,7 +357,7 @@ class SessionRegistry:
         session.closed = True
         handle, session.handle = session.handle, None
         if handle is not None:
-            await _stop(handle)
+            await stop_kernel(handle)
         self._remove_record(session)
 
     async def _reap_idle(self) -> None:
@@ -412,36 +371,6 @@ class SessionRegistry:
                     if self._sessions.get(session.name) is session:
                         del self._sessions[session.name]
                     await self._close_session(session)
-
-    # -- warm pool ---------------------------------------------------------------------------
-
-    async def _fill_pool(self) -> None:
-        """Keep ``settings.warm_pool`` kernels started, one start at a time (starts are CPU bound)."""
-        failures = 0
-        while True:
-            while len(self._pool) < self.settings.warm_pool:
-                self._pool_starting = True
-                try:
-                    with anyio.fail_after(self.settings.kernel_start_timeout + SHUTDOWN_TIMEOUT):
-                        handle = await self._factory(f"warm-{secrets.token_hex(4)}")
-                except Exception as exc:
-                    self._pool_starting = False
-                    self._notify_pool()
-                    failures += 1
-                    log.warning("starting a warm kernel failed (%d): %s", failures, exc)
-                    # Don't spin on a broken runtime; a session's own start will report the error.
-                    await anyio.sleep(min(2.0**failures, 60.0))
-                    continue
-                failures = 0
-                self._pool.append(handle)
-                self._pool_starting = False
-                self._notify_pool()
-            self._pool_wanted = anyio.Event()
-            await self._pool_wanted.wait()
-
-    def _notify_pool(self) -> None:
-        self._pool_changed.set()
-        self._pool_changed = anyio.Event()
 
     # -- records -----------------------------------------------------------------------------
 
