@@ -94,7 +94,7 @@ class Agent:
 
     def check_agent_hash(self, expected: str | None) -> str | None:
         """Return None if this agent is the one the host expects, else the reason why not."""
-        baked = AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else "unknown"
+        baked = baked_agent_hash() or "unknown"
         if expected and expected != baked:
             return (
                 f"agent_mismatch: the sandbox image carries agent {baked[:12]} but this kernelbridge "
@@ -346,10 +346,13 @@ class Agent:
         """A new kernel in the same container: variables go, /workspace and /tmp stay. The
         old kernel's whole process group is killed at once (it may be stuck, that is why the
         host restarts it). Returns RESTARTED, or an exit status if no new kernel came up."""
-        if self.kernel is not None and self.kernel.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.kernel.pid, signal.SIGKILL)
-            self.kernel.wait()
+        if self.kernel is not None:
+            if self.kernel.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.kernel.pid, signal.SIGKILL)
+                self.kernel.wait()
+            if self.kernel.stdout is not None:
+                self.kernel.stdout.close()  # one pipe per kernel: don't leak it across restarts
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.sockets.clear()
@@ -373,7 +376,7 @@ class Agent:
         self.send(
             {
                 "type": frames.READY,
-                "agent_hash": AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else None,
+                "agent_hash": baked_agent_hash(),
                 "versions": {
                     "python": sys.version.split()[0],
                     "ipykernel": _package_version("ipykernel"),
@@ -400,6 +403,11 @@ class Agent:
             return self.relay()
         finally:
             self.stop_kernel()
+
+
+def baked_agent_hash() -> str | None:
+    """The agent hash the image builder wrote next to this file (None outside an image)."""
+    return AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else None
 
 
 def describe_exit(status: int | None) -> str:
