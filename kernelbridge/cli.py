@@ -7,6 +7,7 @@ for bugs only (and then they are a bug).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -73,7 +74,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.servers_config:
         extra = tuple(Path(p).expanduser() for p in args.servers_config)
-        settings = _replace(settings, servers_config=settings.servers_config + extra)
+        settings = dataclasses.replace(settings, servers_config=settings.servers_config + extra)
     serve(settings, http=args.http, host=args.host, port=args.port)
     return 0
 
@@ -183,12 +184,6 @@ COMMANDS = {
     "kernelspec": cmd_kernelspec,
     "demo": cmd_demo,
 }
-
-
-def _replace(settings: Settings, **changes: object) -> Settings:
-    from dataclasses import replace
-
-    return replace(settings, **changes)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:

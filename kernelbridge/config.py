@@ -69,6 +69,16 @@ class Settings:
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
 
+    @property
+    def connections_dir(self) -> Path:
+        """Kernel connection files (mode 0600, in a 0700 directory)."""
+        return self.state_dir / "connections"
+
+    @property
+    def run_dir(self) -> Path:
+        """Working directory of tunnel processes and the runtime helpers they start."""
+        return self.state_dir / "run"
+
 
 def _lookup(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
     for prefix in ("KERNELBRIDGE_", "MCP_BRIDGE_"):

@@ -18,7 +18,8 @@ from kernelbridge.config import SandboxLimits, Settings
 from kernelbridge.errors import KernelBridgeError
 from kernelbridge.runtime import ContainerSpec, OciCliRuntime, cgroup_layout, detect_runtime
 
-PROBE_MEMORY = "96m"
+PROBE_MEMORY_MIB = 96
+PROBE_MEMORY = f"{PROBE_MEMORY_MIB}m"
 PROBE_PIDS = 48
 # Reads the limits the container actually got, for cgroup v2 and v1 layouts.
 LIMITS_PROBE = """
@@ -121,7 +122,7 @@ class Doctor:
         if result.returncode != 0:
             return "FAIL", f"probe container failed: {result.stderr.decode(errors='replace').strip()[-200:]}"
         seen = json.loads(result.stdout)
-        memory_ok = seen["memory"] == str(96 * 1024 * 1024)
+        memory_ok = seen["memory"] == str(PROBE_MEMORY_MIB * 1024 * 1024)
         pids_ok = seen["pids"] == str(PROBE_PIDS)
         detail = f"memory {seen['memory']}, pids {seen['pids']} seen inside a probe container"
         if memory_ok and pids_ok:

@@ -155,7 +155,7 @@ class SessionRegistry:
                 "state": "dead" if s.dead else "busy" if s.busy else "idle" if s.handle else "starting",
                 "cells": s.journal.cells if s.journal else 0,
                 "idle_seconds": 0 if s.busy else round(now - s.last_used),
-                "container": getattr(s.handle[0], "container_name", None) if s.handle else None,
+                "container": _container_of(s),
             }
             for s in self._sessions.values()
         ]
@@ -384,7 +384,7 @@ class SessionRegistry:
         record = {
             "name": session.name,
             "connection_file": str(km.connection_file),
-            "container": getattr(km, "container_name", None),
+            "container": _container_of(session),
             "kernel_id": km.kernel_id,
             "owner_pid": os.getpid(),
             "created": session.created,

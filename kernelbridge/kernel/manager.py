@@ -19,7 +19,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernelbridge.config import Settings, load_settings
 from kernelbridge.errors import KernelDied
-from kernelbridge.kernel.provisioner import SandboxProvisioner, connection_dir
+from kernelbridge.kernel.provisioner import SandboxProvisioner, private_dir
 from kernelbridge.kernel.spec import KERNEL_NAME, kernelspec_dict
 
 # Why 0.05 s: the host's PUB->SUB subscription propagates in ~1 ms on loopback; re-asking every
@@ -40,7 +40,7 @@ class SandboxKernelManager(AsyncKernelManager):
         self.kernel_id = self.kernel_id or str(uuid.uuid4())
         label = session_name or "kernel"
         self.connection_file = str(
-            connection_dir(self.settings) / f"kernel-{label}-{self.kernel_id[:8]}.json"
+            private_dir(self.settings.connections_dir) / f"kernel-{label}-{self.kernel_id[:8]}.json"
         )
 
     @property

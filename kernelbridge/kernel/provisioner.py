@@ -138,7 +138,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs["stdin"] = subprocess.DEVNULL
         # The runtime's helpers inherit this: conmon drops an `oom` file in its working directory
         # when the kernel is OOM-killed, which must not land in whatever directory the user is in.
-        kwargs["cwd"] = str(runtime_dir(self.settings))
+        kwargs["cwd"] = str(private_dir(self.settings.run_dir))
         self.process = launch_kernel(cmd, **kwargs)
         self.pid = self.process.pid
         self.pgid = os.getpgid(self.pid)
@@ -264,9 +264,8 @@ def start_failure(event: dict[str, Any] | None) -> SandboxError:
 
 def prune_logs(logs_dir: Path, keep: int = KEEP_LOGS) -> None:
     """Keep the newest ``keep`` tunnel logs (one per sandbox ever started, for post-mortems)."""
-    logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     dated = []
-    for path in logs_dir.glob("*.log*"):
+    for path in private_dir(logs_dir).glob("*.log*"):
         try:
             dated.append((path.stat().st_mtime, path))
         except FileNotFoundError:  # pruned by another bridge meanwhile
@@ -275,13 +274,7 @@ def prune_logs(logs_dir: Path, keep: int = KEEP_LOGS) -> None:
         old.unlink(missing_ok=True)
 
 
-def runtime_dir(settings: Settings) -> Path:
-    path = settings.state_dir / "run"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
-
-
-def connection_dir(settings: Settings) -> Path:
-    path = settings.state_dir / "connections"
+def private_dir(path: Path) -> Path:
+    """``path``, created if missing, readable by this user only (it holds keys and logs)."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
