@@ -81,13 +81,13 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             self._runtime = detect_runtime(self.settings)
         return self._runtime
 
-    def container_argv(self) -> list[str]:
-        from kernelbridge.image import default_image
+    def container_argv(self, agent_hash: str) -> list[str]:
+        from kernelbridge.image import image_tag
 
         settings = self.settings
         self.container_name = f"kernelbridge-{self.session_name}-{os.urandom(3).hex()}"
         spec = ContainerSpec(
-            image=settings.image or default_image(),
+            image=settings.image or image_tag(agent_hash),
             name=self.container_name,
             session=self.session_name,
             owner_pid=os.getpid(),
@@ -105,7 +105,9 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         km = self.parent
         settings = self.settings
         prune_logs(settings.logs_dir)
-        container_argv = self.container_argv()
+        # Hashed once: it names the default image and is what the agent must match.
+        expected_agent = agent_hash()
+        container_argv = self.container_argv(expected_agent)
         kwargs["cmd"] = [
             sys.executable,
             "-m",
@@ -115,7 +117,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             "--session",
             self.session_name,
             "--agent-hash",
-            agent_hash(),
+            expected_agent,
             "--container-name",
             self.container_name,
             "--log-file",
