@@ -66,6 +66,12 @@ CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
 # (512 MiB by default) bounds what an honest kernel can produce in one message anyway.
 DEFAULT_MAX_FRAME_BYTES = 128 * 1024 * 1024
 
+# Host MCP calls (docs/rpc.md): 10 MB arguments and results must pass, with room for JSON escaping.
+MAX_RPC_BYTES = 32 * 1024 * 1024
+# Why 64: `asyncio.gather` of a few dozen calls is a normal fan-out; thousands in flight are a
+# runaway loop or an attack, and each one holds host resources (a task, a pending answer).
+MAX_RPC_IN_FLIGHT = 64
+
 Frame = dict[str, Any]
 
 DELIM = b"<IDS|MSG>"
