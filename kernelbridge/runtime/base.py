@@ -26,6 +26,7 @@ exist is never an error for ``stop``/``remove`` (they are idempotent) and is ``N
 
 from __future__ import annotations
 
+import abc
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,8 +128,8 @@ class RuntimeInfo:
     """False where the engine silently ignores --memory and --pids-limit (rootless on cgroup v1)."""
 
 
-class ContainerStream(ByteStream, Protocol):
-    """The container's stdin and stdout as one duplex byte stream.
+class ContainerStream(ByteStream):
+    """The container's stdin and stdout as one duplex byte stream (an anyio ByteStream).
 
     ``receive`` yields stdout bytes (frames) and raises ``anyio.EndOfStream`` when the container's
     stdout closes; ``send`` writes to stdin; ``send_eof`` closes stdin (the agent exits on EOF);
@@ -136,10 +137,10 @@ class ContainerStream(ByteStream, Protocol):
     never mixes into stdout: the last lines are kept, bounded, for diagnostics.
     """
 
+    @abc.abstractmethod
     def stderr_tail(self) -> list[str]:
         """The container's (or the runtime client's) last stderr lines, oldest first, at most a
         few dozen of bounded length: they explain a failed start."""
-        ...
 
 
 class RuntimeBackend(Protocol):
