@@ -1,59 +1,80 @@
-"""Container runtimes: pick one, build the sandbox argv, find and remove containers.
+"""Container runtimes behind one interface of streams (see :mod:`kernelbridge.runtime.base`).
 
-``detect_runtime`` is the only place that decides between podman and docker.
+:func:`open_runtime` is the only place that decides which backend serves a bridge; nothing else
+branches on runtime names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
+from collections.abc import AsyncIterator
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.runtime.base import (
+    HOST_LABEL,
     OWNER_LABEL,
     SESSION_LABEL,
     ContainerInfo,
     ContainerSpec,
+    ContainerState,
+    ContainerStream,
     RuntimeBackend,
+    RuntimeInfo,
 )
-from kernelbridge.runtime.docker import DockerRuntime
-from kernelbridge.runtime.oci import OciCliRuntime
-from kernelbridge.runtime.podman import PodmanRuntime, cgroup_layout, default_oci_runtime
+from kernelbridge.runtime.cli import CliRuntime
+from kernelbridge.runtime.podman import cgroup_layout, default_oci_runtime
 
 __all__ = [
+    "HOST_LABEL",
     "OWNER_LABEL",
     "SESSION_LABEL",
+    "CliRuntime",
     "ContainerInfo",
     "ContainerSpec",
-    "DockerRuntime",
-    "OciCliRuntime",
-    "PodmanRuntime",
+    "ContainerState",
+    "ContainerStream",
     "RuntimeBackend",
+    "RuntimeInfo",
     "cgroup_layout",
-    "detect_runtime",
+    "cli_runtime",
+    "open_runtime",
     "pid_alive",
     "reap_orphans",
 ]
 
 
-def detect_runtime(settings: Settings) -> OciCliRuntime:
-    """The configured runtime, else podman when installed, else docker.
+def cli_runtime(settings: Settings) -> CliRuntime:
+    """The CLI backend of the configured engine, else podman when installed, else docker.
 
-    Raises RuntimeUnavailable when none is installed.
+    Raises RuntimeUnavailable when neither is installed.
     """
     wanted = [settings.runtime] if settings.runtime else ["podman", "docker"]
     for name in wanted:
-        path = shutil.which(name)
+        engine = name.removesuffix("-cli").removesuffix("-api")
+        path = shutil.which(engine)
         if not path:
             continue
-        if name == "podman":
-            return PodmanRuntime(executable=path, oci_runtime=default_oci_runtime())
-        return DockerRuntime(executable=path)
+        if engine == "podman":
+            return CliRuntime(engine="podman", executable=path, oci_runtime=default_oci_runtime())
+        return CliRuntime(engine="docker", executable=path)
     raise RuntimeUnavailable(
         f"no container runtime found ({' or '.join(wanted)} not on PATH); "
         "install podman (apt-get install podman runc) or run `make setup` as root"
     )
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(settings: Settings) -> AsyncIterator[RuntimeBackend]:
+    """The runtime backend for ``settings``, open for the duration of the block.
+
+    Raises RuntimeUnavailable when no runtime can be used.
+    """
+    async with cli_runtime(settings) as runtime:
+        yield runtime
 
 
 def pid_alive(pid: int) -> bool:
@@ -66,16 +87,17 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-async def reap_orphans(settings: Settings, runtime: OciCliRuntime | None = None) -> int:
+async def reap_orphans(runtime: RuntimeBackend) -> int:
     """Remove sandbox containers whose owning bridge process is gone (e.g. it was SIGKILLed).
 
+    Only containers of this host are considered (an engine may be shared by several machines).
     Returns how many were removed. Containers of live bridges are left alone.
     """
-    runtime = runtime or detect_runtime(settings)
+    here = socket.gethostname()
     orphans = [
-        c.name
-        for c in await runtime.list_containers({SESSION_LABEL: ""})
-        if c.owner_pid is None or not pid_alive(c.owner_pid)
+        c.id or c.name
+        for c in await runtime.list({SESSION_LABEL: ""})
+        if c.owner_host in ("", here) and (c.owner_pid is None or not pid_alive(c.owner_pid))
     ]
     await runtime.remove(orphans)
     return len(orphans)
