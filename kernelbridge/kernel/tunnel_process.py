@@ -32,7 +32,6 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -55,33 +54,6 @@ NO_HUB = (
     "no host MCP servers in this kernel: it was started by a plain Jupyter client, "
     "not by a kernelbridge bridge"
 )
-
-
-def launch_frame(
-    *, connection_file: str, spec: ContainerSpec, agent_hash: str | None, settings: Settings
-) -> frames.Frame:
-    """The ``launch`` frame the provisioner sends first."""
-    container = {
-        "image": spec.image,
-        "name": spec.name,
-        "session": spec.session,
-        "owner_pid": spec.owner_pid,
-        "owner_host": spec.owner_host,
-    }
-    return {
-        "type": frames.LAUNCH,
-        "connection_file": connection_file,
-        "agent_hash": agent_hash,
-        "container": container,
-        "limits": _limits_dict(settings.limits),
-        "runtime": settings.runtime,
-        "state_dir": str(settings.state_dir),
-        "start_timeout": settings.kernel_start_timeout,
-    }
-
-
-def _limits_dict(limits: SandboxLimits) -> dict[str, Any]:
-    return {name: getattr(limits, name) for name in limits.__slots__}  # type: ignore[attr-defined]
 
 
 async def serve(control: SocketFrameChannel) -> int:
