@@ -18,9 +18,10 @@ Lifecycle of one connection (a :class:`_Connection`, one server process or HTTP 
   process exited, the HTTP transport failed) the connection is marked ``exited`` before any pending
   request hears "Connection closed".
 - **Restart once, never replay.** A call that finds its server already exited starts a fresh one
-  and makes the call there; if that fails the same way, the error says the server was restarted
-  and failed again. A call that was *in flight* when the server died is not replayed (the tool
-  may have had effects); it answers that the server exited, and the next call restarts it.
+  and makes the call there; if the fresh one fails to start or dies before answering any call,
+  the error says the server was restarted and failed again. A call that was *in flight* when
+  the server died is not replayed (the tool may have had effects); it answers that the server
+  exited, and the next call restarts it.
 - **Tool lists** are cached per connection, dropped on ``notifications/tools/list_changed``
   (delivered as a message on 2025 connections, through a ``subscriptions/listen`` stream that the
   runner keeps open on 2026-07-28 ones) and fetched again on next use.
@@ -41,7 +42,6 @@ import logging
 import math
 import os
 import re
-from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -64,6 +64,7 @@ from kernelbridge import __version__
 from kernelbridge.errors import HubError
 from kernelbridge.frames import MAX_RPC_BYTES
 from kernelbridge.hub.config import HttpServer, ServerConfig, StdioServer
+from kernelbridge.hub.streams import StderrLog, watch_transport
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,10 @@ CLOSE_TIMEOUT = 10.0
 MAX_TOOL_PAGES = 100
 MAX_TOOLS = 2000
 """A server listing more tools than this is misbehaving; the rest are ignored."""
-LOG_BYTES = 1024 * 1024
-"""Per server stderr log file, plus one rotated file: a chatty server cannot fill the disk."""
-TAIL_LINES = 50
-MAX_LINE_CHARS = 1000
+MAX_SSE_EVENT_BYTES = 2 * MAX_RPC_BYTES
+"""One server-sent event (one answer) over HTTP. The SDK's default (1 MiB) would break 10 MB results;
+twice the rpc cap lets a result just over the cap be answered ``too_large`` rather than fail the
+transport, while still bounding what a remote server can make the hub buffer."""
 
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 
@@ -110,8 +111,12 @@ class ClientState(enum.Enum):
 class _Connection:
     """One server process (or HTTP session) from start to exit."""
 
-    def __init__(self, generation: int) -> None:
+    def __init__(self, generation: int, *, restart: bool) -> None:
         self.generation = generation
+        self.restart = restart
+        """Started because the previous connection had run and exited."""
+        self.answered = 0
+        """Tool calls answered; a restart that fails before answering any 'failed again'."""
         self.ready = anyio.Event()
         self.stop = anyio.Event()
         self.done = anyio.Event()
@@ -147,7 +152,7 @@ class ServerClient:
         self._conn: _Connection | None = None
         self._generation = 0
         self._closed = False
-        self._stderr = _StderrLog(pool.log_dir / f"{alias}.log" if pool.log_dir else None)
+        self._stderr = StderrLog(pool.log_dir / f"{alias}.log" if pool.log_dir else None)
 
     def __repr__(self) -> str:
         return f"<ServerClient {self.name!r} {self.state.value} starts={self._generation}>"
@@ -178,7 +183,7 @@ class ServerClient:
 
     async def tools(self, *, refresh: bool = False) -> list[types.Tool]:
         """The server's tools, cached; ``refresh`` fetches them again. Raises ServerFailure."""
-        conn, _ = await self._ready()
+        conn = await self._ready()
         return await self._tools_of(conn, refresh=refresh)
 
     async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
@@ -187,21 +192,23 @@ class ServerClient:
         Raises ServerFailure if the server cannot be started, exits, times out or answers with
         a protocol error (its message is passed on).
         """
-        conn, restarted = await self._ready()
+        conn = await self._ready()
         assert conn.client is not None
         timeout = self._pool.call_timeout
         try:
             with anyio.fail_after(timeout):
-                return await conn.client.call_tool(tool, arguments)
+                result = await conn.client.call_tool(tool, arguments)
+            conn.answered += 1
+            return result
         except TimeoutError:
             raise ServerFailure(f"server {self.name!r} did not answer within {timeout:g} s") from None
         except MCPError as exc:
             if exc.code != CONNECTION_CLOSED and not conn.exited:
                 raise ServerFailure(f"server {self.name!r}: {_safe(exc.message)}") from None
-            raise self._died(conn, restarted) from None
+            raise self._died(conn) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
             conn.mark_exited()
-            raise self._died(conn, restarted) from None
+            raise self._died(conn) from None
         except (ValidationError, RuntimeError) as exc:
             raise ServerFailure(f"server {self.name!r} sent an invalid result: {_describe(exc)}") from None
 
@@ -221,36 +228,41 @@ class ServerClient:
 
     # -- connection management -----------------------------------------------------------------
 
-    def _connection(self) -> tuple[_Connection, bool]:
-        """The live connection, or a new one being started. Synchronous: two racing callers get
-        the same connection. Also says whether this replaced one that had run and exited."""
+    def _connection(self) -> _Connection:
+        """The live connection, or a new one being started. Synchronous: racing callers get the
+        same connection."""
         if self._closed:
             raise ServerFailure(f"server {self.name!r} is not available: kernelbridge is shutting down")
         conn = self._conn
         if conn is not None and not conn.exited:
-            return conn, False
+            return conn
         if conn is not None and conn.start_error is not None:
             if anyio.current_time() - conn.failed_at < START_RETRY_AFTER:
-                return conn, False
-        restarted = conn is not None and conn.start_error is None and conn.ready.is_set()
+                return conn
+        restart = conn is not None and conn.start_error is None and conn.ready.is_set()
         self._generation += 1
-        conn = self._conn = _Connection(self._generation)
+        conn = self._conn = _Connection(self._generation, restart=restart)
         self._pool.task_group.start_soon(self._run, conn, name=f"hub client {self.name}")
-        return conn, restarted
+        return conn
 
-    async def _ready(self) -> tuple[_Connection, bool]:
-        conn, restarted = self._connection()
-        await conn.ready.wait()
-        if conn.start_error is not None:
-            reason = f"could not start: {conn.start_error}"
-            if restarted:
-                raise ServerFailure(f"server {self.name!r} exited, was restarted and failed again: {reason}")
-            raise ServerFailure(f"server {self.name!r} {reason}")
-        return conn, restarted
+    async def _ready(self) -> _Connection:
+        """A started connection. One that exits between starting and this caller waking up is
+        replaced once (the caller never sent it anything)."""
+        for _ in range(2):
+            conn = self._connection()
+            await conn.ready.wait()
+            if conn.start_error is not None:
+                reason = f"could not start: {conn.start_error}"
+                if conn.restart:
+                    reason = f"exited, was restarted and failed again: {reason}"
+                raise ServerFailure(f"server {self.name!r} {reason}")
+            if not conn.exited:
+                break
+        return conn
 
-    def _died(self, conn: _Connection, restarted: bool) -> ServerFailure:
+    def _died(self, conn: _Connection) -> ServerFailure:
         detail = conn.failure or "the connection closed"
-        if restarted:
+        if conn.restart and not conn.answered:
             return ServerFailure(f"server {self.name!r} was restarted and failed again ({detail})")
         return ServerFailure(
             f"server {self.name!r} exited during the call ({detail}); it is restarted on the next call"
@@ -274,7 +286,7 @@ class ServerClient:
                 ) from None
             except MCPError as exc:
                 if exc.code == CONNECTION_CLOSED or conn.exited:
-                    raise self._died(conn, False) from None
+                    raise self._died(conn) from None
                 raise ServerFailure(f"server {self.name!r}: {_safe(exc.message)}") from None
             except (
                 ValidationError,
@@ -347,10 +359,10 @@ class ServerClient:
                 transport = streamable_http_client(
                     self.config.url,
                     http_client=await stack.enter_async_context(self._http_client(self.config)),
-                    max_sse_event_size=MAX_RPC_BYTES,
+                    max_sse_event_size=MAX_SSE_EVENT_BYTES,
                 )
             client = Client(
-                _watched(transport, conn.mark_exited),
+                watch_transport(transport, conn.mark_exited),
                 mode=self._pool.connect_mode,
                 cache=None,
                 message_handler=on_message,
@@ -457,97 +469,6 @@ class ClientPool:
             tg.cancel_scope.cancel()
         self._tg = None
         return await tg.__aexit__(*exc_info)  # type: ignore[arg-type]
-
-
-class _StderrLog:
-    """A server's stderr: a size-bounded file (rotated once) and the last lines in memory."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self._partial = b""
-
-    async def drain(self, fd: int) -> None:
-        try:
-            while True:
-                await anyio.wait_readable(fd)
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    return
-                self.write(chunk)
-        finally:
-            os.close(fd)
-
-    def write(self, chunk: bytes) -> None:
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()[-MAX_LINE_CHARS:]
-        self.tail.extend(line.decode(errors="replace")[:MAX_LINE_CHARS] for line in lines)
-        if self.path is None:
-            return
-        try:
-            if self.path.exists() and self.path.stat().st_size + len(chunk) > LOG_BYTES:
-                self.path.replace(self.path.with_name(self.path.name + ".1"))
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, chunk[-LOG_BYTES:])
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.warning("host server log %s disabled: %s", self.path.name, exc.strerror)
-            self.path = None
-
-
-@asynccontextmanager
-async def _watched(transport: Any, on_end: Any) -> AsyncIterator[tuple[Any, Any]]:
-    """The transport, with its read stream watched: ``on_end()`` runs when it ends."""
-    async with transport as (read_stream, write_stream):
-        watched = _WatchedReadStream(read_stream, on_end)
-        try:
-            yield watched, write_stream
-        finally:
-            on_end()
-
-
-class _WatchedReadStream:
-    """Delegates to the transport's read stream; calls ``on_end`` at its end or on close.
-
-    ``last_context`` is passed through: the SDK's dispatcher reads it from the stream to run each
-    message in its sender's context.
-    """
-
-    def __init__(self, inner: Any, on_end: Any) -> None:
-        self._inner = inner
-        self._on_end = on_end
-
-    @property
-    def last_context(self) -> Any:
-        return getattr(self._inner, "last_context", None)
-
-    async def receive(self) -> Any:
-        try:
-            return await self._inner.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._on_end()
-            raise
-
-    def __aiter__(self) -> _WatchedReadStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        self._on_end()
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _WatchedReadStream:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 async def _list_tools(client: Client) -> list[types.Tool]:

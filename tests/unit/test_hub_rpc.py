@@ -271,3 +271,16 @@ async def test_a_bug_becomes_internal(hub: Hub, caplog: pytest.LogCaptureFixture
     exc = await error(hub, "list_servers", {})
     assert (exc.kind, exc.message) == ("internal", "internal error in kernelbridge (logged on the host)")
     assert "KeyError" in caplog.text
+
+
+def test_public_api() -> None:
+    import kernelbridge.hub as hub_package
+
+    assert set(hub_package.__all__) == {
+        "KINDS", "METHODS", "ClientState", "HttpServer", "Hub", "HubError", "Policy", "RpcCall", "RpcError",
+        "RpcHandler", "ServerCatalog", "ServerClient", "ServerConfig", "ServerFailure", "Skill", "SkillError",
+        "SkillInfo", "StdioServer", "alias", "assign_aliases", "config_files", "launches_kernelbridge",
+        "list_skills", "load_catalog", "python_signature", "read_skill", "remove_skill", "save_skill",
+        "tool_result",
+    }  # fmt: skip
+    assert all(hasattr(hub_package, name) for name in hub_package.__all__)
