@@ -8,7 +8,8 @@ General layout (each module depends only on those above it)::
     signatures.py  Python signature strings from inputSchema (stdlib only: the kernel may vendor it)
     docs.py        ServerSummary/Server/Tool/ToolDoc records and ranked search
     skills.py      the saved-tools store under <state>/skills (also the CLI's API)
-    clients.py     ClientPool: one warm MCP client per server, restart, tool cache, stderr logs
+    streams.py     a server's stderr as a bounded log; a transport whose end is observed
+    clients.py     ClientPool: one warm MCP client per server, restart, tool cache
     rpc.py         RpcCall, the RpcHandler seam, request validation, size caps
     dispatch.py    Hub: owns the pool, applies grants and policy, answers every rpc method
 
