@@ -34,9 +34,11 @@ from mcp.server.stdio import stdio_server
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
 from kernelbridge import __version__
+from kernelbridge.broker import Dispatch
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
 from kernelbridge.execution import CellResult
+from kernelbridge.hub import Hub, RpcCall
 from kernelbridge.notebook import load_session_notebook, notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.sessions import SessionRegistry, validate_session_name
@@ -72,6 +74,7 @@ class BridgeContext:
 
     settings: Settings
     registry: SessionRegistry
+    hub: Hub
 
 
 def render_text(result: CellResult) -> str:
@@ -127,9 +130,17 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
                 backend = await stack.enter_async_context(open_runtime(settings))
                 await _reap_orphans(backend)
             image, agent_hash = _sandbox_image(settings, testing=runtime is not None)
-            registry = SessionRegistry(settings, backend, image=image, agent_hash=agent_hash)
+            hub = await stack.enter_async_context(Hub(settings))
+            registry = SessionRegistry(
+                settings,
+                backend,
+                image=image,
+                agent_hash=agent_hash,
+                dispatch=hub_dispatch(hub),
+                check_grants=hub.validate_grants,
+            )
             await stack.enter_async_context(registry)
-            yield BridgeContext(settings, registry)
+            yield BridgeContext(settings, registry, hub)
 
     async def run_python(
         code: str,
@@ -253,6 +264,15 @@ def _export_target(settings: Settings, path: str) -> Path:
         else:
             raise ToolError(f"directory {str(target.parent)!r} does not exist")
     return target
+
+
+def hub_dispatch(hub: Hub) -> Dispatch:
+    """The session layer's rpc dispatch, answered by ``hub``."""
+
+    async def dispatch(session: str, grants: frozenset[str], method: str, params: Any) -> Any:
+        return await hub.dispatch(RpcCall(session, grants, method, params))
+
+    return dispatch
 
 
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:
