@@ -132,7 +132,7 @@ class RpcClient:
         if len(line) > self._max_bytes:
             raise McpTooLarge(
                 f"this request is {len(line):,} bytes, over the {self._max_bytes:,} byte limit of a"
-                " host MCP call; send less data per call (split it, or write it to a file and send less)"
+                " host MCP call; send less data per call (split it into several calls)"
             )
         future: Future[Outcome] = Future()
         with self._lock:
