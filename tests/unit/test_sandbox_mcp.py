@@ -532,3 +532,12 @@ schemas = [
         "(*, q: Optional[str] = None, **kwargs: Any) -> dict",
         "(*, n: int = 5, items: Optional[list[dict]] = None) -> dict",
     ]
+
+
+def test_a_save_tool_decorator_is_not_saved_with_the_source(kernel: SandboxKernel) -> None:
+    host = host_of(kernel)
+    kernel.ok("@save_tool\ndef twice(x):\n    return 2 * x")
+    assert host.skills["twice"]["source"] == "def twice(x):\n    return 2 * x\n"
+    saves = len(host.calls("save_tool"))
+    assert kernel.value("from mcp.skills import twice\ntwice(21)") == 42
+    assert len(host.calls("save_tool")) == saves  # loading a skill never saves it again

@@ -19,6 +19,9 @@ A tool proxy is a real function whose ``inspect.signature`` reads like hand-writ
 Unknown keyword arguments, positional arguments and missing required ones raise TypeError before
 anything is sent. Input comes from third-party servers: nothing here raises on a strange schema, it
 just describes less (Any, no parameters).
+
+Standard library only, and no imports from the package: the host may load this file by path to
+render the very same signatures in its tool docs (docs/rpc.md, "Tool proxies").
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import importlib.machinery
 import inspect
 import keyword
 import linecache
+import re
 import sys
 import textwrap
 import types
@@ -27,6 +28,7 @@ from ._errors import McpError, McpInvalidParams, McpUnknownTool
 from ._registry import REGISTRY
 
 SKILLS_PACKAGE = "mcp.skills"
+_SAVE_TOOL_DECORATOR = re.compile(r"^@[ \t]*(?:(?:mcp|runtime)\.)?save_tool[ \t]*(?:#.*)?\n", re.MULTILINE)
 
 
 def valid_skill_name(name: object) -> bool:
@@ -61,6 +63,8 @@ def save_tool(func: Callable[..., Any]) -> str:
         source = textwrap.dedent(inspect.getsource(func))
     except (OSError, TypeError) as exc:
         raise TypeError(f"save_tool() cannot find the source of {name}() ({exc})") from None
+    # `@save_tool` above the def would make every later import of the skill save it again.
+    source = _SAVE_TOOL_DECORATOR.sub("", source)
     description = inspect.getdoc(func) or ""
     result = _transport.request("save_tool", {"name": name, "source": source, "description": description})
     forget_loaded(name)
