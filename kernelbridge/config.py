@@ -71,6 +71,9 @@ class Settings:
     from every tool list and its calls answer ``denied``."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     kernel_start_timeout: float = 60.0
+    labels: tuple[tuple[str, str], ...] = ()
+    """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
+    container, e.g. to tell an operator's bridges apart on a shared engine."""
 
     @property
     def sessions_dir(self) -> Path:
@@ -137,6 +140,30 @@ def _names(env: Mapping[str, str], name: str, *, dotted: bool = False) -> tuple[
     return items
 
 
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _labels(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    found = _lookup(env, "LABELS")
+    if found is None:
+        return ()
+    var, raw = found
+    labels = []
+    for item in (part.strip() for part in raw.split(",") if part.strip()):
+        key, sep, value = item.partition("=")
+        if (
+            not sep
+            or not _LABEL_KEY.match(key)
+            or (key.startswith("kernelbridge.") and key in _RESERVED_LABELS)
+        ):
+            raise ConfigError(f"{var}: {item!r} is not a key=value label (or uses a reserved key)")
+        labels.append((key, value))
+    return tuple(labels)
+
+
+_RESERVED_LABELS = frozenset({"kernelbridge.session", "kernelbridge.owner", "kernelbridge.host"})
+
+
 def default_state_dir(env: Mapping[str, str]) -> Path:
     base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "state")
     return Path(base) / "kernelbridge"
@@ -179,4 +206,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         deny_tools=_names(env, "DENY_TOOLS", dotted=True),
         limits=limits,
         kernel_start_timeout=_number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
+        labels=_labels(env),
     )

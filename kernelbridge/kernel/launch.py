@@ -47,6 +47,7 @@ def container_spec(settings: Settings, session: str, image: str) -> ContainerSpe
         owner_pid=os.getpid(),
         owner_host=socket.gethostname(),
         limits=settings.limits,
+        labels=settings.labels,
     )
 
 
@@ -101,6 +102,7 @@ def launch_frame(
         "session": spec.session,
         "owner_pid": spec.owner_pid,
         "owner_host": spec.owner_host,
+        "labels": [list(pair) for pair in spec.labels],
     }
     return {
         "type": frames.LAUNCH,

@@ -69,7 +69,9 @@ async def serve(control: SocketFrameChannel) -> int:
         limits=SandboxLimits(**launch.get("limits") or {}),
         kernel_start_timeout=float(launch.get("start_timeout") or 60.0),
     )
-    spec = ContainerSpec(**launch["container"], limits=settings.limits)
+    container = dict(launch["container"])
+    labels = tuple((str(k), str(v)) for k, v in container.pop("labels", []))
+    spec = ContainerSpec(**container, labels=labels, limits=settings.limits)
     connection = json.loads(await anyio.Path(str(launch["connection_file"])).read_text())
     try:
         async with open_runtime(settings) as runtime, started_container(runtime, spec) as (_, stream):
