@@ -36,6 +36,11 @@ MAX_RECORDED_BYTES = 1024 * 1024
 (and cannot be replayed from the recording)."""
 MAX_CALLS_PER_CELL = 1000
 """Tool calls recorded per cell; a loop of thousands keeps the first ones and a count."""
+MAX_HELD_BYTES = 16 * 1024 * 1024
+"""Arguments and results held in all, over every cell's records not yet collected. Each call may
+keep up to MAX_RECORDED_BYTES, but a loop of a thousand 1 MB results would otherwise hold a
+gigabyte in the bridge and write it to the journal; past this budget a call is recorded without
+its data (server, tool, duration, ok/error, and ``*_truncated`` marks)."""
 
 Dispatch = Callable[[str, frozenset[str], str, Any], Awaitable[Any]]
 """(session, grants, method, params) -> result; raises an error with ``kind``/``message``."""
@@ -70,6 +75,8 @@ class RpcBroker:
         self._grants = grants
         self._in_flight: dict[int, _Call] = {}
         self._records: dict[str | None, list[dict[str, Any]]] = {}
+        self._held: dict[str | None, int] = {}
+        """Bytes of arguments and results kept in ``_records``, per cell."""
         self.refused = 0
 
     @property
@@ -115,6 +122,7 @@ class RpcBroker:
                 error = _error("internal", "the host failed to answer this call (see the bridge's log)")
         finally:
             self._in_flight.pop(call.request_id, None)
+        size = 0
         if error is None:
             size = _json_size(result)
             if size > frames.MAX_RPC_BYTES - 1024:
@@ -122,7 +130,8 @@ class RpcBroker:
                     "too_large", f"the result is {size:,} bytes; the limit is {frames.MAX_RPC_BYTES:,}"
                 )
         if method == "call_tool":
-            self._record(call, params, result if error is None else None, error, time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            self._record(call, params, result if error is None else None, size, error, elapsed)
         with anyio.CancelScope(shield=True):
             if error is not None:
                 await self._answer(call.request_id, error=error)
@@ -138,10 +147,29 @@ class RpcBroker:
 
     def take_records(self, cell: str | None) -> list[dict[str, Any]]:
         """The recorded tool calls of ``cell`` (removed from the broker)."""
+        self._held.pop(cell, None)
         return self._records.pop(cell, [])
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of recorded arguments and results not collected yet (bounded by MAX_HELD_BYTES)."""
+        return sum(self._held.values())
+
+    def _keep(self, cell: str | None, size: int) -> bool:
+        """Whether ``size`` more bytes of data may be recorded for ``cell``; counts them if so."""
+        if size > MAX_RECORDED_BYTES or self.held_bytes + size > MAX_HELD_BYTES:
+            return False
+        self._held[cell] = self._held.get(cell, 0) + size
+        return True
+
     def _record(
-        self, call: _Call, params: object, result: Any, error: dict[str, str] | None, seconds: float
+        self,
+        call: _Call,
+        params: object,
+        result: Any,
+        result_size: int,
+        error: dict[str, str] | None,
+        seconds: float,
     ) -> None:
         records = self._records.setdefault(call.cell, [])
         if len(records) >= MAX_CALLS_PER_CELL:
@@ -155,12 +183,12 @@ class RpcBroker:
             "error": f"{error['kind']}: {error['message']}" if error else None,
         }
         arguments = args.get("arguments")
-        if _json_size(arguments) <= MAX_RECORDED_BYTES:
+        if self._keep(call.cell, _json_size(arguments)):
             record["arguments"] = arguments
         else:
             record["arguments_truncated"] = True
         if error is None:
-            if _json_size(result) <= MAX_RECORDED_BYTES:
+            if self._keep(call.cell, result_size):
                 record["result"] = result
             else:
                 record["result_truncated"] = True
@@ -168,7 +196,9 @@ class RpcBroker:
         # Keep the map small: records of cells nobody collects (an attached client's, a forged
         # cell id) must not pile up.
         while len(self._records) > 64:
-            self._records.pop(next(iter(self._records)))
+            oldest = next(iter(self._records))
+            self._records.pop(oldest)
+            self._held.pop(oldest, None)
 
 
 def _error(kind: str, message: str) -> dict[str, str]:
