@@ -34,7 +34,7 @@ from kernelbridge.hub import Hub, RpcCall
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.server.exports import export_target, load_notebook
-from kernelbridge.server.manual import CAPABILITIES
+from kernelbridge.server.manual import ServerLine, render_manual
 from kernelbridge.server.render import to_tool_result
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
@@ -70,6 +70,9 @@ def _check_session(session: str) -> str:
 def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -> MCPServer[BridgeContext]:
     """The kernelbridge MCP server. ``runtime`` is a test seam (default: the configured engine)."""
 
+    # The running lifespan's hub, for the capabilities resource: static resources get no Context.
+    hubs: list[Hub] = []
+
     @asynccontextmanager
     async def lifespan(_: MCPServer[BridgeContext]) -> AsyncIterator[BridgeContext]:
         async with AsyncExitStack() as stack:
@@ -79,6 +82,8 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
                 await _reap_orphans(backend)
             image, agent_hash = _sandbox_image(settings, testing=runtime is not None)
             hub = await stack.enter_async_context(Hub(settings))
+            hubs.append(hub)
+            stack.callback(hubs.remove, hub)
             registry = SessionRegistry(
                 settings,
                 backend,
@@ -143,7 +148,11 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
 
     @app.resource("kernelbridge://capabilities", name="capabilities", mime_type="text/markdown")
     def capabilities() -> str:
-        return CAPABILITIES
+        if not hubs:
+            return render_manual()
+        hub = hubs[-1]
+        servers = [ServerLine(s["name"], s["alias"], s["description"]) for s in hub.summaries()]
+        return render_manual(servers, hub.problems())
 
     @app.resource(
         "kernelbridge://sessions/{session}/notebook",
