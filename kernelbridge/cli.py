@@ -65,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     install = spec_sub.add_parser("install", help="install the kernelspec (user by default)")
     install.add_argument("--prefix", help="install into this prefix (e.g. sys.prefix) instead")
 
+    skills = sub.add_parser("skills", help="review the tools sandboxed code saved with save_tool()")
+    skills_sub = skills.add_subparsers(dest="skills_command", required=True, metavar="ACTION")
+    skills_list = skills_sub.add_parser("list", help="list the saved tools")
+    skills_list.add_argument("--json", action="store_true", help="machine-readable output")
+    skills_show = skills_sub.add_parser("show", help="print a saved tool's source")
+    skills_show.add_argument("name")
+    skills_rm = skills_sub.add_parser("rm", help="delete saved tools")
+    skills_rm.add_argument("names", nargs="+", metavar="NAME")
+
     sub.add_parser("demo", help="run a short scripted agent session and print it as a transcript")
     return parser
 
@@ -167,6 +176,37 @@ def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_skills(args: argparse.Namespace, settings: Settings) -> int:
+    """Saved tools live in ``<state_dir>/skills``; sandboxes use them only by importing them, so a
+    person reviews them here (source as saved, byte for byte)."""
+    from kernelbridge.errors import SkillError
+    from kernelbridge.hub import list_skills, read_skill, remove_skill
+
+    if args.skills_command == "list":
+        infos = list_skills(settings.state_dir)
+        if args.json:
+            print(json.dumps([dataclasses.asdict(i) for i in infos], indent=2))
+        elif not infos:
+            print("no saved tools")
+        else:
+            print(f"{'NAME':<24} {'SAVED (UTC)':<21} DESCRIPTION")
+            for info in infos:
+                line = (info.description.strip().splitlines() or [""])[0][:80]
+                print(f"{info.name:<24} {info.saved_at:<21} {line}")
+        return 0
+    if args.skills_command == "show":
+        source = read_skill(settings.state_dir, args.name).source
+        print(source, end="" if source.endswith("\n") else "\n")
+        return 0
+    missing = [name for name in args.names if not remove_skill(settings.state_dir, name)]
+    for name in args.names:
+        if name not in missing:
+            print(f"removed {name}")
+    if missing:
+        raise SkillError(f"no saved tool named {missing[0]!r} (see `kernelbridge skills list`)")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from kernelbridge.demo import main as demo_main
 
@@ -182,6 +222,7 @@ COMMANDS = {
     "export": cmd_export,
     "replay": cmd_replay,
     "kernelspec": cmd_kernelspec,
+    "skills": cmd_skills,
     "demo": cmd_demo,
 }
 
