@@ -176,6 +176,33 @@ async def test_a_slow_call_never_blocks_output_or_other_sessions(
     assert max(ticks) >= 3, f"no fresh output reached the host while the call ran: {progress}"
 
 
+BLOCKING = """
+print("before the call", flush=True)
+result = mcp_edge.wait.sync(key="blocking", seconds=5)
+print(result["content"][0]["text"])
+"""
+
+
+async def test_output_before_a_blocking_sync_call_reaches_the_host_during_the_call(
+    bridge: Client, sessions: list[str], host: HostConfig
+) -> None:
+    session = sessions[0]
+    await run(bridge, "await mcp_edge.echo(text='warm')", session=session, servers=["edge"])
+    seen_during_call: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        state = await anyio.Path(host.edge_state / "blocking").read_text()
+        if state.startswith("started"):
+            seen_during_call.append(message or "")
+
+    with anyio.fail_after(60):
+        result = await bridge.call_tool(
+            "run_python", {"code": BLOCKING, "session": session}, progress_callback=on_progress
+        )
+    assert result.structured_content["stdout"] == "before the call\nblocking waited 5\n"
+    assert any("before the call" in message for message in seen_during_call), seen_during_call
+
+
 TIMEOUT_CELL = """
 import mcp
 try:
@@ -201,6 +228,13 @@ async def test_a_call_running_at_the_cell_timeout_is_cancelled_on_the_host(
     assert call["tool"] == "wait" and call["ok"] is False and call["error"].startswith("cancelled:")
     after = await run(bridge, "(await mcp_edge.echo(text='after'))['content'][0]['text']", session=session)
     assert after.structured_content["result"] == "'after'"
+    # A blocking .sync() call at the timeout: cancelled on the host too, and the kernel carries on.
+    blocking = "mcp_edge.wait.sync(key='timeout_sync', seconds=120)"
+    blocked = await run(bridge, blocking, session=session, timeout=3)
+    assert blocked.structured_content["status"] == "timeout", text_of(blocked)
+    assert await fate(host, "timeout_sync", "cancelled", "done", timeout=10) == "cancelled"
+    again = await run(bridge, "(await mcp_edge.echo(text='again'))['content'][0]['text']", session=session)
+    assert again.structured_content["result"] == "'again'"
 
 
 IDS = """
