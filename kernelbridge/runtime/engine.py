@@ -59,6 +59,7 @@ _STATES = {
     "removing": ContainerState.REMOVING,
 }
 PODMAN_COMPONENT = "Podman Engine"
+SIGKILLED = 128 + 9
 
 
 def _no_such(exc: EngineRefused) -> bool:
@@ -85,6 +86,8 @@ class EngineRuntime(RuntimeBackend):
         self.note = note
         """How the endpoint was found, e.g. ``started by kernelbridge`` (for ``doctor``)."""
         self._helpers = helpers or []
+        self._ended_here: set[str] = set()
+        """Ids and names of containers this backend stopped or removed (see ``inspect``)."""
 
     @property
     def endpoint(self) -> Endpoint:
@@ -136,6 +139,7 @@ class EngineRuntime(RuntimeBackend):
         return stream
 
     async def stop(self, container: str, timeout: float = 0) -> None:
+        self._ended_here.add(container)
         try:
             await self.client.request(
                 "POST",
@@ -150,6 +154,7 @@ class EngineRuntime(RuntimeBackend):
             raise
 
     async def remove(self, containers: list[str]) -> None:
+        self._ended_here.update(containers)
         async with anyio.create_task_group() as tg:
             for container in dict.fromkeys(containers):
                 tg.start_soon(self._remove_one, container)
@@ -181,14 +186,24 @@ class EngineRuntime(RuntimeBackend):
         data = answer.json() or {}
         state = data.get("State") or {}
         status = _STATES.get(str(state.get("Status", "")).lower(), ContainerState.UNKNOWN)
-        exit_code = state.get("ExitCode")
+        raw_code = state.get("ExitCode")
+        exit_code = int(raw_code) if status is ContainerState.EXITED and raw_code is not None else None
+        cid, name = str(data.get("Id", "")), str(data.get("Name", "")).lstrip("/")
+        oom = bool(state.get("OOMKilled"))
+        if self.engine == "podman" and exit_code == SIGKILLED and not {cid, name} & self._ended_here:
+            # podman 4.3 never sets OOMKilled with the conmon it ships with (conmon writes its
+            # "oom" marker into its working directory, podman looks in the bundle). The agent is
+            # PID 1 of the container's pid namespace, which no process inside can SIGKILL; so a
+            # SIGKILL that this backend did not send is the kernel's OOM killer (or an operator's
+            # `kill -9`, which we cannot tell apart).
+            oom = True
         return ContainerInfo(
-            id=str(data.get("Id", "")),
-            name=str(data.get("Name", "")).lstrip("/"),
+            id=cid,
+            name=name,
             labels=dict((data.get("Config") or {}).get("Labels") or {}),
             state=status,
-            exit_code=int(exit_code) if status is ContainerState.EXITED and exit_code is not None else None,
-            oom_killed=bool(state.get("OOMKilled")),
+            exit_code=exit_code,
+            oom_killed=oom,
         )
 
     async def list(self, labels: dict[str, str] | None = None) -> list[ContainerInfo]:

@@ -40,8 +40,9 @@ LOG_TAIL = 3
 class HelperProcess:
     """A long-running helper process with its output in a log file."""
 
-    def __init__(self, what: str, argv: list[str], log_path: Path) -> None:
+    def __init__(self, what: str, argv: list[str], log_path: Path, cwd: Path | None = None) -> None:
         self.what = what
+        self.cwd = cwd
         self.argv = argv
         self.log_path = log_path
         self._process: anyio.abc.Process | None = None
@@ -62,11 +63,13 @@ class HelperProcess:
         if setpriv:
             argv = [setpriv, "--pdeathsig", "TERM", "--", *argv]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.cwd:
+            self.cwd.mkdir(parents=True, exist_ok=True, mode=0o700)
         # A local file, opened before the child runs: blocking for microseconds at most.
         with self.log_path.open("ab") as log:
             try:
                 self._process = await anyio.open_process(
-                    argv, stdin=None, stdout=log, stderr=log, start_new_session=True
+                    argv, stdin=None, stdout=log, stderr=log, cwd=self.cwd, start_new_session=True
                 )
             except OSError as exc:
                 raise RuntimeUnavailable(f"cannot start {self.what}: {exc.strerror or exc}") from None
@@ -145,8 +148,12 @@ def podman_service(
         argv += ["--runtime", oci_runtime]
     # --time=0: never exit on idle (an idle bridge still owns attached sandboxes).
     argv += ["system", "service", "--time=0", f"unix://{sock}"]
-    helper = HelperProcess("podman system service", argv, run_dir / f"podman-service-{os.getpid()}.log")
+    # Its own working directory: conmon, which the service spawns per container, drops an "oom"
+    # marker file into its working directory after an OOM kill.
+    cwd = run_dir / f"podman-service-{os.getpid()}"
+    helper = HelperProcess("podman system service", argv, run_dir / f"podman-service-{os.getpid()}.log", cwd)
     helper.remove_on_stop(private or sock)
+    helper.remove_on_stop(cwd)
     return helper, sock
 
 
