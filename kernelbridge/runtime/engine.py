@@ -249,7 +249,6 @@ class EngineRuntime(RuntimeBackend):
         return {str(k): str(v) for k, v in (config.get("Labels") or {}).items()}
 
     async def import_image(self, tarball: Path, tag: str, changes: list[str]) -> None:
-        repo, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
         try:
             size = (await anyio.Path(tarball).stat()).st_size
         except OSError as exc:
@@ -258,7 +257,9 @@ class EngineRuntime(RuntimeBackend):
             answer = await self.client.request(
                 "POST",
                 "/images/create",
-                query={"fromSrc": "-", "repo": repo, "tag": version, "changes": changes},
+                # No repo/tag here: podman 4.3's compat import ignores `tag` (and names the image
+                # docker.io/library/<repo>:latest); tagging the new image by id works on both.
+                query={"fromSrc": "-", "changes": changes},
                 content=_file_chunks(tarball),
                 headers={"Content-Type": "application/x-tar", "Content-Length": str(size)},
                 timeout=IMPORT_TIMEOUT,
@@ -266,14 +267,23 @@ class EngineRuntime(RuntimeBackend):
             )
         except EngineRefused as exc:
             raise ImageError(f"importing {tag} into the {self.engine} engine failed: {exc.reason}") from None
-        # The engine streams JSON progress with a 200 and reports a failure inside it.
+        # The engine streams JSON progress with a 200; a failure, and the new id, are inside it.
+        image_id = ""
         for line in answer.body.decode(errors="replace").splitlines():
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(event, dict) and event.get("error"):
+            if not isinstance(event, dict):
+                continue
+            if event.get("error"):
                 raise ImageError(f"importing {tag} into the {self.engine} engine failed: {event['error']}")
+            status = str(event.get("status") or "")
+            if status.startswith("sha256:"):
+                image_id = status
+        if not image_id:
+            raise ImageError(f"the {self.engine} engine imported {tag} but named no image id")
+        await self.tag_image(image_id, tag)
 
     async def tag_image(self, image: str, tag: str) -> None:
         repo, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")

@@ -93,7 +93,7 @@ class StderrTail:
         tail = list(self._lines)
         if self._partial:
             tail.append(bytes(self._partial).decode(errors="replace")[: self._chars])
-        return tail
+        return tail[-(self._lines.maxlen or 1) :]
 
 
 class EngineStream(ContainerStream):

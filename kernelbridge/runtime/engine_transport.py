@@ -180,8 +180,13 @@ def _os_reason(exc: OSError) -> str:
         errno.ENETUNREACH: "network unreachable",
         errno.ETIMEDOUT: "connection timed out",
     }
-    if exc.errno in known:
-        return known[exc.errno]
+    # anyio's connect_tcp tries every address and raises "All connection attempts failed"
+    # from the last attempt's error, which has the errno.
+    cause: BaseException | None = exc
+    while isinstance(cause, OSError):
+        if cause.errno in known:
+            return known[cause.errno]
+        cause = cause.__cause__
     return (exc.strerror or str(exc) or type(exc).__name__).lower()
 
 

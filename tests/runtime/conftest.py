@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -44,13 +45,27 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def sandbox_image() -> str:
-    """The current sandbox image in podman's store, built once if missing or stale."""
+def sandbox_image() -> Iterator[str]:
+    """The current sandbox image in podman's store, built once if missing or stale, and pinned
+    for the run by a created (never started) container: an image build of another source tree
+    on this machine removes the images of other agent hashes, except those a container uses."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
     from kernelbridge import image
 
-    return image.ensure_image("podman", log=lambda line: None)
+    tag = image.ensure_image("podman", log=lambda line: None)
+    pin = f"kbtest-pin-{os.getpid()}"
+    label = f"{TEST_RUN_LABEL}={os.getpid()}"
+    subprocess.run(
+        ["podman", "create", "--name", pin, "--label", label, "--pull", "never", tag, "true"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    try:
+        yield tag
+    finally:
+        subprocess.run(["podman", "rm", "-f", pin], capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -286,3 +286,32 @@ def make_spec(
         command=command,
         labels=((TEST_RUN_LABEL, str(os.getpid())),),
     )
+
+
+def start_private_podman(directory: Path, netns: str | None = None, url: str | None = None) -> Daemon:
+    """A podman service over a storage of its own (no other engineer's containers or images), on
+    ``unix://<directory>/p.sock`` or ``url``."""
+    url = url or f"unix://{directory}/p.sock"
+    argv = [
+        "podman",
+        f"--root={directory / 'root'}",
+        f"--runroot={directory / 'run'}",
+        f"--tmpdir={directory / 'tmp'}",
+        "system",
+        "service",
+        "--time=0",
+        url,
+    ]
+    daemon = Daemon(argv, directory / "service.log", netns, cwd=directory)
+    probe = url if url.startswith("unix://") else url.replace("tcp://", "http://", 1)
+    daemon.wait_ready(lambda: ping(probe, timeout=1.0))
+    return daemon
+
+
+def remove_private_podman(directory: Path) -> None:
+    """Remove a private podman's storage (its overlay home may still be mounted on itself)."""
+    for mount in reversed(Path("/proc/self/mounts").read_text().splitlines()):
+        target = mount.split()[1]
+        if target.startswith(str(directory)):
+            subprocess.run(["umount", "-l", target], timeout=10, capture_output=True)
+    shutil.rmtree(directory, ignore_errors=True)
