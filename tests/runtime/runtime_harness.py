@@ -64,7 +64,9 @@ class Daemon:
 
     def __init__(self, argv: list[str], log: Path, netns: str | None = None, cwd: Path | None = None) -> None:
         if netns:
-            argv = ["ip", "netns", "exec", netns, *argv]
+            # nsenter --net, not `ip netns exec`: the latter also remounts /sys for the namespace,
+            # which hides /sys/fs/cgroup from the engine ("no cgroup mount found in mountinfo").
+            argv = ["nsenter", f"--net=/run/netns/{netns}", "--", *argv]
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log
         with log.open("ab") as out:
@@ -73,14 +75,18 @@ class Daemon:
             )
 
     def wait_ready(self, ready: object, timeout: float = START_TIMEOUT) -> None:
+        """Poll ``ready`` until true; on any failure (even of ``ready`` itself) stop the daemon."""
         deadline = time.monotonic() + timeout
-        while not ready():  # type: ignore[operator]
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.process.args} exited {self.process.returncode}: {self.tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{self.process.args} not ready within {timeout:g} s: {self.tail()}")
-            time.sleep(POLL)
+        try:
+            while not ready():  # type: ignore[operator]
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.process.args} exited {self.process.returncode}: {self.tail()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.process.args} not ready within {timeout:g} s: {self.tail()}")
+                time.sleep(POLL)
+        except BaseException:
+            self.stop()
+            raise
 
     def tail(self) -> str:
         return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-5:])
