@@ -321,3 +321,39 @@ def remove_private_podman(directory: Path) -> None:
         if target.startswith(str(directory)):
             subprocess.run(["umount", "-l", target], timeout=10, capture_output=True)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+# What a sandbox sees of its limits, printed as JSON by python3 inside it (cgroup v1 or v2).
+LIMITS_PROBE = r"""
+import json, os, resource
+def read(*paths):
+    for p in paths:
+        try:
+            return open(p).read().strip()
+        except OSError:
+            pass
+try:
+    open('/etc/kernelbridge-probe', 'w')
+    root_read_only = False
+except OSError:
+    root_read_only = True
+status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)
+mounts = {l.split()[1]: l.split()[3].split(',') for l in open('/proc/self/mounts')}
+cg = '/sys/fs/cgroup'
+print(json.dumps({
+    'memory': read(cg + '/memory.max', cg + '/memory/memory.limit_in_bytes'),
+    'memory_swap': read(cg + '/memory.swap.max', cg + '/memory/memory.memsw.limit_in_bytes'),
+    'pids': read(cg + '/pids.max', cg + '/pids/pids.max'),
+    'cpu': read(cg + '/cpu.max')
+        or '%s %s' % (read(cg + '/cpu/cpu.cfs_quota_us'), read(cg + '/cpu/cpu.cfs_period_us')),
+    'nofile': resource.getrlimit(resource.RLIMIT_NOFILE),
+    'nproc': resource.getrlimit(resource.RLIMIT_NPROC),
+    'uid': [os.getuid(), os.getgid()], 'pid': os.getpid(), 'cwd': os.getcwd(),
+    'tmp': [os.statvfs(d).f_blocks * os.statvfs(d).f_frsize for d in ('/tmp', '/workspace')],
+    'tmp_mode': [os.stat(d).st_mode & 0o7777 for d in ('/tmp', '/workspace')],
+    'tmp_options': [mounts.get(d, []) for d in ('/tmp', '/workspace')],
+    'root_read_only': root_read_only,
+    'cap_eff': status['CapEff'].strip(), 'no_new_privs': status['NoNewPrivs'].strip(),
+    'interfaces': sorted(os.listdir('/sys/class/net')),
+}))
+"""

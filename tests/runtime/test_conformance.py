@@ -13,7 +13,7 @@ import os
 
 import anyio
 import pytest
-from runtime_harness import TEST_RUN_LABEL, make_spec
+from runtime_harness import LIMITS_PROBE, TEST_RUN_LABEL, make_spec
 
 from kernelbridge.errors import ImageError
 from kernelbridge.runtime.base import ContainerState, ContainerStream, RuntimeBackend
@@ -139,41 +139,6 @@ async def test_oom_kill_is_reported(backend: RuntimeBackend, sandbox_image: str)
         await backend.remove([container])
     assert info.oom_killed, info  # type: ignore[attr-defined]
     assert info.exit_code == 137  # type: ignore[attr-defined]
-
-
-LIMITS_PROBE = r"""
-import json, os, resource
-def read(*paths):
-    for p in paths:
-        try:
-            return open(p).read().strip()
-        except OSError:
-            pass
-try:
-    open('/etc/kernelbridge-probe', 'w')
-    root_read_only = False
-except OSError:
-    root_read_only = True
-status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)
-mounts = {l.split()[1]: l.split()[3].split(',') for l in open('/proc/self/mounts')}
-cg = '/sys/fs/cgroup'
-print(json.dumps({
-    'memory': read(cg + '/memory.max', cg + '/memory/memory.limit_in_bytes'),
-    'memory_swap': read(cg + '/memory.swap.max', cg + '/memory/memory.memsw.limit_in_bytes'),
-    'pids': read(cg + '/pids.max', cg + '/pids/pids.max'),
-    'cpu': read(cg + '/cpu.max')
-        or '%s %s' % (read(cg + '/cpu/cpu.cfs_quota_us'), read(cg + '/cpu/cpu.cfs_period_us')),
-    'nofile': resource.getrlimit(resource.RLIMIT_NOFILE),
-    'nproc': resource.getrlimit(resource.RLIMIT_NPROC),
-    'uid': [os.getuid(), os.getgid()], 'pid': os.getpid(), 'cwd': os.getcwd(),
-    'tmp': [os.statvfs(d).f_blocks * os.statvfs(d).f_frsize for d in ('/tmp', '/workspace')],
-    'tmp_mode': [os.stat(d).st_mode & 0o7777 for d in ('/tmp', '/workspace')],
-    'tmp_options': [mounts.get(d, []) for d in ('/tmp', '/workspace')],
-    'root_read_only': root_read_only,
-    'cap_eff': status['CapEff'].strip(), 'no_new_privs': status['NoNewPrivs'].strip(),
-    'interfaces': sorted(os.listdir('/sys/class/net')),
-}))
-"""
 
 
 async def test_limits_are_applied(backend: RuntimeBackend, sandbox_image: str) -> None:
