@@ -81,9 +81,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_image(args: argparse.Namespace, settings: Settings) -> int:
     from kernelbridge.image import build_image, default_image, image_status
-    from kernelbridge.runtime import detect_runtime
+    from kernelbridge.runtime import cli_runtime
 
-    runtime = detect_runtime(settings)
+    runtime = cli_runtime(settings)
     if args.image_command == "status":
         image = settings.image or default_image()
         status = image_status(runtime.executable, image)

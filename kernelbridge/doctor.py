@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ import anyio
 
 from kernelbridge.config import SandboxLimits, Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.runtime import ContainerSpec, OciCliRuntime, cgroup_layout, detect_runtime
+from kernelbridge.runtime import ContainerSpec, RuntimeBackend, cgroup_layout, open_runtime
 
 PROBE_MEMORY_MIB = 96
 PROBE_MEMORY = f"{PROBE_MEMORY_MIB}m"
@@ -52,7 +53,7 @@ class Doctor:
         self.settings = settings
         self.out = out
         self.checks: list[Check] = []
-        self.runtime: OciCliRuntime | None = None
+        self.runtime: RuntimeBackend | None = None
         self.image: str | None = None
 
     def report(self, name: str, status: str, detail: str) -> bool:
@@ -75,37 +76,34 @@ class Doctor:
         return self.report(name, status, detail)
 
     async def runtime_check(self) -> tuple[str, str]:
-        self.runtime = detect_runtime(self.settings)
-        version = await self.runtime.version()
-        if self.runtime.name != "podman":
-            # The client answers --version without an engine; `info` needs the engine itself.
-            server = await self.runtime.info("{{.ServerVersion}}")
-            return "ok", f"{version}; engine {server}"
-        info = json.loads(await self.runtime.info("json"))
-        host = info.get("host", {})
-        rootless = bool(host.get("security", {}).get("rootless"))
-        cgroups = host.get("cgroupVersion", "?")
-        oci = host.get("ociRuntime", {}).get("name", "?")
+        assert self.runtime is not None
+        info = await self.runtime.info()
         forced = getattr(self.runtime, "oci_runtime", None)
         why = " (forced: crun fails on hybrid cgroups)" if forced else ""
         detail = (
-            f"{version}; OCI runtime {forced or oci}{why}"
-            f"; cgroups {cgroups} ({cgroup_layout()}); {'rootless' if rootless else 'rootful'}"
+            f"{info.name} via {info.endpoint}: {info.version}; OCI runtime {info.oci_runtime or '?'}{why}"
+            f"; cgroups {info.cgroup_version} ({cgroup_layout()})"
+            f"; {'rootless' if info.rootless else 'rootful'}"
         )
-        if rootless and cgroups == "v1":
+        if not info.limits_enforced:
             return "FAIL", detail + ": rootless podman on cgroup v1 IGNORES --memory and --pids-limit"
         return "ok", detail
 
     async def image_check(self) -> tuple[str, str]:
-        from kernelbridge.image import default_image, image_status
+        from kernelbridge.image import HASH_LABEL
+        from kernelbridge.kernel.launch import expected_image
 
         assert self.runtime is not None
-        self.image = self.settings.image or default_image()
-        status = await anyio.to_thread.run_sync(image_status, self.runtime.executable, self.image)
-        if status == "current":
-            return "ok", f"{self.image} is current"
-        self.image = None if status == "missing" else self.image
-        return "FAIL", f"{self.image or 'the sandbox image'} is {status}: run `kernelbridge image build`"
+        image, expected = expected_image(self.settings)
+        labels = await self.runtime.image_labels(image)
+        if labels is None:
+            return "FAIL", f"the sandbox image {image} is missing: run `kernelbridge image build`"
+        if expected is not None and labels.get(HASH_LABEL) != expected:
+            return "FAIL", f"{image} is stale: run `kernelbridge image build`"
+        if HASH_LABEL not in labels:
+            return "FAIL", f"{image} is not a kernelbridge sandbox image (no {HASH_LABEL} label)"
+        self.image = image
+        return "ok", f"{image} is current"
 
     async def limits_check(self) -> tuple[str, str]:
         assert self.runtime is not None and self.image is not None
@@ -117,11 +115,8 @@ class Doctor:
             limits=SandboxLimits(memory=PROBE_MEMORY, pids=PROBE_PIDS),
             command=("python3", "-c", LIMITS_PROBE),
         )
-        with anyio.fail_after(60):
-            result = await anyio.run_process(self.runtime.run_argv(spec), check=False)
-        if result.returncode != 0:
-            return "FAIL", f"probe container failed: {result.stderr.decode(errors='replace').strip()[-200:]}"
-        seen = json.loads(result.stdout)
+        output = await probe_output(self.runtime, spec)
+        seen = json.loads(output)
         memory_ok = seen["memory"] == str(PROBE_MEMORY_MIB * 1024 * 1024)
         pids_ok = seen["pids"] == str(PROBE_PIDS)
         detail = f"memory {seen['memory']}, pids {seen['pids']} seen inside a probe container"
@@ -130,35 +125,43 @@ class Doctor:
         return "FAIL", f"limits NOT enforced ({detail}; asked for {PROBE_MEMORY} and {PROBE_PIDS})"
 
     async def kernel_check(self) -> tuple[str, str]:
-        from kernelbridge.kernel import SandboxKernelManager, connect_client
+        from kernelbridge.kernel.launch import expected_image
+        from kernelbridge.kernel.sandbox import Sandbox
+        from kernelbridge.recorder import Recorder
 
-        results: list[str] = []
-
-        def collect(msg: dict) -> None:
-            if msg["msg_type"] == "execute_result":
-                results.append(msg["content"]["data"].get("text/plain", ""))
-
+        assert self.runtime is not None
+        image, agent_hash = expected_image(self.settings)
         started = time.perf_counter()
-        km = SandboxKernelManager(settings=self.settings, session_name="doctor")
-        await km.start_kernel()
-        try:
-            kc = await connect_client(km)
+        sandbox = Sandbox(self.settings, self.runtime, "doctor", image=image, agent_hash=agent_hash)
+        recorder = Recorder(output_limit=1000)
+        sandbox.listener, sandbox.reply_listener = recorder.on_iopub, recorder.on_reply
+        cell = recorder.expect(uuid.uuid4().hex, "1+1")
+        async with anyio.create_task_group() as tg:
+            await tg.start(sandbox.run)
             try:
-                reply = await kc.execute_interactive("1+1", timeout=30, output_hook=collect)
+                await sandbox.execute("1+1", msg_id=cell.msg_id, wait=False)
+                deadline = time.monotonic() + 30
+                while not cell.done and time.monotonic() < deadline and sandbox.alive:
+                    await cell.changed(deadline)
             finally:
-                kc.stop_channels()
-        finally:
-            await km.shutdown_kernel(now=True)
+                await sandbox.close()
         elapsed = time.perf_counter() - started
-        if reply["content"]["status"] != "ok" or results != ["2"]:
-            return "FAIL", f"the kernel answered {results!r} to 1+1"
-        versions = km.versions or {}
+        if cell.outputs.result != "2":
+            return "FAIL", f"the kernel answered {cell.outputs.result!r} to 1+1"
+        versions = sandbox.versions or {}
         return "ok", (
-            f"a sandboxed kernel started and computed 1+1=2 in {elapsed:.2f} s "
+            f"a sandboxed kernel started and ran 1+1 in {elapsed:.2f} s "
             f"(python {versions.get('python')}, ipykernel {versions.get('ipykernel')})"
         )
 
     async def run(self) -> int:
+        async with open_runtime(self.settings) as runtime:
+            self.runtime = runtime
+            await self.run_checks()
+        failed = [c.name for c in self.checks if c.status == "FAIL"]
+        return 1 if failed else 0
+
+    async def run_checks(self) -> None:
         if not await self.check("runtime", self.runtime_check):
             self.skip(["image", "limits", "kernel"], "needs a container runtime")
         elif not await self.check("image", self.image_check):
@@ -166,8 +169,32 @@ class Doctor:
         else:
             await self.check("limits", self.limits_check)
             await self.check("kernel", self.kernel_check)
-        failed = [c.name for c in self.checks if c.status == "FAIL"]
-        return 1 if failed else 0
+
+
+PROBE_TIMEOUT = 60.0
+PROBE_OUTPUT_BYTES = 1 << 16
+
+
+async def probe_output(runtime: RuntimeBackend, spec: ContainerSpec) -> str:
+    """Run a short command in a container of ``spec`` and return its stdout (bounded in time and
+    size); the container is removed afterwards. Raises SandboxError if it fails."""
+    from kernelbridge.errors import SandboxError
+    from kernelbridge.kernel.launch import started_container
+
+    chunks: list[bytes] = []
+    with anyio.fail_after(PROBE_TIMEOUT):
+        async with started_container(runtime, spec) as (container, stream):
+            await stream.send_eof()
+            try:
+                while sum(map(len, chunks)) < PROBE_OUTPUT_BYTES:
+                    chunks.append(await stream.receive())
+            except anyio.EndOfStream:
+                pass
+            info = await runtime.inspect(container)
+            tail = stream.stderr_tail()
+    if info is not None and info.exit_code not in (0, None):
+        raise SandboxError(f"the probe container failed (status {info.exit_code}): {' | '.join(tail[-2:])}")
+    return b"".join(chunks).decode(errors="replace")
 
 
 async def run_doctor(settings: Settings, out: Callable[[str], None] = print) -> int:

@@ -1,10 +1,11 @@
 """Run one cell on a Jupyter kernel client and collect its outputs, with bounded memory.
 
-This module owns the messaging of a single ``execute_request``: sending it, reading the iopub
-messages whose parent is that request, and reading its shell reply. It knows nothing about
-sessions, timeouts policy, interrupts or MCP; :mod:`kernelbridge.sessions` drives a
-:class:`CellRun` in slices (``await run.wait(deadline)``) and decides what to do when a deadline
-passes, and :mod:`kernelbridge.server` turns a :class:`CellResult` into MCP content.
+This module owns what one ``execute_request`` produced: a :class:`Cell` gathers the iopub
+messages whose parent is that request (fed by :mod:`kernelbridge.recorder`, which reads every
+message of a session) and its shell reply. It knows nothing about sessions, timeout policy,
+interrupts or MCP; :mod:`kernelbridge.sessions` waits on a :class:`Cell` in slices and decides
+what to do when a deadline passes, and :mod:`kernelbridge.server` turns a :class:`CellResult`
+into MCP content.
 
 Completion follows nbclient: a cell is done only when BOTH the iopub ``status: idle`` for its
 request and its shell ``execute_reply`` have arrived. Either alone is not enough: the reply can
@@ -20,13 +21,10 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from queue import Empty
 from typing import Any, Literal
 
 import anyio
-from jupyter_client.asynchronous.client import AsyncKernelClient
 
 Status = Literal["ok", "error", "timeout", "kernel_died", "cancelled"]
 State = Literal["kept", "lost"]
@@ -39,10 +37,10 @@ MAX_IMAGE_BYTES = 4 * 1024 * 1024
 """Largest base64 image/png kept; a bigger one is replaced by a note (the MCP message would be huge)."""
 MAX_TRACEBACK_CHARS = 8_000
 """Deep recursion produces megabyte tracebacks; keep the head and the tail of one."""
+MAX_CODE_CHARS = 1_000_000
+"""Source of another client's cell kept for the journal (the bridge's own is capped on input)."""
 MAX_RICH_CHARS = 16 * 1024 * 1024
 """Total characters of rich outputs kept per cell, whatever their number."""
-POLL_SLICE = 0.5
-"""Longest single poll of a channel: bounds how late a deadline is noticed."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
@@ -248,89 +246,82 @@ class CellOutputs:
         return self.stdout.last_lines(n) or self.stderr.last_lines(n)
 
 
-class CellRun:
-    """One ``execute_request`` in flight. Create with :func:`start_cell`, then ``await wait()``.
+class Cell:
+    """One execute request as seen on iopub, whichever client sent it, with its shell reply when
+    the bridge sent it. Fed by :class:`kernelbridge.recorder.Recorder`; awaited by the session.
 
-    ``wait(deadline)`` returns at the deadline without cancelling anything, so the caller can
-    report progress, check that the kernel lives, interrupt it, and wait again on the same run.
+    Times are monotonic: ``queued`` when the request was sent (or first seen), ``started`` when
+    the kernel began it (``status: busy``), ``finished`` at ``status: idle``. A call's timeout
+    counts from ``started``: time spent queued behind another client's cell is not the cell's.
     """
 
-    def __init__(self, kc: AsyncKernelClient, msg_id: str, limit: int) -> None:
-        self.kc = kc
+    def __init__(self, msg_id: str, limit: int, source: str = "mcp", code: str | None = None) -> None:
         self.msg_id = msg_id
+        self.source = source
+        self.code = code
         self.outputs = CellOutputs(limit)
-        self.started = time.monotonic()
-        self.idle = False
+        self.queued = time.monotonic()
+        self.queued_wall = time.time()
+        self.started: float | None = None
+        self.finished: float | None = None
         self.reply: dict[str, Any] | None = None
-        self.broken = False
-        """A channel failed (closed under us, or the kernel vanished): no more messages will come."""
+        self.client: dict[str, str] = {}
+        """Who sent it (``username``, ``session``) when it was not the bridge."""
+        self._changed = anyio.Event()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "running" if self.started else "queued"
+        return f"<Cell {self.msg_id[:8]} {self.source} {state}>"
+
+    @property
+    def idle(self) -> bool:
+        return self.finished is not None
 
     @property
     def done(self) -> bool:
-        return self.idle and self.reply is not None
+        """Complete, as nbclient defines it: idle on iopub AND the reply (if we wait for one)."""
+        return self.idle and (self.source != "mcp" or self.reply is not None)
 
-    async def wait(self, deadline: float) -> bool:
-        """Read messages until the cell is done or ``deadline`` (monotonic) passes; return done.
-
-        Polls with a timeout instead of being cancelled: cancelling a receive half-way could
-        drop a message that is needed when waiting resumes.
-        """
-        async with anyio.create_task_group() as tg:
-            if not self.idle:
-                tg.start_soon(self._read, self.kc.get_iopub_msg, self._on_iopub, deadline)
-            if self.reply is None:
-                tg.start_soon(self._read, self.kc.get_shell_msg, self._on_shell, deadline)
-        return self.done
-
-    async def _read(
-        self,
-        receive: Callable[..., Awaitable[dict[str, Any]]],
-        handle: Callable[[dict[str, Any]], bool],
-        deadline: float,
-    ) -> None:
-        """Feed this request's messages from one channel to ``handle`` until it returns True
-        (that channel's part is complete) or the deadline passes."""
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                msg = await receive(timeout=min(remaining, POLL_SLICE))
-            except Empty:
-                continue
-            except Exception:
-                self.broken = True  # channels stopped by a concurrent close, or a dead socket
-                return
-            if msg.get("parent_header", {}).get("msg_id") != self.msg_id:
-                continue  # another client's request, or a late message of an earlier cell
-            if handle(msg):
-                return
-
-    def _on_iopub(self, msg: dict[str, Any]) -> bool:
-        msg_type = msg["header"]["msg_type"]
+    def on_iopub(self, msg_type: str, content: dict[str, Any]) -> None:
         if msg_type == "status":
-            self.idle = msg["content"].get("execution_state") == "idle"
+            state = content.get("execution_state")
+            if state == "busy" and self.started is None:
+                self.started = time.monotonic()
+            elif state == "idle":
+                self.started = self.started or time.monotonic()
+                self.finished = time.monotonic()
         else:
-            self.outputs.handle(msg_type, msg["content"])
-        return self.idle
+            if msg_type == "execute_input" and self.code is None:
+                self.code = str(content.get("code", ""))[:MAX_CODE_CHARS]
+            self.outputs.handle(msg_type, content)
+        self.notify()
 
-    def _on_shell(self, msg: dict[str, Any]) -> bool:
-        self.reply = msg["content"]
-        count = self.reply.get("execution_count")
+    def on_reply(self, content: dict[str, Any]) -> None:
+        self.reply = content
+        count = content.get("execution_count")
         if isinstance(count, int):
             self.outputs.execution_count = count
-        return True
+        self.notify()
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def changed(self, deadline: float) -> None:
+        """Wait until something about the cell changes or ``deadline`` (monotonic) passes."""
+        event = self._changed
+        with anyio.move_on_after(max(deadline - time.monotonic(), 0)):
+            await event.wait()
 
     def elapsed_ms(self) -> int:
-        return int((time.monotonic() - self.started) * 1000)
+        """Milliseconds the kernel has spent on the cell (0 while it waits in the queue)."""
+        if self.started is None:
+            return 0
+        return int(((self.finished or time.monotonic()) - self.started) * 1000)
 
-
-def start_cell(kc: AsyncKernelClient, code: str, limit: int) -> CellRun:
-    """Send ``code`` for execution and return the run that collects its outputs.
-
-    ``allow_stdin=False`` makes ``input()`` fail at once with StdinNotImplementedError instead of
-    waiting for an answer nobody will give. ``stop_on_error=False``: requests are serialized by
-    the session lock, and aborting the queue after an error could swallow the next call.
-    """
-    msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
-    return CellRun(kc, msg_id, limit)
+    def waited_ms(self) -> int:
+        """Milliseconds the cell waited behind other work before the kernel began it."""
+        return int(((self.started or time.monotonic()) - self.queued) * 1000)
 
 
 @dataclass(slots=True)
@@ -348,6 +339,11 @@ class CellResult:
     duration_ms: int
     state: State
     images: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """Host MCP calls the cell made (server, tool, duration_ms, ok, error; arguments and result
+    bounded), for the journal and the notebook."""
+    waited_ms: int = 0
+    """Time the cell waited behind another client's cell before it started."""
     notes: list[str] = field(default_factory=list)
     """Plain sentences about the session itself (a restart, a fresh kernel, dropped outputs)."""
     outputs: list[dict[str, Any]] = field(default_factory=list)
@@ -366,11 +362,15 @@ class CellResult:
             "duration_ms": self.duration_ms,
             "state": self.state,
             "notes": self.notes,
+            "tool_calls": [
+                {k: call.get(k) for k in ("server", "tool", "ok", "duration_ms", "error")}
+                for call in self.tool_calls
+            ],
         }
 
 
-def finish_cell(run: CellRun, *, session: str, status: Status, state: State, notes: list[str]) -> CellResult:
-    """Freeze a run (complete or not) into a CellResult."""
+def finish_cell(run: Cell, *, session: str, status: Status, state: State, notes: list[str]) -> CellResult:
+    """Freeze a cell (complete or not) into a CellResult."""
     out = run.outputs
     error = out.error
     if out.execution_count is None and run.reply is not None:

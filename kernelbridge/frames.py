@@ -16,22 +16,49 @@ hello          host -> sandbox  key (kernel HMAC key), session, agent_hash (expe
 ready          sandbox -> host  versions {python, ipykernel, agent}, agent_hash
 kernel         both             channel (shell|control|stdin|iopub), msg {header, parent_header,
                                 metadata, content}, buffers [base64 str]
-rpc_request    sandbox -> host  id, method, params
-rpc_response   host -> sandbox  id, result | error
-interrupt      host -> sandbox  (none): SIGINT to the kernel process
+rpc_request    sandbox -> host  id, method, params, cell (docs/rpc.md)
+rpc_response   host -> sandbox  id, result | error {kind, message}
+fs_request     host -> sandbox  id, op (list|read|write), path, data (base64, write only)
+fs_response    sandbox -> host  id, result | error {kind, message}
+interrupt      host -> sandbox  (none): SIGINT to the kernel's process group
 restart        host -> sandbox  (none): replace the kernel, keep the container (answered by ready)
 shutdown       host -> sandbox  (none): stop the kernel and exit
-exit           sandbox -> host  status (kernel exit status; negative = signal), reason
+exit           sandbox -> host  status (kernel exit status; negative = signal), kind, reason
 log            sandbox -> host  level, message
 =============  ===============  =====================================================================
+
+The same codec carries the **control channel** between a tunnel and its owner (the bridge, or the
+kernel provisioner of a plain Jupyter client), which is local and never crosses the sandbox wall:
+
+=============  ===============  =====================================================================
+launch         owner -> tunnel  connection_file, session, agent_hash, container (a ContainerSpec as
+                                a dict), runtime: what a tunnel *process* must start
+ready          tunnel -> owner  versions, agent_hash: the kernel proved iopub delivers
+exit           tunnel -> owner  status, kind (EXIT_KINDS), reason: the sandbox is gone or never came
+rpc_request    tunnel -> owner  as from the sandbox, relayed for the owner's hub to answer
+rpc_response   owner -> tunnel  relayed to the sandbox
+fs_response    tunnel -> owner  as from the sandbox
+fs_request     owner -> tunnel  relayed to the sandbox
+interrupt,     owner -> tunnel  relayed to the sandbox
+restart,
+shutdown
+=============  ===============  =====================================================================
+
+Exit ``kind`` is structured, so nobody parses reasons: ``agent_mismatch`` (the image carries
+another agent), ``image_missing``, ``start_failed`` (the runtime could not start the container),
+``start_timeout``, ``kernel_died`` (the kernel exited; ``reason`` says how, e.g. out of memory),
+``oom`` (the container's memory limit killed it), ``container_exited`` (the container ended without
+an exit frame), ``shutdown`` (asked for), ``protocol`` (the sandbox broke the frame protocol).
 
 Both ends also translate between ``kernel`` frames and the Jupyter wire protocol (ZMQ multipart:
 routing ids, ``<IDS|MSG>``, HMAC signature, header, parent_header, metadata, content, buffers):
 :func:`to_wire` and :func:`from_wire` are that translation, shared so the two ends cannot drift.
 
 The receiving side treats every line as untrusted. :class:`FrameDecoder` never raises on bad
-input: non-JSON, non-object, unknown ``type`` and oversized lines become :class:`FrameError`
-values that the caller logs and drops, and decoding continues with the next line.
+input: non-JSON, non-object, unknown ``type``, oversized lines, and values nested deeper than
+:data:`MAX_DEPTH` or made of more than :data:`MAX_NODES` parts become :class:`FrameError` values
+that the caller logs and drops, and decoding continues with the next line. Every string a
+FrameError carries is capped (:func:`clip`), so logging one is safe.
 """
 
 from __future__ import annotations
@@ -49,6 +76,9 @@ READY = "ready"
 KERNEL = "kernel"
 RPC_REQUEST = "rpc_request"
 RPC_RESPONSE = "rpc_response"
+FS_REQUEST = "fs_request"
+FS_RESPONSE = "fs_response"
+LAUNCH = "launch"
 INTERRUPT = "interrupt"
 RESTART = "restart"
 SHUTDOWN = "shutdown"
@@ -56,15 +86,44 @@ EXIT = "exit"
 LOG = "log"
 
 FRAME_TYPES = frozenset(
-    {HELLO, READY, KERNEL, RPC_REQUEST, RPC_RESPONSE, INTERRUPT, RESTART, SHUTDOWN, EXIT, LOG}
-)
+    {
+        HELLO, READY, KERNEL, RPC_REQUEST, RPC_RESPONSE, FS_REQUEST, FS_RESPONSE,
+        INTERRUPT, RESTART, SHUTDOWN, EXIT, LOG, LAUNCH,
+    }
+)  # fmt: skip
+
+# Exit kinds (the ``kind`` of an ``exit`` frame).
+EXIT_AGENT_MISMATCH = "agent_mismatch"
+EXIT_IMAGE_MISSING = "image_missing"
+EXIT_START_FAILED = "start_failed"
+EXIT_START_TIMEOUT = "start_timeout"
+EXIT_KERNEL_DIED = "kernel_died"
+EXIT_OOM = "oom"
+EXIT_CONTAINER_EXITED = "container_exited"
+EXIT_SHUTDOWN = "shutdown"
+EXIT_PROTOCOL = "protocol"
+EXIT_KINDS = frozenset(
+    {
+        EXIT_AGENT_MISMATCH, EXIT_IMAGE_MISSING, EXIT_START_FAILED, EXIT_START_TIMEOUT,
+        EXIT_KERNEL_DIED, EXIT_OOM, EXIT_CONTAINER_EXITED, EXIT_SHUTDOWN, EXIT_PROTOCOL,
+    }
+)  # fmt: skip
 CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
 
-# Why 128 MiB: a 32 MiB display payload must pass, and JSON escaping plus base64 of binary
-# buffers can inflate a message by ~1.4x; 128 MiB leaves room while still bounding how much a
-# hostile sandbox can make the host buffer for one line. The container's own memory limit
-# (512 MiB by default) bounds what an honest kernel can produce in one message anyway.
-DEFAULT_MAX_FRAME_BYTES = 128 * 1024 * 1024
+# Why 48 MiB: a 32 MiB display payload must pass (the contract), with room for the message's
+# JSON around it; every byte above that is memory a hostile sandbox could make the host hold per
+# line, per session. Honest output leaves the kernel in messages of at most 1 MiB
+# (sandbox/outstream.py), so only single huge displays come near the cap.
+MAX_FRAME_BYTES = 48 * 1024 * 1024
+DEFAULT_MAX_FRAME_BYTES = MAX_FRAME_BYTES
+# Why 64 levels and a million parts: Jupyter messages nest a handful of levels (a JSON display or
+# widget state a few more). Deeper values are an attack: json.loads recurses and Python raises
+# RecursionError past ~1000 levels, nbformat's schema validation fails far earlier, and a line of
+# a million tiny lists costs seconds to walk on every hop.
+MAX_DEPTH = 64
+MAX_NODES = 1_000_000
+# Strings from the sandbox that end up in logs, errors or events are clipped to this.
+MAX_TEXT = 2000
 
 # Host MCP calls (docs/rpc.md): 10 MB arguments and results must pass, with room for JSON escaping.
 MAX_RPC_BYTES = 32 * 1024 * 1024
@@ -94,7 +153,13 @@ def encode(frame: Frame) -> bytes:
     frame_type = frame.get("type")
     if frame_type not in FRAME_TYPES:
         raise ValueError(f"unknown frame type {frame_type!r}")
-    return json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    text = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        # A lone surrogate (JSON allows "\ud800" escapes; Python decodes them into strings that
+        # UTF-8 cannot encode): escape everything instead, which JSON keeps lossless.
+        return json.dumps(frame, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
 
 
 def kernel_frame(channel: str, msg: dict[str, Any], buffers: Iterable[bytes] = ()) -> Frame:
@@ -114,6 +179,38 @@ def frame_buffers(frame: Frame) -> list[bytes]:
         raise ValueError(f"bad buffer encoding: {exc}") from None
 
 
+def clip(text: object, limit: int = MAX_TEXT) -> str:
+    """``str(text)`` cut to ``limit`` characters (with a marker): safe to log or store."""
+    value = text if isinstance(text, str) else str(text)
+    if len(value) <= limit:
+        return value
+    return value[:limit] + f"... [{len(value) - limit:,} characters cut]"
+
+
+def shape_problem(value: Any, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> str | None:
+    """Why ``value`` (decoded JSON) is too deep or too big to handle, or None if it is fine.
+
+    Iterative (an explicit stack), so checking a hostile value cannot itself recurse too deep.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    nodes = 0
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if nodes > max_nodes:
+            return f"more than {max_nodes:,} values"
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= max_depth and item:
+            return f"nested deeper than {max_depth} levels"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
 def parse_line(line: bytes) -> Frame | FrameError:
     """Decode one complete line (without its newline) into a frame, or say why it is not one."""
     size = len(line)
@@ -121,6 +218,11 @@ def parse_line(line: bytes) -> Frame | FrameError:
         value = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         return FrameError(f"not JSON ({str(exc)[:80]})", size)
+    except RecursionError:
+        return FrameError(f"JSON nested too deeply (more than {MAX_DEPTH} levels)", size)
+    problem = shape_problem(value)
+    if problem is not None:
+        return FrameError(f"frame {problem}", size)
     if not isinstance(value, dict):
         return FrameError(f"not a JSON object but {type(value).__name__}", size)
     frame_type = value.get("type")

@@ -65,14 +65,12 @@ REPOSITORY = "localhost/kernelbridge-sandbox"
 HASH_LABEL = "kernelbridge.agent-hash"
 VERSION_LABEL = "kernelbridge.version"
 
-# What goes into the image from the source tree, relative to the repository root. The agent imports
-# ``kernelbridge.frames``, which imports the package ``__init__`` and with it config and errors.
-AGENT_MODULES = (
-    "kernelbridge/__init__.py",
-    "kernelbridge/config.py",
-    "kernelbridge/errors.py",
-    "kernelbridge/frames.py",
-)
+# What goes into the image from the source tree, relative to the repository root: only code that
+# runs in the sandbox, so that changing a host setting or the bridge never makes an image stale.
+# The agent imports ``kernelbridge.frames`` (stdlib only); the package ``__init__`` it needs for
+# that is a fixed stub written by the builder (the host's ``__init__`` imports host settings).
+AGENT_MODULES = ("kernelbridge/frames.py",)
+PACKAGE_STUB = '"""kernelbridge inside the sandbox: the frame codec and the agent only."""\n'
 AGENT_PACKAGE = "kernelbridge/sandbox"
 AGENT_HASH_FILE = "AGENT_HASH"
 RECIPE_DIR = "sandbox_kernel_image"
@@ -301,6 +299,7 @@ def _stage_agent(root: Path, prefix: Path, hash_: str) -> None:
         target = prefix / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / name, target)
+    (prefix / "kernelbridge" / "__init__.py").write_text(PACKAGE_STUB)
     (prefix / AGENT_PACKAGE / AGENT_HASH_FILE).write_text(hash_ + "\n")
 
 

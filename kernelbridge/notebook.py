@@ -9,8 +9,14 @@ still running bridge process into a notebook. Entries hold already-capped output
 Line kinds::
 
     {"type": "session", "session": ..., "created": ..., "owner_pid": ...}   first line of a journal
-    {"type": "cell", "code": ..., "execution_count": ..., "outputs": [...],
-     "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ...}
+    {"type": "cell", "source": "mcp", "code": ..., "execution_count": ..., "outputs": [...],
+     "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ...,
+     "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "arguments", "result"}]}
+    {"type": "cell", "source": "client", "client": {"username", "session"}, "code": ...,
+     "execution_count": ..., "outputs": [...], "status": ..., "duration_ms": ..., "started": ...}
+
+``source`` says who sent the cell: the bridge's own ``run_python`` (``mcp``), or another
+Jupyter client of the same kernel (``client``: a person in ``kernelbridge attach``, nbclient).
 
 This module does no MCP and knows no kernels; replay and diff build on :func:`read_journal`.
 """
@@ -28,7 +34,7 @@ from nbformat import v4
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
-from kernelbridge.execution import CellResult
+from kernelbridge.execution import Cell, CellResult
 
 KERNELSPEC: dict[str, str] = {
     "name": "kernelbridge",
@@ -68,8 +74,10 @@ class Journal:
         self._write(header, mode="w")
 
     def append(self, code: str, result: CellResult, servers: list[str]) -> None:
+        """Journal one of the bridge's own cells (``run_python``)."""
         entry = {
             "type": "cell",
+            "source": "mcp",
             "code": code,
             "execution_count": result.execution_count,
             "outputs": result.outputs,
@@ -78,6 +86,27 @@ class Journal:
             "duration_ms": result.duration_ms,
             "state": result.state,
             "started": time.time() - result.duration_ms / 1000,
+            "tool_calls": result.tool_calls,
+        }
+        self._write(entry, mode="a")
+        self.cells += 1
+
+    def append_client_cell(self, cell: Cell) -> None:
+        """Journal a cell another Jupyter client ran in the session's kernel."""
+        outputs = cell.outputs
+        status = "error" if outputs.error is not None else "ok"
+        entry = {
+            "type": "cell",
+            "source": "client",
+            "client": cell.client,
+            "code": cell.code or "",
+            "execution_count": outputs.execution_count,
+            "outputs": outputs.notebook_outputs(),
+            "servers": [],
+            "status": status,
+            "duration_ms": cell.elapsed_ms(),
+            "state": "kept",
+            "started": cell.queued_wall,
         }
         self._write(entry, mode="a")
         self.cells += 1
@@ -131,15 +160,48 @@ def journal_to_notebook(entries: list[dict[str, Any]], session: str) -> nbformat
             execution_count=count,
             outputs=[_clean_output(o, count) for o in entry.get("outputs") or [] if isinstance(o, dict)],
         )
-        cell.metadata["kernelbridge"] = {
+        meta: dict[str, Any] = {
+            "source": entry.get("source") or "mcp",
             "servers": list(entry.get("servers") or []),
             "status": entry.get("status"),
             "duration_ms": entry.get("duration_ms"),
             "state": entry.get("state"),
         }
-        nb.cells.append(cell)
+        if entry.get("client"):
+            meta["client"] = entry["client"]
+        if entry.get("tool_calls"):
+            meta["tool_calls"] = entry["tool_calls"]
+        cell.metadata["kernelbridge"] = meta
+        nb.cells.append(_valid_cell(cell))
     nbformat.validate(nb)
     return nb
+
+
+def _valid_cell(cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``cell`` if nbformat accepts it; else the same cell with each unacceptable output replaced
+    by a note, so one odd output (e.g. metadata nested too deeply) never makes a whole session
+    unexportable."""
+    probe = v4.new_notebook(cells=[cell])
+    try:
+        nbformat.validate(probe)
+        return cell
+    except (nbformat.ValidationError, RecursionError):
+        pass
+    kept = []
+    for output in cell.outputs:
+        try:
+            nbformat.validate(v4.new_notebook(cells=[v4.new_code_cell(outputs=[output])]))
+            kept.append(output)
+        except (nbformat.ValidationError, RecursionError, ValueError, TypeError):
+            kind = output.get("output_type", "unknown")
+            note = f"[kernelbridge: a {kind} output could not be kept in the notebook]"
+            kept.append(v4.new_output("stream", name="stderr", text=note + "\n"))
+    cell.outputs = kept
+    try:
+        nbformat.validate(v4.new_notebook(cells=[cell]))
+    except (nbformat.ValidationError, RecursionError):
+        cell.metadata = {"kernelbridge": {"note": "metadata dropped: not valid in a notebook"}}
+    return cell
 
 
 def notebook_json(nb: nbformat.NotebookNode) -> str:

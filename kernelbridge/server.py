@@ -21,7 +21,7 @@ import os
 import signal
 import stat
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,12 +38,8 @@ from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
 from kernelbridge.execution import CellResult
 from kernelbridge.notebook import load_session_notebook, notebook_json
-from kernelbridge.sessions import (
-    KernelFactory,
-    SessionRegistry,
-    sandbox_kernel_factory,
-    validate_session_name,
-)
+from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
+from kernelbridge.sessions import SessionRegistry, validate_session_name
 
 log = logging.getLogger(__name__)
 
@@ -120,18 +116,19 @@ def _check_session(session: str) -> str:
         raise ToolError(str(exc)) from None
 
 
-def build_server(
-    settings: Settings, *, kernel_factory: KernelFactory | None = None
-) -> MCPServer[BridgeContext]:
-    """The kernelbridge MCP server. ``kernel_factory`` is a test seam (default: sandboxes)."""
+def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -> MCPServer[BridgeContext]:
+    """The kernelbridge MCP server. ``runtime`` is a test seam (default: the configured engine)."""
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[BridgeContext]) -> AsyncIterator[BridgeContext]:
-        factory = kernel_factory
-        if factory is None:
-            await _reap_orphans(settings)
-            factory = sandbox_kernel_factory(settings)
-        async with SessionRegistry(settings, factory) as registry:
+        async with AsyncExitStack() as stack:
+            backend = runtime
+            if backend is None:
+                backend = await stack.enter_async_context(open_runtime(settings))
+                await _reap_orphans(backend)
+            image, agent_hash = _sandbox_image(settings, testing=runtime is not None)
+            registry = SessionRegistry(settings, backend, image=image, agent_hash=agent_hash)
+            await stack.enter_async_context(registry)
             yield BridgeContext(settings, registry)
 
     async def run_python(
@@ -148,10 +145,6 @@ def build_server(
         _check_session(session)
         if not 1 <= timeout <= settings.max_timeout:
             raise ToolError(f"timeout must be between 1 and {settings.max_timeout:g} seconds, got {timeout}")
-        if servers:
-            # TODO: the hub (a later issue) resolves names against configured host MCP servers;
-            # until it exists no name is known, and saying so beats silently ignoring it.
-            raise ToolError(f"unknown server {servers[0]!r}: no host MCP servers are configured")
 
         async def progress(elapsed: float, tail: str) -> None:
             await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
@@ -262,13 +255,19 @@ def _export_target(settings: Settings, path: str) -> Path:
     return target
 
 
-async def _reap_orphans(settings: Settings) -> None:
+def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:
+    from kernelbridge.kernel.launch import expected_image
+
+    if testing and not settings.image:
+        return "test-double", None  # an injected runtime (the local test double) has no images
+    return expected_image(settings)
+
+
+async def _reap_orphans(runtime: RuntimeBackend) -> None:
     """Remove containers left by bridges that were SIGKILLed (best effort: never blocks serving)."""
     try:
-        from kernelbridge.runtime import reap_orphans
-
         with anyio.fail_after(30):
-            removed = await reap_orphans(settings)
+            removed = await reap_orphans(runtime)
         if removed:
             log.warning("removed %d sandbox container(s) left by a dead kernelbridge", removed)
     except Exception:

@@ -1,23 +1,29 @@
-"""The session registry: named, stateful kernels with ordered calls, timeouts and a warm pool.
+"""The session registry: named, stateful sandboxes with ordered calls, timeouts and a warm pool.
 
-It owns the lifecycle of every kernel the bridge starts: create on first use (from the warm pool
-when one is ready), one call at a time per session (an ``anyio.Lock``; different sessions run in
-parallel), the timeout policy (interrupt, then restart if the interrupt does not land), death
-detection, idle reaping, and teardown. It knows nothing about MCP: :mod:`kernelbridge.server`
-calls :meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.execution.CellResult`.
+It owns the lifecycle of every sandbox the bridge starts: create on first use (from the warm pool
+when one is ready), one ``run_python`` call at a time per session (an ``anyio.Lock``; different
+sessions run in parallel), host MCP grants per session, the timeout policy, death detection,
+idle reaping and teardown. It knows nothing about MCP: :mod:`kernelbridge.server` calls
+:meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.execution.CellResult`.
 
-Kernels come from an injected :data:`KernelFactory`, so tests can use plain local kernels and
-the product uses sandboxed ones (:func:`sandbox_kernel_factory`).
+Each session has a :class:`~kernelbridge.recorder.Recorder` reading its kernel's iopub
+continuously, so cells sent by any Jupyter client (a person in ``kernelbridge attach``) are
+journalled too, and an :class:`~kernelbridge.broker.RpcBroker` for its code's host MCP calls.
+
+Sandboxes come from an injected :class:`~kernelbridge.runtime.RuntimeBackend`: the product uses a
+container engine; tests may use the local test double.
 
 While a session is live its record ``<state_dir>/sessions/<name>.session.json`` tells other
 processes (``kernelbridge sessions``, ``attach``) where its connection file is.
 
-Shutdown escalation (timeouts and cancellation): a cell that overran is first interrupted
-(message-mode interrupt on the control channel: a KeyboardInterrupt in the cell). Most code stops
-within :data:`INTERRUPT_GRACE`, and then the session keeps its variables. Code that swallows
-KeyboardInterrupt, or is stuck in C, does not; the only honest way to free the session is to
-restart the kernel, and the result says ``state: lost``. Restart failing too (the sandbox is
-wedged) means replacing the kernel through the factory. Every step is bounded by a named constant.
+Timeouts (every wait on this path is bounded by the call's deadline plus :data:`TIMEOUT_GRACE`):
+the clock starts when the kernel begins the cell (not while it waits behind another client's
+cell). A cell that overran is interrupted (SIGINT to the kernel's process group, through the
+agent); most code stops within :data:`INTERRUPT_GRACE`, and the session keeps its variables. Code
+that swallows KeyboardInterrupt, or is stuck in C, does not; the only honest way to free the
+session is to restart the kernel inside its container (files stay), and the result says
+``state: lost``. If even that does not finish within the grace, the sandbox is discarded (files
+gone, said so) and the next call starts a fresh one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,31 +41,42 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from jupyter_client.manager import AsyncKernelManager
 
+from kernelbridge import frames
+from kernelbridge.broker import Dispatch, RpcBroker
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
-from kernelbridge.execution import CellResult, CellRun, State, Status, finish_cell, start_cell
-from kernelbridge.kernel.manager import wait_for_iopub
+from kernelbridge.execution import Cell, CellResult, State, Status, finish_cell
+from kernelbridge.kernel.sandbox import Sandbox
 from kernelbridge.notebook import Journal, journal_path
-from kernelbridge.runtime import pid_alive
-from kernelbridge.warm_pool import SHUTDOWN_TIMEOUT, KernelFactory, KernelHandle, WarmPool, stop_kernel
+from kernelbridge.recorder import Recorder
+from kernelbridge.runtime import RuntimeBackend, pid_alive
+from kernelbridge.warm_pool import WarmPool, close_sandbox
 
 log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[float, str], Awaitable[None]]
 """Called with (seconds elapsed, latest output lines) while a cell runs."""
+GrantCheck = Callable[[list[str]], list[str]]
+"""Validates server names for ``servers=[...]`` (the hub); returns canonical names or raises."""
 
 SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """Session names end up in container names and file paths: no slashes, no leading dot."""
 INTERRUPT_GRACE = 3.0
 """Seconds an interrupted cell gets to finish before the kernel is restarted."""
+TIMEOUT_GRACE = 12.0
+"""Bound on everything after a call's deadline (interrupt, grace, restart): a timeout=8 call
+returns within 8 + 12 s whatever state the sandbox is in."""
 TEARDOWN_TIMEOUT = 25.0
-"""Bound on stopping every kernel at exit; they stop in parallel."""
+"""Bound on stopping every sandbox at exit; they stop in parallel."""
 TICK = 1.0
-"""How often a running cell is checked for kernel death (an OOM kill leaves no idle message)."""
+"""Longest wait between checks of a running cell (progress, the session being closed)."""
 PROGRESS_EVERY = 2.0
 """Seconds between progress notifications of a long cell."""
+REFRESH_TIMEOUT = 30.0
+"""Bound on rebinding the host-MCP proxies in the kernel after a grant or a restart."""
+REFRESH_CODE = "__import__('mcp')._kernelbridge_refresh()"
+"""Sent as a silent request: rebinds ``mcp_<alias>`` proxies for the session's grants."""
 
 
 def validate_session_name(name: object) -> str:
@@ -71,35 +89,21 @@ def validate_session_name(name: object) -> str:
     return name
 
 
-def sandbox_kernel_factory(settings: Settings) -> KernelFactory:
-    """Kernels in sandbox containers (the product's factory)."""
-
-    async def start(name: str) -> KernelHandle:
-        from kernelbridge.kernel import SandboxKernelManager, connect_client
-
-        km = SandboxKernelManager(settings=settings, session_name=name)
-        await km.start_kernel()
-        try:
-            kc = await connect_client(km)
-        except BaseException:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_TIMEOUT):
-                await km.shutdown_kernel(now=True)
-            raise
-        return km, kc
-
-    return start
-
-
 @dataclass(eq=False)
 class Session:
     name: str
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    handle: KernelHandle | None = None
+    sandbox: Sandbox | None = None
+    recorder: Recorder | None = None
+    broker: RpcBroker | None = None
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     journal: Journal | None = None
+    grants: frozenset[str] = frozenset()
+    needs_refresh: bool = False
+    """The kernel's mcp proxies do not reflect ``grants`` yet (new grant, or a fresh kernel)."""
     dead: str | None = None
-    """Why the kernel died, until the next call starts a fresh one."""
+    """Why the sandbox died, until the next call starts a fresh one."""
     closed: bool = False
     busy: bool = False
     notes: list[str] = field(default_factory=list)
@@ -113,11 +117,24 @@ class Session:
 class SessionRegistry:
     """All sessions of one bridge. Use as ``async with SessionRegistry(...) as registry``."""
 
-    def __init__(self, settings: Settings, kernel_factory: KernelFactory) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        runtime: RuntimeBackend,
+        *,
+        image: str,
+        agent_hash: str | None,
+        dispatch: Dispatch | None = None,
+        check_grants: GrantCheck | None = None,
+    ) -> None:
         self.settings = settings
-        self._factory = kernel_factory
+        self.runtime = runtime
+        self.image = image
+        self.agent_hash = agent_hash
+        self._dispatch = dispatch
+        self._check_grants = check_grants
         self._sessions: dict[str, Session] = {}
-        self._pool = WarmPool(settings.warm_pool, kernel_factory, settings.kernel_start_timeout)
+        self._pool = WarmPool(settings.warm_pool, self._start_sandbox, settings.kernel_start_timeout)
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> SessionRegistry:
@@ -129,21 +146,27 @@ class SessionRegistry:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         await self._tg.__aexit__(None, None, None)
-        await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop every kernel and pooled kernel, in parallel, shielded and bounded."""
+        """Stop every sandbox and pooled sandbox, in parallel, shielded and bounded."""
         sessions, self._sessions = list(self._sessions.values()), {}
         pool = self._pool.drain()
         with anyio.CancelScope(shield=True), anyio.move_on_after(TEARDOWN_TIMEOUT):
             async with anyio.create_task_group() as tg:
                 for session in sessions:
                     tg.start_soon(self._close_session, session)
-                for handle in pool:
-                    tg.start_soon(stop_kernel, handle)
+                for sandbox in pool:
+                    tg.start_soon(close_sandbox, sandbox)
+
+    async def _start_sandbox(self, name: str) -> Sandbox:
+        assert self._tg is not None
+        sandbox = Sandbox(self.settings, self.runtime, name, image=self.image, agent_hash=self.agent_hash)
+        started: Sandbox = await self._tg.start(sandbox.run)
+        return started
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -152,21 +175,25 @@ class SessionRegistry:
         return [
             {
                 "session": s.name,
-                "state": "dead" if s.dead else "busy" if s.busy else "idle" if s.handle else "starting",
+                "state": "dead" if s.dead else "busy" if s.busy else "idle" if s.sandbox else "starting",
                 "cells": s.journal.cells if s.journal else 0,
                 "idle_seconds": 0 if s.busy else round(now - s.last_used),
-                "container": _container_of(s),
+                "container": s.sandbox.container_name if s.sandbox else None,
+                "servers": sorted(s.grants),
             }
             for s in self._sessions.values()
         ]
 
     @property
     def warm_kernels(self) -> int:
-        """Started kernels waiting in the pool for a new session."""
+        """Started sandboxes waiting in the pool for a new session."""
         return len(self._pool)
 
     def journal_file(self, name: str) -> Path:
         return journal_path(self.settings.sessions_dir, validate_session_name(name))
+
+    def session(self, name: str) -> Session | None:
+        return self._sessions.get(name)
 
     # -- running code ------------------------------------------------------------------------
 
@@ -181,10 +208,13 @@ class SessionRegistry:
     ) -> CellResult:
         """Run ``code`` in session ``name`` (created on first use); calls to one session queue.
 
-        Raises SessionError (bad name, too many sessions) and SandboxError/ImageError when a
-        kernel cannot be started. A user's Python error is a normal result.
+        ``servers`` are granted to the session for its lifetime (host MCP servers its code may
+        call). Raises SessionError (bad name, too many sessions, unknown server) and
+        SandboxError/ImageError when a sandbox cannot be started. A user's Python error is a
+        normal result.
         """
         validate_session_name(name)
+        granted = self._grants_for(servers or [])
         while True:
             session = self._session_for(name)
             async with session.lock:
@@ -192,11 +222,25 @@ class SessionRegistry:
                     continue  # closed while we queued: the next loop creates a fresh one
                 session.busy = True
                 try:
-                    await self._ensure_kernel(session)
-                    return await self._execute(session, code, timeout, servers or [], on_progress)
+                    await self._ensure_sandbox(session)
+                    if not granted <= session.grants:
+                        session.grants |= granted
+                        session.needs_refresh = True
+                    if session.needs_refresh:
+                        await self._refresh_proxies(session)
+                    return await self._execute(session, code, timeout, on_progress)
                 finally:
                     session.busy = False
                     session.last_used = time.monotonic()
+
+    def _grants_for(self, servers: list[str]) -> frozenset[str]:
+        if not servers:
+            return frozenset()
+        if self._check_grants is None:
+            raise SessionError(
+                f"unknown server {servers[0]!r}: no host MCP servers are configured for this bridge"
+            )
+        return frozenset(self._check_grants(servers))
 
     def _session_for(self, name: str) -> Session:
         # Synchronous: checking the limit and publishing the session cannot interleave.
@@ -211,142 +255,220 @@ class SessionRegistry:
             session = self._sessions[name] = Session(name)
         return session
 
-    async def _ensure_kernel(self, session: Session) -> None:
-        """Give ``session`` a live kernel: first use, or after its kernel died."""
-        if session.handle is not None and session.dead is None and not await session.handle[0].is_alive():
-            session.dead = _death_reason(session.handle[0]) or "the kernel exited while idle"
-        if session.handle is not None and session.dead is None:
+    async def _ensure_sandbox(self, session: Session) -> None:
+        """Give ``session`` a live sandbox: first use, or after its sandbox died or was discarded."""
+        sandbox = session.sandbox
+        if sandbox is not None and sandbox.alive and session.dead is None:
             return
-        if session.handle is not None:
-            reason, session.dead = session.dead, None
-            await self._replace_kernel(session)
-            session.notes.append(
-                f"The previous kernel died ({reason}); this call started a fresh kernel: "
-                "earlier variables and imports are gone."
-            )
+        if sandbox is not None and session.dead is None:
+            session.dead = sandbox.death.reason if sandbox.death else "the sandbox ended while idle"
+        if session.journal is None:  # first use
+            try:
+                self._attach(session, await self._pool.take(session.name))
+            except BaseException:
+                if self._sessions.get(session.name) is session:
+                    del self._sessions[session.name]
+                session.closed = True
+                raise
+            session.journal = Journal(self.journal_file(session.name), session.name)
+            await anyio.to_thread.run_sync(session.journal.start)
+            self._write_record(session)
             return
-        try:
-            session.handle = await self._take_kernel(session.name)
-        except BaseException:
-            if self._sessions.get(session.name) is session:
-                del self._sessions[session.name]
-            session.closed = True
-            raise
-        session.journal = Journal(self.journal_file(session.name), session.name)
-        await anyio.to_thread.run_sync(session.journal.start)
-        self._write_record(session)
+        reason, session.dead = session.dead, None
+        await self._replace_sandbox(session)
+        why = f"The previous sandbox died ({reason})" if reason else "The previous sandbox was discarded"
+        session.notes.append(
+            f"{why}; this call started a fresh one: earlier variables, imports and files in "
+            "/workspace are gone."
+        )
 
-    async def _take_kernel(self, name: str) -> KernelHandle:
-        return await self._pool.take(name)
+    def _attach(self, session: Session, sandbox: Sandbox) -> None:
+        """Make ``sandbox`` the session's: its recorder, rpc broker and journal hooks."""
+        assert self._tg is not None
+        recorder = Recorder(
+            self.settings.output_limit, on_client_cell=lambda cell: self._journal_client(session, cell)
+        )
+        broker = RpcBroker(
+            session.name,
+            self._dispatch or _no_hub,
+            sandbox.answer_rpc,
+            self._tg.start_soon,
+            lambda: session.grants,
+        )
+        sandbox.listener = recorder.on_iopub
+        sandbox.reply_listener = recorder.on_reply
+        sandbox.on_end = recorder.wake_all
+        sandbox.rpc_handler = broker.on_request
+        session.sandbox, session.recorder, session.broker = sandbox, recorder, broker
+        session.needs_refresh = bool(session.grants)
+
+    async def _refresh_proxies(self, session: Session) -> None:
+        """Rebind the kernel's host-MCP proxies to the session's grants (a silent request)."""
+        assert session.sandbox is not None and session.recorder is not None
+        msg_id = uuid.uuid4().hex
+        session.recorder.ignore(msg_id)
+        await session.sandbox.execute(REFRESH_CODE, msg_id=msg_id, silent=True)
+        reply = await session.sandbox.reply(msg_id, REFRESH_TIMEOUT)
+        content = (reply or {}).get("content") or {}
+        if content.get("status") == "ok":
+            session.needs_refresh = False
+            return
+        why = f"{content.get('ename')}: {content.get('evalue')}" if content else "no answer"
+        log.warning("session %s: refreshing the mcp proxies failed: %s", session.name, frames.clip(why, 300))
+        session.notes.append(
+            "The host MCP proxies (mcp_<server>) could not be refreshed in the kernel; "
+            "`await runtime.call_tool(server, tool, arguments)` still works."
+        )
 
     async def _execute(
-        self,
-        session: Session,
-        code: str,
-        timeout: float,
-        servers: list[str],
-        on_progress: ProgressCallback | None,
+        self, session: Session, code: str, timeout: float, on_progress: ProgressCallback | None
     ) -> CellResult:
-        assert session.handle is not None
-        km, kc = session.handle
+        sandbox, recorder, broker = session.sandbox, session.recorder, session.broker
+        assert sandbox is not None and recorder is not None and broker is not None
         notes, session.notes = session.notes, []
-        run = start_cell(kc, code, self.settings.output_limit)
-        deadline = run.started + timeout
+        if (background := recorder.take_background()) is not None:
+            notes.append(background)
+        cell = recorder.expect(uuid.uuid4().hex, code)
         status: Status = "ok"
         state: State = "kept"
-        last_progress = run.started
         try:
-            while not await run.wait(min(deadline, time.monotonic() + TICK)):
-                now = time.monotonic()
-                if session.closed:
-                    status, state = "kernel_died", "lost"
-                    notes.append("The session was closed while this cell ran.")
-                    break
-                if run.broken or not await km.is_alive():
-                    session.dead = _death_reason(km) or "the kernel process exited"
-                    status, state = "kernel_died", "lost"
-                    notes.append(
-                        f"The kernel died: {session.dead}. Its state is lost; "
-                        "the next call on this session starts a fresh kernel."
-                    )
-                    break
-                if now >= deadline:
-                    status = "timeout"
-                    container = _container_of(session)
-                    state = await self._stop_overrun(session, run)
-                    same_sandbox = container is not None and _container_of(session) == container
-                    notes.append(_timeout_note(timeout, state, files_kept=same_sandbox))
-                    break
-                if on_progress is not None and now - last_progress >= PROGRESS_EVERY:
-                    last_progress = now
-                    await _report(on_progress, now - run.started, run.outputs.progress_tail())
+            await sandbox.execute(code, msg_id=cell.msg_id, wait=False)
+            status, state = await self._follow(session, cell, timeout, notes, on_progress)
         except BaseException:
             # Cancelled (the client gave up) or crashed: never leave the cell running behind the
             # lock, or the next call would silently queue behind it.
             with anyio.CancelScope(shield=True):
-                if not run.done and not session.closed:
-                    state = await self._stop_overrun(session, run)
-                    result = finish_cell(
-                        run, session=session.name, status="cancelled", state=state, notes=notes
-                    )
-                    await self._journal(session, code, result, servers)
+                if not cell.done and not session.closed and sandbox.alive:
+                    state = await self._stop_overrun(session, cell)
+                result = self._finish(session, cell, "cancelled", state, notes)
+                await self._journal(session, code, result)
             raise
-        result = finish_cell(run, session=session.name, status=status, state=state, notes=notes)
-        await self._journal(session, code, result, servers)
+        finally:
+            recorder.forget(cell)
+        result = self._finish(session, cell, status, state, notes)
+        await self._journal(session, code, result)
         return result
 
-    async def _stop_overrun(self, session: Session, run: CellRun) -> State:
-        """Interrupt a cell that overran; restart the kernel if that does not stop it."""
-        assert session.handle is not None
-        km, _ = session.handle
-        try:
-            with anyio.fail_after(INTERRUPT_GRACE):
-                await km.interrupt_kernel()
-        except (Exception, TimeoutError):
-            log.warning("interrupting session %s failed", session.name, exc_info=True)
-        if await run.wait(time.monotonic() + INTERRUPT_GRACE):
-            return "kept"
-        await self._restart(session)
+    async def _follow(
+        self,
+        session: Session,
+        cell: Cell,
+        timeout: float,
+        notes: list[str],
+        on_progress: ProgressCallback | None,
+    ) -> tuple[Status, State]:
+        """Wait for the cell, reporting progress; apply the timeout policy. Returns (status, state)."""
+        sandbox = session.sandbox
+        assert sandbox is not None
+        queue_deadline = cell.queued + self.settings.max_timeout
+        last_progress = time.monotonic()
+        while not cell.done:
+            now = time.monotonic()
+            if session.closed:
+                notes.append("The session was closed while this cell ran.")
+                return "kernel_died", "lost"
+            if not sandbox.alive:
+                reason = sandbox.death.reason if sandbox.death else "the sandbox ended"
+                session.dead = reason
+                notes.append(
+                    f"The sandbox died: {reason}. Its variables and its files in /workspace are lost; "
+                    "the next call on this session starts a fresh sandbox."
+                )
+                return "kernel_died", "lost"
+            deadline = cell.started + timeout if cell.started is not None else queue_deadline
+            if now >= deadline:
+                if cell.started is None:
+                    notes.append(
+                        f"The kernel was busy with another client's cell for "
+                        f"{self.settings.max_timeout:g} s; this cell never started "
+                        "(it will run when the kernel is free)."
+                    )
+                    return "timeout", "kept"
+                state = await self._stop_overrun(session, cell)
+                notes.append(
+                    _timeout_note(timeout, state, files_kept=session.sandbox is sandbox and sandbox.alive)
+                )
+                return "timeout", state
+            if on_progress is not None and now - last_progress >= PROGRESS_EVERY:
+                last_progress = now
+                elapsed = now - (cell.started or cell.queued)
+                await _report(on_progress, elapsed, cell.outputs.progress_tail())
+            await cell.changed(min(deadline, now + TICK))
+        if cell.waited_ms() > 1000:
+            notes.append(f"This cell waited {cell.waited_ms() / 1000:.1f} s behind another client's cell.")
+        return "ok", "kept"
+
+    async def _stop_overrun(self, session: Session, cell: Cell) -> State:
+        """Interrupt a cell that overran; restart the kernel if that does not stop it; discard
+        the sandbox if even that does not finish within TIMEOUT_GRACE."""
+        sandbox, broker = session.sandbox, session.broker
+        assert sandbox is not None and broker is not None
+        broker.cancel(cell.msg_id)
+        with anyio.move_on_after(TIMEOUT_GRACE):
+            await sandbox.interrupt()
+            end = time.monotonic() + INTERRUPT_GRACE
+            while not cell.done and sandbox.alive and time.monotonic() < end:
+                await cell.changed(end)
+            if cell.done:
+                return "kept"
+            broker.cancel()
+            if await sandbox.restart(TIMEOUT_GRACE):
+                session.needs_refresh = bool(session.grants)
+                self._write_record(session)
+                return "lost"
+        log.warning("session %s: the sandbox did not restart in time; discarding it", session.name)
+        self._discard(session)
         return "lost"
 
-    async def _restart(self, session: Session) -> None:
-        assert session.handle is not None
-        km, kc = session.handle
-        try:
-            with anyio.fail_after(self.settings.kernel_start_timeout):
-                await km.restart_kernel(now=True)
-                # The client's sockets reconnect to the new kernel: its SUB is a slow joiner
-                # again, so prove iopub (not just shell) before the next cell's outputs flow.
-                await wait_for_iopub(kc, self.settings.kernel_start_timeout, km)
-            self._write_record(session)
-        except Exception:
-            log.warning("restarting session %s failed; replacing its kernel", session.name, exc_info=True)
-            await self._replace_kernel(session)
+    def _discard(self, session: Session) -> None:
+        """Drop the session's sandbox now; it is closed in the background (bounded)."""
+        sandbox, session.sandbox = session.sandbox, None
+        session.dead = None
+        if sandbox is not None and self._tg is not None:
+            self._tg.start_soon(close_sandbox, sandbox)
+        session.needs_refresh = bool(session.grants)
 
-    async def _replace_kernel(self, session: Session) -> None:
-        old, session.handle = session.handle, None
+    def _finish(
+        self, session: Session, cell: Cell, status: Status, state: State, notes: list[str]
+    ) -> CellResult:
+        result = finish_cell(cell, session=session.name, status=status, state=state, notes=notes)
+        if session.broker is not None:
+            result.tool_calls = session.broker.take_records(cell.msg_id)
+        result.waited_ms = cell.waited_ms() if cell.started is not None else 0
+        return result
+
+    async def _replace_sandbox(self, session: Session) -> None:
+        old, session.sandbox = session.sandbox, None
         if old is not None:
-            await stop_kernel(old)
+            await close_sandbox(old)
         try:
-            session.handle = await self._take_kernel(session.name)
+            self._attach(session, await self._pool.take(session.name))
         except BaseException:
-            session.handle = old  # keep something to report and to stop later
-            session.dead = "no kernel could be started"
+            session.dead = "no sandbox could be started"
+            session.sandbox = old  # keep something to report and to close later
             raise
         self._write_record(session)
 
-    async def _journal(self, session: Session, code: str, result: CellResult, servers: list[str]) -> None:
+    async def _journal(self, session: Session, code: str, result: CellResult) -> None:
         if session.journal is None:
             return
         try:
-            await anyio.to_thread.run_sync(session.journal.append, code, result, servers)
+            await anyio.to_thread.run_sync(session.journal.append, code, result, sorted(session.grants))
+        except OSError:
+            log.exception("writing the journal of session %s failed", session.name)
+
+    async def _journal_client(self, session: Session, cell: Cell) -> None:
+        if session.journal is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(session.journal.append_client_cell, cell)
         except OSError:
             log.exception("writing the journal of session %s failed", session.name)
 
     # -- closing -----------------------------------------------------------------------------
 
     async def close(self, name: str) -> bool:
-        """Close session ``name`` (stopping its kernel, even mid-cell); False if it is not open."""
+        """Close session ``name`` (stopping its sandbox, even mid-cell); False if it is not open."""
         session = self._sessions.pop(validate_session_name(name), None)
         if session is None:
             return False
@@ -355,9 +477,13 @@ class SessionRegistry:
 
     async def _close_session(self, session: Session) -> None:
         session.closed = True
-        handle, session.handle = session.handle, None
-        if handle is not None:
-            await stop_kernel(handle)
+        if session.broker is not None:
+            session.broker.cancel()
+        if session.recorder is not None:
+            session.recorder.wake_all()
+        sandbox, session.sandbox = session.sandbox, None
+        if sandbox is not None:
+            await close_sandbox(sandbox)
         self._remove_record(session)
 
     async def _reap_idle(self) -> None:
@@ -378,14 +504,13 @@ class SessionRegistry:
         return self.settings.sessions_dir / f"{session.name}.session.json"
 
     def _write_record(self, session: Session) -> None:
-        if session.handle is None:
+        if session.sandbox is None:
             return
-        km, _ = session.handle
+        sandbox = session.sandbox
         record = {
             "name": session.name,
-            "connection_file": str(km.connection_file),
-            "container": _container_of(session),
-            "kernel_id": km.kernel_id,
+            "connection_file": str(sandbox.connection_file),
+            "container": sandbox.container_name,
             "owner_pid": os.getpid(),
             "created": session.created,
         }
@@ -403,19 +528,23 @@ class SessionRegistry:
             pass
 
 
-def _death_reason(km: AsyncKernelManager) -> str | None:
-    reason = getattr(km, "death_reason", None)
-    return reason() if callable(reason) else None
+async def _no_hub(session: str, grants: frozenset[str], method: str, params: Any) -> Any:
+    raise _HubMissing()
 
 
-def _container_of(session: Session) -> str | None:
-    return getattr(session.handle[0], "container_name", None) if session.handle else None
+class _HubMissing(Exception):
+    kind = "unavailable"
+    message = "no host MCP servers are configured for this bridge"
 
 
 def _timeout_note(timeout: float, state: State, files_kept: bool = False) -> str:
     if state == "kept":
         return f"Timed out after {timeout:g} s and was interrupted; the session's variables are kept."
-    files = " Files in /workspace are kept (same sandbox)." if files_kept else ""
+    files = (
+        " Files in /workspace are kept (same sandbox)."
+        if files_kept
+        else " The sandbox did not restart in time and was discarded: files in /workspace are gone too."
+    )
     return (
         f"Timed out after {timeout:g} s and ignored the interrupt, so the kernel was restarted: "
         f"all variables and imports are lost.{files}"

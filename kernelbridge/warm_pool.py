@@ -1,9 +1,9 @@
 """The warm pool: sandboxes started ahead of need, so a new session's first call skips the cold start.
 
-A kernel in a sandbox takes ~0.6 s to start (container + ipykernel), and starts are CPU bound on
-small machines. The pool keeps ``size`` kernels started, one start at a time, and refills in the
+A sandbox takes ~0.5 s to start (container + ipykernel), and starts are CPU bound on small
+machines. The pool keeps ``size`` sandboxes started, one start at a time, and refills in the
 background whenever one is taken. It knows nothing about sessions: :mod:`kernelbridge.sessions`
-takes kernels from it and stops what is left at exit.
+takes sandboxes from it and closes what is left at exit.
 """
 
 from __future__ import annotations
@@ -13,97 +13,94 @@ import secrets
 from collections.abc import Awaitable, Callable
 
 import anyio
-from jupyter_client.asynchronous.client import AsyncKernelClient
-from jupyter_client.manager import AsyncKernelManager
+
+from kernelbridge.kernel.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
-KernelHandle = tuple[AsyncKernelManager, AsyncKernelClient]
-KernelFactory = Callable[[str], Awaitable[KernelHandle]]
-"""Starts a kernel for the given name and returns it with a connected client."""
+SandboxStarter = Callable[[str], Awaitable[Sandbox]]
+"""Starts a sandbox named after its first user (a session, or ``warm-<id>``) and returns it ready."""
 
 SHUTDOWN_TIMEOUT = 15.0
-"""Bound on stopping one kernel (a container can take seconds to stop)."""
+"""Bound on stopping one sandbox (a container can take seconds to stop)."""
 MAX_BACKOFF = 60.0
 """Longest pause between failed warm starts (a broken runtime must not make us spin)."""
 
 
-async def stop_kernel(handle: KernelHandle) -> None:
-    """Stop one kernel, bounded and shielded (also used while being cancelled)."""
-    km, kc = handle
+async def close_sandbox(sandbox: Sandbox) -> None:
+    """Stop one sandbox, bounded and shielded (also used while being cancelled)."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_TIMEOUT) as scope:
         try:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
+            await sandbox.close()
         except Exception:
-            log.exception("stopping kernel %s failed", getattr(km, "kernel_id", "?"))
+            log.exception("stopping sandbox %s failed", sandbox.name)
     if scope.cancelled_caught:
-        log.warning("kernel %s did not stop within %.0fs", getattr(km, "kernel_id", "?"), SHUTDOWN_TIMEOUT)
+        log.warning("sandbox %s did not stop within %.0fs", sandbox.name, SHUTDOWN_TIMEOUT)
 
 
 class WarmPool:
-    """Pre-started kernels. Run :meth:`run` in a task group; :meth:`take` one per new session."""
+    """Pre-started sandboxes. Run :meth:`run` in a task group; :meth:`take` one per new session."""
 
-    def __init__(self, size: int, factory: KernelFactory, start_timeout: float) -> None:
+    def __init__(self, size: int, start: SandboxStarter, start_timeout: float) -> None:
         self.size = size
-        self._factory = factory
+        self._start = start
         self._start_timeout = start_timeout
-        self._kernels: list[KernelHandle] = []
+        self._sandboxes: list[Sandbox] = []
         self._wanted = anyio.Event()
         self._changed = anyio.Event()
         self._starting = False
         self._claimed = False
 
     def __len__(self) -> int:
-        return len(self._kernels)
+        return len(self._sandboxes)
 
-    def drain(self) -> list[KernelHandle]:
-        """Hand over every pooled kernel (to be stopped); the pool is empty afterwards."""
-        kernels, self._kernels = self._kernels, []
-        return kernels
+    def drain(self) -> list[Sandbox]:
+        """Hand over every pooled sandbox (to be closed); the pool is empty afterwards."""
+        sandboxes, self._sandboxes = self._sandboxes, []
+        return sandboxes
 
-    async def take(self, name: str) -> KernelHandle:
-        """A started kernel: from the pool when one is ready, else a fresh one for ``name``."""
-        if not self._kernels and self._starting and not self._claimed:
-            # A warm kernel is half-way started (e.g. the first call right after `serve`): waiting
-            # for it beats starting a second one that competes with it for CPU. Only one caller
-            # claims it; others start their own kernels in parallel.
+    async def take(self, name: str) -> Sandbox:
+        """A started sandbox: from the pool when one is ready, else a fresh one for ``name``."""
+        if not self._sandboxes and self._starting and not self._claimed:
+            # A warm sandbox is half-way started (e.g. the first call right after `serve`):
+            # waiting for it beats starting a second one that competes with it for CPU. Only one
+            # caller claims it; others start their own in parallel.
             self._claimed = True
             try:
                 with anyio.move_on_after(self._start_timeout):
-                    while not self._kernels and self._starting:
+                    while not self._sandboxes and self._starting:
                         await self._changed.wait()
             finally:
                 self._claimed = False
-        if self._kernels:
-            handle = self._kernels.pop()
+        while self._sandboxes:
+            sandbox = self._sandboxes.pop()
             self._wanted.set()
-            if await handle[0].is_alive():
-                return handle
-            await stop_kernel(handle)
+            if sandbox.alive:
+                return sandbox
+            await close_sandbox(sandbox)
         self._wanted.set()
         with anyio.fail_after(self._start_timeout + SHUTDOWN_TIMEOUT):
-            return await self._factory(name)
+            return await self._start(name)
 
     async def run(self) -> None:
-        """Keep ``size`` kernels started, one start at a time (starts are CPU bound)."""
+        """Keep ``size`` sandboxes started, one start at a time (starts are CPU bound)."""
         failures = 0
         while True:
-            while len(self._kernels) < self.size:
+            while len(self._sandboxes) < self.size:
                 self._starting = True
                 try:
                     with anyio.fail_after(self._start_timeout + SHUTDOWN_TIMEOUT):
-                        handle = await self._factory(f"warm-{secrets.token_hex(4)}")
+                        sandbox = await self._start(f"warm-{secrets.token_hex(4)}")
                 except Exception as exc:
                     self._starting = False
                     self._notify()
                     failures += 1
-                    log.warning("starting a warm kernel failed (%d): %s", failures, exc)
+                    log.warning("starting a warm sandbox failed (%d): %s", failures, exc)
                     # Don't spin on a broken runtime; a session's own start will report the error.
                     await anyio.sleep(min(2.0**failures, MAX_BACKOFF))
                     continue
                 failures = 0
-                self._kernels.append(handle)
+                self._sandboxes.append(sandbox)
                 self._starting = False
                 self._notify()
             self._wanted = anyio.Event()

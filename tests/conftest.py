@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from kernelbridge.config import load_settings
-from kernelbridge.runtime import SESSION_LABEL, detect_runtime, pid_alive
+from kernelbridge.runtime import SESSION_LABEL, cli_runtime, pid_alive
 
 # Containers end asynchronously (`--rm` after the agent exits); give them this long to go.
 LEFTOVER_GRACE = 20.0
@@ -21,8 +21,8 @@ def leftover_containers() -> list[str]:
     (a bridge started by a test). Containers of a developer's live bridge are not ours."""
     import os
 
-    runtime = detect_runtime(load_settings())
-    containers = anyio.run(runtime.list_containers, {SESSION_LABEL: ""})
+    runtime = cli_runtime(load_settings())
+    containers = anyio.run(runtime.list, {SESSION_LABEL: ""})
     return [
         c.name
         for c in containers

@@ -20,7 +20,13 @@ def kernelspec_dict() -> dict[str, Any]:
     provisioner replaces it with the tunnel command. Interrupts go through the control channel
     (message mode), which needs no signal to cross the container wall."""
     return {
-        "argv": [sys.executable, "-m", "kernelbridge.tunnel", "--connection-file", "{connection_file}"],
+        "argv": [
+            sys.executable,
+            "-m",
+            "kernelbridge.kernel.tunnel_process",
+            "--connection-file",
+            "{connection_file}",
+        ],
         "display_name": DISPLAY_NAME,
         "language": "python",
         "interrupt_mode": "message",

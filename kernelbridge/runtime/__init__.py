@@ -1,9 +1,10 @@
-"""Container runtimes: which one runs sandboxes here, and why.
+"""Container runtimes behind one interface of streams (see :mod:`kernelbridge.runtime.base`).
 
-:func:`open_runtime` is the one place that decides, from the settings, between the engine API
-(``engine.EngineRuntime``: dockerd or ``podman system service``, local or remote, or several
-engines with least-loaded placement) and the command line (``cli.CliRuntime``, the fallback),
-and records the reason in one line for ``doctor``. ``KERNELBRIDGE_RUNTIME``:
+:func:`open_runtime` is the only place that decides which backend serves a bridge; nothing else
+branches on runtime names. It picks the engine API (``engine.EngineRuntime``: dockerd or
+``podman system service``, local or remote, or several engines with least-loaded placement) when
+an engine answers, else the command line (``cli.CliRuntime``, the fallback), and records why in
+one line (:func:`open_selection` hands out the reason, for ``doctor``). ``KERNELBRIDGE_RUNTIME``:
 
 ==============  ==================================================================================
 (unset)         an engine API that answers: ``CONTAINER_HOST``, ``DOCKER_HOST``, podman's system
@@ -17,16 +18,16 @@ and records the reason in one line for ``doctor``. ``KERNELBRIDGE_RUNTIME``:
 ==============  ==================================================================================
 
 ``KERNELBRIDGE_ENGINES`` (URLs) puts several engines behind one backend
-(``engine_placement.EngineSet``). ``detect_runtime`` (the CLI runtimes of ``oci.py``) stays for
-the callers that have not moved to the stream seam yet.
+(``engine_placement.EngineSet``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ import anyio
 from kernelbridge.config import Settings
 from kernelbridge.errors import ConfigError, RuntimeUnavailable
 from kernelbridge.runtime.base import (
+    HOST_LABEL,
     OWNER_LABEL,
     SESSION_LABEL,
     ContainerInfo,
@@ -44,27 +46,26 @@ from kernelbridge.runtime.base import (
     RuntimeBackend,
     RuntimeInfo,
 )
-from kernelbridge.runtime.docker import DockerRuntime
+from kernelbridge.runtime.cli import CliRuntime
 from kernelbridge.runtime.engine_endpoint import Engine
-from kernelbridge.runtime.oci import OciCliRuntime
-from kernelbridge.runtime.podman import PodmanRuntime, cgroup_layout, default_oci_runtime
+from kernelbridge.runtime.podman import cgroup_layout, default_oci_runtime
 
 __all__ = [
+    "HOST_LABEL",
     "OWNER_LABEL",
     "SESSION_LABEL",
+    "CliRuntime",
     "ContainerInfo",
     "ContainerSpec",
     "ContainerState",
     "ContainerStream",
-    "DockerRuntime",
-    "OciCliRuntime",
-    "PodmanRuntime",
     "RuntimeBackend",
     "RuntimeInfo",
     "Selection",
     "cgroup_layout",
-    "detect_runtime",
+    "cli_runtime",
     "open_runtime",
+    "open_selection",
     "pid_alive",
     "reap_orphans",
     "select_runtime",
@@ -79,20 +80,34 @@ class Selection:
     reason: str
 
 
-@asynccontextmanager
-async def open_runtime(settings: Settings) -> AsyncIterator[Selection]:
-    """``async with open_runtime(settings) as selected``: ``selected.backend`` runs sandboxes,
-    ``selected.reason`` says why it was picked; the backend (and any engine service or ssh
-    forward it started) is closed on exit.
+@contextlib.asynccontextmanager
+async def open_runtime(settings: Settings) -> AsyncIterator[RuntimeBackend]:
+    """The runtime backend for ``settings``, open for the duration of the block.
 
-    Raises RuntimeUnavailable when nothing can run sandboxes, ConfigError on contradicting settings.
+    Raises RuntimeUnavailable when no runtime can be used, ConfigError on contradicting settings.
     """
+    async with open_selection(settings) as selection:
+        yield selection.backend
+
+
+@contextlib.asynccontextmanager
+async def open_selection(settings: Settings) -> AsyncIterator[Selection]:
+    """Like :func:`open_runtime`, with the reason the backend was picked. The backend (and any
+    engine service or ssh forward it started) is closed on exit."""
     selection = await select_runtime(settings)
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        enter = getattr(selection.backend, "__aenter__", None)
+        if enter is not None:
+            # Backends that own a task group (the CLI's) must be entered; closing is their exit.
+            await stack.enter_async_context(selection.backend)  # type: ignore[arg-type]
+        else:
+            stack.push_async_callback(_close, selection.backend)
         yield selection
-    finally:
-        with anyio.CancelScope(shield=True):
-            await selection.backend.aclose()
+
+
+async def _close(backend: RuntimeBackend) -> None:
+    with anyio.CancelScope(shield=True):
+        await backend.aclose()
 
 
 def _split(runtime: str | None) -> tuple[list[Engine], str]:
@@ -104,7 +119,8 @@ def _split(runtime: str | None) -> tuple[list[Engine], str]:
 
 
 async def select_runtime(settings: Settings) -> Selection:
-    """Pick and open the runtime (see the module docstring). The caller closes ``backend``."""
+    """Pick and open the runtime (see the module docstring); the caller closes (or enters and
+    exits) ``backend``. Prefer :func:`open_runtime`."""
     from kernelbridge.runtime import engine_connect as connect
 
     engines, mode = _split(settings.runtime)
@@ -140,7 +156,7 @@ async def select_runtime(settings: Settings) -> Selection:
                     return Selection(runtime, why)
         if mode == "api":
             raise RuntimeUnavailable(f"no {' or '.join(engines)} engine answers: {'; '.join(tried)}")
-    why = "no engine socket answered" if tried else "chosen by KERNELBRIDGE_RUNTIME"
+    why = "no engine socket answered" if tried else f"KERNELBRIDGE_RUNTIME={settings.runtime}"
     for engine in engines:
         backend = _cli_backend(engine)
         if backend is not None:
@@ -172,33 +188,29 @@ async def _engine_set(settings: Settings, wanted: list[Engine]) -> Selection:
     return Selection(EngineSet(opened), f"{len(opened)} engines, least-loaded placement: {urls}")
 
 
-def _cli_backend(engine: Engine) -> RuntimeBackend | None:
-    """The lead's CLI backend over the stream seam, when ``engine``'s executable is installed."""
-    executable = shutil.which(engine)
-    if executable is None:
+def _cli_backend(engine: Engine) -> CliRuntime | None:
+    """The CLI backend of ``engine`` when its executable is installed (not yet entered)."""
+    path = shutil.which(engine)
+    if not path:
         return None
-    try:
-        from kernelbridge.runtime.cli import CliRuntime  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return CliRuntime(engine=engine)  # type: ignore[no-any-return]
+    if engine == "podman":
+        return CliRuntime(engine="podman", executable=path, oci_runtime=default_oci_runtime())
+    return CliRuntime(engine="docker", executable=path)
 
 
-def detect_runtime(settings: Settings) -> OciCliRuntime:
-    """The configured runtime's CLI, else podman when installed, else docker (the old seam).
+def cli_runtime(settings: Settings) -> CliRuntime:
+    """The CLI backend of the configured engine, else podman when installed, else docker
+    (for callers that need the CLI whatever the settings, e.g. the test suite's leftover check).
 
-    Raises RuntimeUnavailable when none is installed.
+    Raises RuntimeUnavailable when neither is installed.
     """
-    wanted = [settings.runtime.partition("-")[0]] if settings.runtime else ["podman", "docker"]
-    for name in wanted:
-        path = shutil.which(name)
-        if not path:
-            continue
-        if name == "podman":
-            return PodmanRuntime(executable=path, oci_runtime=default_oci_runtime())
-        return DockerRuntime(executable=path)
+    engines, _ = _split(settings.runtime)
+    for engine in engines:
+        backend = _cli_backend(engine)
+        if backend is not None:
+            return backend
     raise RuntimeUnavailable(
-        f"no container runtime found ({' or '.join(wanted)} not on PATH); "
+        f"no container runtime found ({' or '.join(engines)} not on PATH); "
         "install podman (apt-get install podman runc) or run `make setup` as root"
     )
 
@@ -213,16 +225,17 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-async def reap_orphans(settings: Settings, runtime: OciCliRuntime | None = None) -> int:
+async def reap_orphans(runtime: RuntimeBackend) -> int:
     """Remove sandbox containers whose owning bridge process is gone (e.g. it was SIGKILLed).
 
+    Only containers of this host are considered (an engine may be shared by several machines).
     Returns how many were removed. Containers of live bridges are left alone.
     """
-    runtime = runtime or detect_runtime(settings)
+    here = socket.gethostname()
     orphans = [
-        c.name
-        for c in await runtime.list_containers({SESSION_LABEL: ""})
-        if c.owner_pid is None or not pid_alive(c.owner_pid)
+        c.id or c.name
+        for c in await runtime.list({SESSION_LABEL: ""})
+        if c.owner_host in ("", here) and (c.owner_pid is None or not pid_alive(c.owner_pid))
     ]
     await runtime.remove(orphans)
     return len(orphans)

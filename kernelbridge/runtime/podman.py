@@ -1,33 +1,9 @@
-"""podman: the default runtime."""
+"""Facts about podman on this host that decide how it must be driven (read from files, fast)."""
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
-
-from kernelbridge.runtime.oci import OciCliRuntime
-
-
-@dataclass
-class PodmanRuntime(OciCliRuntime):
-    name: str = "podman"
-    executable: str = "podman"
-    oci_runtime: str | None = field(default=None)
-    """``--runtime`` to force (e.g. ``runc``), or None for podman's default."""
-
-    def extra_flags(self) -> list[str]:
-        # passthrough hands the container's stdio straight to us: measured fastest, and the
-        # default k8s-file driver would also write every output of the kernel to disk.
-        flags = ["--log-driver", "passthrough"]
-        if self.oci_runtime:
-            flags += ["--runtime", self.oci_runtime]
-        return flags
-
-    def remove_flags(self) -> list[str]:
-        # Without --ignore, podman stops at the first name that is already gone and leaves the
-        # rest; `-t 0` kills at once instead of waiting out the stop timeout.
-        return ["--ignore", "--time", "0"]
 
 
 def cgroup_layout() -> str:

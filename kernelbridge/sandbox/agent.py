@@ -9,7 +9,12 @@ It owns the container end of the tunnel:
 3. proves that iopub delivers (kernel_info_request until its iopub status arrives) before it
    sends ``ready``; otherwise the first cell's outputs could be lost to ZMQ's slow joiner;
 4. relays every kernel message as a ``kernel`` frame, and host frames to the kernel, until the
-   kernel exits (``exit`` frame with its status) or the host says ``shutdown`` / closes stdin.
+   kernel exits (``exit`` frame with its status) or the host says ``shutdown`` / closes stdin;
+5. relays the kernel's host MCP calls (``rpc_relay.py``) and serves the host's file requests on
+   /workspace (``files.py``).
+
+It runs as the container's PID 1 (``init.py``: no init process may hold the frame pipes where
+kernel code can reach them), non-dumpable, and reaps orphaned processes.
 
 Depends on the standard library, pyzmq and ``kernelbridge.frames`` only. Messages are signed
 with the kernel's key but not verified: the agent and the kernel share one trust domain (the
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -37,6 +41,8 @@ from typing import Any
 import zmq
 
 from kernelbridge import frames
+from kernelbridge.sandbox import files, init
+from kernelbridge.sandbox.rpc_relay import RpcRelay, kernel_env
 
 AGENT_HASH_FILE = Path(__file__).with_name("AGENT_HASH")
 HELLO_TIMEOUT = 30.0
@@ -49,6 +55,14 @@ KERNEL_INFO_RETRY = 0.05
 SHUTDOWN_GRACE = 2.0
 SHUTDOWN_REPLY_GRACE = 0.5
 MAX_LOG_LINE = 2000
+# Why 200 lines per 10 s: the kernel's own fd 1/2 (C extensions, os.write) becomes log frames, and
+# kernel code can write there without end; the host must not turn that into a log flood.
+LOG_BURST = 200
+LOG_WINDOW = 10.0
+REAP_EVERY = 1.0
+PYTHONPATH_DIR = Path(__file__).with_name("pythonpath")
+"""Put on the kernel's PYTHONPATH: the ``mcp`` package that sandbox code imports."""
+KERNEL_EXTENSIONS = ("kernelbridge.sandbox.shell_setup", "mcp._ipython")
 RESTARTED = -1
 """handle_host_frames' answer after a restart frame replaced the kernel (not an exit status)."""
 CHANNEL_OF_PORT = {"shell": "shell_port", "control": "control_port", "stdin": "stdin_port"}
@@ -67,6 +81,12 @@ class Agent:
         self.sockets: dict[str, zmq.Socket[bytes]] = {}
         self.key = b""
         self.session_id = uuid.uuid4().hex
+        self.rpc: RpcRelay | None = None
+        self.terminating = False
+        self._log_window_start = time.monotonic()
+        self._log_count = 0
+        self._log_suppressed = 0
+        self._next_reap = 0.0
 
     # -- output ---------------------------------------------------------------------------
     def send(self, frame: frames.Frame) -> None:
@@ -74,11 +94,36 @@ class Agent:
         self._out.flush()
 
     def log(self, message: str, level: str = "info") -> None:
+        """A log frame for the host, rate-limited: past LOG_BURST lines in a window the rest are
+        counted and reported once when the window ends."""
+        now = time.monotonic()
+        if now - self._log_window_start > LOG_WINDOW:
+            if self._log_suppressed:
+                suppressed, self._log_suppressed = self._log_suppressed, 0
+                self.send(
+                    {"type": frames.LOG, "level": "warning", "message": f"{suppressed} log lines suppressed"}
+                )
+            self._log_window_start, self._log_count = now, 0
+        self._log_count += 1
+        if self._log_count > LOG_BURST:
+            self._log_suppressed += 1
+            return
         self.send({"type": frames.LOG, "level": level, "message": message[:MAX_LOG_LINE]})
 
-    def fail(self, reason: str, status: int = 1) -> int:
-        self.send({"type": frames.EXIT, "status": status, "reason": reason})
+    def send_exit(self, status: int | None, kind: str, reason: str) -> None:
+        self.send({"type": frames.EXIT, "status": status, "kind": kind, "reason": reason})
+
+    def fail(self, reason: str, status: int = 1, kind: str = frames.EXIT_START_FAILED) -> int:
+        self.send_exit(status, kind, reason)
         return status
+
+    @property
+    def workdir(self) -> str:
+        return os.environ.get("KERNELBRIDGE_WORKDIR") or os.getcwd()
+
+    def request_termination(self) -> None:
+        """SIGTERM/SIGHUP (from the signal handler): stop the kernel and leave at the next turn."""
+        self.terminating = True
 
     # -- start-up ------------------------------------------------------------------------
     def read_hello(self) -> frames.Frame | None:
@@ -97,7 +142,7 @@ class Agent:
         baked = baked_agent_hash() or "unknown"
         if expected and expected != baked:
             return (
-                f"agent_mismatch: the sandbox image carries agent {baked[:12]} but this kernelbridge "
+                f"the sandbox image carries agent {baked[:12]} but this kernelbridge "
                 f"expects {expected[:12]}; rebuild it with `kernelbridge image build`"
             )
         return None
@@ -136,22 +181,31 @@ class Agent:
             "--HistoryManager.enabled=False",
             # Bounded output messages and a per-cell cap: see kernelbridge/sandbox/outstream.py.
             "--IPKernelApp.outstream_class=kernelbridge.sandbox.outstream.CappedOutStream",
-            # Stops IPython 9 from keeping every printed byte for the kernel's lifetime.
-            '--IPKernelApp.extensions=["kernelbridge.sandbox.shell_setup"]',
+            # shell_setup stops IPython 9 from keeping every printed byte for the kernel's
+            # lifetime; mcp._ipython binds the host-MCP sandbox API (`runtime`, `mcp_servers`...).
+            f"--IPKernelApp.extensions={json.dumps(list(KERNEL_EXTENSIONS))}",
         ]
+        self.rpc = RpcRelay(self.send, self.log)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHONPATH_DIR), env.get("PYTHONPATH")]))
+        env.update(kernel_env(self.rpc))
         self.kernel = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            cwd=os.environ.get("KERNELBRIDGE_WORKDIR", os.getcwd()),
+            cwd=self.workdir,
+            env=env,
+            pass_fds=(self.rpc.kernel_fd,),
             # The agent ignores SIGINT, and an ignored signal stays ignored across exec: give the
-            # kernel the default disposition back so that interrupts reach it.
-            preexec_fn=_default_sigint,
+            # kernel the default disposition back so that interrupts reach it; and the kernel
+            # never outlives the agent.
+            preexec_fn=_prepare_kernel_process,
             # Its own process group: ipykernel interrupts by signalling its whole group, which
             # must reach the user's subprocesses but not the agent.
             start_new_session=True,
         )
+        self.rpc.kernel_started()
         for channel, port_key in CHANNEL_OF_PORT.items():
             sock = self.ctx.socket(zmq.DEALER)
             # ipykernel sends input_request to the identity that sent the execute_request on
@@ -254,28 +308,59 @@ class Agent:
             poller.register(sock, zmq.POLLIN)
             channel_of[sock] = channel
         poller.register(self._stdin, zmq.POLLIN)
-        assert self.kernel is not None and self.kernel.stdout is not None
+        assert self.kernel is not None and self.kernel.stdout is not None and self.rpc is not None
         kernel_out = self.kernel.stdout.fileno()
         os.set_blocking(kernel_out, False)
         poller.register(kernel_out, zmq.POLLIN)
+        rpc = self.rpc
+        rpc_events = 0
         while True:
+            if self.terminating:
+                self.stop_kernel()
+                self.send_exit(0, frames.EXIT_SHUTDOWN, "stopped by SIGTERM")
+                return 0
             status = self.handle_host_frames()  # frames queued behind the hello come first
             if status is not None:
                 return None if status == RESTARTED else status
-            for sock, _ in poller.poll(200):
+            wanted = 0 if rpc.closed else zmq.POLLIN | (zmq.POLLOUT if rpc.wants_write else 0)
+            if wanted != rpc_events:
+                if rpc_events:
+                    poller.unregister(rpc.fd)
+                if wanted:
+                    poller.register(rpc.fd, wanted)
+                rpc_events = wanted
+            for sock, event in poller.poll(200):
                 if sock == self._stdin:
                     self.read_stdin()
                 elif sock == kernel_out:
                     self.forward_kernel_output(kernel_out)
+                elif rpc_events and sock == rpc.fd:
+                    if event & zmq.POLLOUT:
+                        rpc.on_writable()
+                    if event & zmq.POLLIN:
+                        rpc.on_readable()
+                    if rpc.closed:
+                        poller.unregister(rpc.fd)
+                        rpc_events = 0
                 elif (received := self.receive_from_kernel(sock)) is not None:
                     msg, buffers = received
                     self.send(frames.kernel_frame(channel_of[sock], msg, buffers))
                     self.note_shutdown_reply(msg)
             if self._kill_at is not None and time.monotonic() > self._kill_at:
                 self.stop_kernel()
+            self.reap()
             if self.kernel.poll() is not None:
                 self.forward_kernel_output(kernel_out)
                 return self.report_kernel_exit()
+
+    def reap(self) -> None:
+        """As PID 1, wait for orphaned processes (never the kernel: its Popen does that)."""
+        now = time.monotonic()
+        if now < self._next_reap or not init.is_init():
+            return
+        self._next_reap = now + REAP_EVERY
+        keep = {self.kernel.pid} if self.kernel is not None else set()
+        init.reap_orphans(keep)
 
     def note_shutdown_reply(self, msg: dict[str, Any]) -> None:
         """ipykernel sometimes lingers for seconds after answering shutdown_request; the host
@@ -303,14 +388,28 @@ class Agent:
             elif kind == frames.INTERRUPT and self.kernel is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.kernel.pid, signal.SIGINT)
+            elif kind == frames.RPC_RESPONSE and self.rpc is not None:
+                self.rpc.deliver(frame)
+            elif kind == frames.FS_REQUEST:
+                self.serve_file_request(frame)
             elif kind == frames.RESTART:
                 return self.restart_kernel()
             elif kind == frames.SHUTDOWN:
                 self.stop_kernel()
-                self.send({"type": frames.EXIT, "status": 0, "reason": "shutdown requested"})
+                self.send_exit(0, frames.EXIT_SHUTDOWN, "shutdown requested")
                 return 0
             else:
                 self.log(f"ignored {kind} frame", "debug")
+
+    def serve_file_request(self, frame: frames.Frame) -> None:
+        answer: frames.Frame = {"type": frames.FS_RESPONSE, "id": frame.get("id")}
+        try:
+            answer["result"] = files.handle(self.workdir, frame.get("op"), frame)
+        except files.FsError as exc:
+            answer["error"] = {"kind": exc.kind, "message": exc.message}
+        except Exception as exc:  # an agent bug must not end the relay
+            answer["error"] = {"kind": "io_error", "message": f"{type(exc).__name__}: {exc}"[:500]}
+        self.send(answer)
 
     def forward_kernel_output(self, fd: int) -> None:
         try:
@@ -324,11 +423,14 @@ class Agent:
     def report_kernel_exit(self) -> int:
         assert self.kernel is not None
         status = self.kernel.returncode
+        kind = frames.EXIT_KERNEL_DIED
         if self._kill_at is not None:  # it had answered a shutdown_request: a clean exit
-            status, reason = 0, "shut down on request"
+            status, reason, kind = 0, "shut down on request", frames.EXIT_SHUTDOWN
         else:
             reason = describe_exit(status)
-        self.send({"type": frames.EXIT, "status": status, "reason": reason})
+            if status == -signal.SIGKILL and _oom_killed():
+                kind = frames.EXIT_OOM
+        self.send_exit(status, kind, reason)
         return 0
 
     def stop_kernel(self) -> None:
@@ -353,12 +455,14 @@ class Agent:
                 self.kernel.wait()
             if self.kernel.stdout is not None:
                 self.kernel.stdout.close()  # one pipe per kernel: don't leak it across restarts
+        if self.rpc is not None:
+            self.rpc.close()  # calls of the old kernel die with it; the new one gets a new socket
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.sockets.clear()
         self._kill_at = None
         failure = self.boot_kernel()
-        return RESTARTED if failure is None else self.fail(failure, 4)
+        return RESTARTED if failure is None else self.fail(failure, 4, frames.EXIT_KERNEL_DIED)
 
     def boot_kernel(self) -> str | None:
         """Start a kernel, prove iopub delivers and say ``ready``; else the reason it failed."""
@@ -394,11 +498,11 @@ class Agent:
             return self.fail("no valid hello frame on stdin within 30 s", 2)
         mismatch = self.check_agent_hash(hello.get("agent_hash"))
         if mismatch:
-            return self.fail(mismatch, 3)
+            return self.fail(mismatch, 3, frames.EXIT_AGENT_MISMATCH)
         self.key = str(hello.get("key", "")).encode()
         failure = self.boot_kernel()
         if failure is not None:
-            return self.fail(failure, 4)
+            return self.fail(failure, 4, frames.EXIT_KERNEL_DIED)
         try:
             return self.relay()
         finally:
@@ -419,8 +523,6 @@ def describe_exit(status: int | None) -> str:
     reason = f"killed by {name}"
     if status == -signal.SIGKILL and _oom_killed():
         reason += " (out of memory: the sandbox's memory limit was reached)"
-    elif status == -signal.SIGKILL:
-        reason += " (most likely out of memory)"
     return reason
 
 
@@ -472,24 +574,19 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _default_sigint() -> None:
+def _prepare_kernel_process() -> None:
+    """preexec_fn of the kernel: default SIGINT (the agent ignores it) and die with the agent."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _make_undumpable() -> None:
-    """Make /proc/<agent>/fd unreachable for the kernel (same uid): PR_SET_DUMPABLE=0 hands
-    ownership of our /proc entries to root, so user code cannot write into the frame stream."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except OSError:
-        pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    init.die_with_parent()
 
 
 def main() -> None:
-    _make_undumpable()
+    init.make_undumpable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for the kernel, not for us
     agent = Agent()
+    init.on_terminate(agent.request_termination)
     try:
         status = agent.run()
     except BrokenPipeError:

@@ -185,7 +185,8 @@ async def test_stop_and_remove_are_idempotent(backend: RuntimeBackend, sandbox_i
         await backend.remove([container, "kbtest-no-such-container"])  # gone: not an error
         await backend.stop(container)
         assert await backend.inspect(container) is None
-    assert info.exit_code in (143, 137, 0)  # type: ignore[attr-defined]
+    # 128 + SIGTERM/SIGKILL from an engine; the local double reports a signal as -N (Popen's way).
+    assert info.exit_code in (143, 137, -15, -9)  # type: ignore[attr-defined]
 
 
 async def test_remove_while_running_ends_the_stream(backend: RuntimeBackend, sandbox_image: str) -> None:

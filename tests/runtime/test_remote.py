@@ -31,7 +31,7 @@ from runtime_harness import (
 
 from kernelbridge.config import EngineSettings, Settings
 from kernelbridge.errors import RuntimeUnavailable
-from kernelbridge.runtime import ContainerState, open_runtime
+from kernelbridge.runtime import ContainerState, open_runtime, open_selection
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman, pytest.mark.slow]
 
@@ -97,7 +97,7 @@ async def test_podman_service_over_tcp(netns: NetNs, tmp_path: Path) -> None:
             state_dir=tmp_path / "state", runtime="podman-api", engine=EngineSettings(container_host=url)
         )
         with anyio.fail_after(STEP):
-            async with open_runtime(settings) as selected:
+            async with open_selection(settings) as selected:
                 assert selected.reason == f"podman API at {url} (CONTAINER_HOST)"
                 backend = selected.backend
                 await backend.import_image(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
@@ -125,7 +125,7 @@ async def test_dockerd_over_tls(netns: NetNs, tmp_path: Path) -> None:
         engine = EngineSettings(docker_host=url, tls_verify=True, cert_path=tls)
         settings = Settings(state_dir=tmp_path / "state", runtime="docker-api", engine=engine)
         with anyio.fail_after(STEP * 2):
-            async with open_runtime(settings) as selected:
+            async with open_selection(settings) as selected:
                 assert selected.reason == f"docker API at https://{netns.ns_ip}:2376 (DOCKER_HOST)"
                 backend = selected.backend
                 await backend.import_image(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])

@@ -24,7 +24,7 @@ from runtime_harness import (
 
 from kernelbridge.config import EngineSettings, Settings
 from kernelbridge.errors import ConfigError, RuntimeUnavailable
-from kernelbridge.runtime import ContainerState, open_runtime
+from kernelbridge.runtime import ContainerState, open_runtime, open_selection
 from kernelbridge.runtime.engine import EngineRuntime
 from kernelbridge.runtime.engine_endpoint import system_sockets
 from kernelbridge.runtime.engine_placement import EngineSet
@@ -60,7 +60,7 @@ async def test_podman_api_of_our_own(tmp_path: Path, sandbox_image: str) -> None
     if any(ping(f"unix://{path}") for path in system_sockets("podman")):
         pytest.skip("a podman system service answers here: it would be picked instead")
     with anyio.fail_after(STEP):
-        async with open_runtime(settings(tmp_path, "podman-api")) as selected:
+        async with open_selection(settings(tmp_path, "podman-api")) as selected:
             runtime = selected.backend
             assert isinstance(runtime, EngineRuntime)
             assert selected.reason.startswith("podman API at unix://")
@@ -79,7 +79,7 @@ async def test_podman_api_of_our_own(tmp_path: Path, sandbox_image: str) -> None
 
 async def test_docker_host_is_honoured(tmp_path: Path, docker_url: str, sandbox_image: str) -> None:
     with anyio.fail_after(STEP):
-        async with open_runtime(settings(tmp_path, "docker", docker_host=docker_url)) as selected:
+        async with open_selection(settings(tmp_path, "docker", docker_host=docker_url)) as selected:
             assert selected.backend.name == "docker-api"
             assert selected.reason == f"docker API at {docker_url} (DOCKER_HOST)"
             info = await selected.backend.info()
@@ -109,6 +109,18 @@ async def test_docker_api_without_any_engine(tmp_path: Path) -> None:
             pass
 
 
+async def test_the_cli_as_fallback_says_why(tmp_path: Path) -> None:
+    if any(ping(f"unix://{path}") for path in system_sockets("docker")):
+        pytest.skip("a dockerd answers on the system socket")
+    with anyio.fail_after(STEP):
+        async with open_selection(settings(tmp_path, "docker")) as selected:
+            assert selected.backend.name == "docker-cli"
+            assert selected.reason == "docker CLI: no engine socket answered"
+        async with open_selection(settings(tmp_path, "podman-cli")) as selected:
+            assert selected.backend.name == "podman-cli"
+            assert selected.reason == "podman CLI: KERNELBRIDGE_RUNTIME=podman-cli"
+
+
 async def test_engines_with_the_cli_is_a_contradiction(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="needs the engine API"):
         async with open_runtime(settings(tmp_path, "podman-cli", urls=("unix:///x",))):
@@ -130,7 +142,7 @@ def private_podman() -> Iterator[str]:
 async def test_least_loaded_placement(tmp_path: Path, private_podman: str, docker_url: str) -> None:
     urls = (private_podman, docker_url)
     with anyio.fail_after(STEP * 2):
-        async with open_runtime(settings(tmp_path, urls=urls)) as selected:
+        async with open_selection(settings(tmp_path, urls=urls)) as selected:
             engines = selected.backend
             assert isinstance(engines, EngineSet)
             assert selected.reason == f"2 engines, least-loaded placement: {private_podman}, {docker_url}"
@@ -180,7 +192,7 @@ async def test_placement_skips_an_engine_that_stopped(tmp_path: Path, docker_url
     try:
         urls = (f"unix://{directory}/p.sock", docker_url)
         with anyio.fail_after(STEP):
-            async with open_runtime(settings(tmp_path, urls=urls)) as selected:
+            async with open_selection(settings(tmp_path, urls=urls)) as selected:
                 engines = selected.backend
                 assert isinstance(engines, EngineSet)
                 service.stop()

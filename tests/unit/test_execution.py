@@ -9,8 +9,8 @@ from typing import Any
 from kernelbridge.execution import (
     MAX_DISPLAYS,
     BoundedText,
+    Cell,
     CellOutputs,
-    CellRun,
     compact_traceback,
     cut_middle,
     finish_cell,
@@ -133,15 +133,15 @@ def test_input_gets_a_plain_message() -> None:
     assert out.error is not None and "input() is not available" in out.error.traceback
 
 
-class _NoClient:
-    pass
-
-
 def finished(script: list[tuple[str, dict[str, Any]]], reply: dict[str, Any]) -> Any:
-    run = CellRun(_NoClient(), "m1", 1000)  # type: ignore[arg-type]
-    messages(run.outputs, script)
-    run.idle, run.reply = True, reply
-    return finish_cell(run, session="s", status="ok", state="kept", notes=[])
+    cell = Cell("m1", 1000)
+    cell.on_iopub("status", {"execution_state": "busy"})
+    for msg_type, content in script:
+        cell.on_iopub(msg_type, content)
+    cell.on_iopub("status", {"execution_state": "idle"})
+    cell.on_reply(reply)
+    assert cell.done
+    return finish_cell(cell, session="s", status="ok", state="kept", notes=[])
 
 
 def test_finish_cell_ok_and_error() -> None:

@@ -1,7 +1,6 @@
-"""The session registry driving plain local ipykernels (the injected factory seam, no podman).
-
-Fast checks of the policy: ordering within a session, parallelism across sessions, timeouts,
-cancellation, death, limits, idle reaping, the warm pool and session records. The same
+"""The session registry over the local test-double runtime (the agent as a plain subprocess, no
+podman): fast checks of the policy: ordering within a session, parallelism across sessions,
+timeouts, cancellation, death, limits, idle reaping, the warm pool and session records. The same
 behaviours are checked end to end through real sandboxes in tests/integration/test_server*.py.
 """
 
@@ -10,18 +9,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import anyio
 import pytest
-from jupyter_client.manager import AsyncKernelManager
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
 from kernelbridge.notebook import read_journal
-from kernelbridge.sessions import KernelHandle, SessionRegistry, validate_session_name
+from kernelbridge.runtime import ContainerSpec
+from kernelbridge.runtime.local import LocalProcessRuntime
+from kernelbridge.sessions import SessionRegistry, validate_session_name
 
 pytestmark = pytest.mark.anyio
 
@@ -31,10 +32,11 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class LocalKernels:
-    """A kernel factory of unsandboxed local ipykernels; records which it started and stopped."""
+class TrackingRuntime(LocalProcessRuntime):
+    """The local test double, recording which sandboxes it started and removed."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.started: list[str] = []
         self.stopped = 0
         self.changed = anyio.Event()
@@ -47,23 +49,18 @@ class LocalKernels:
         while len(self.started) < started or self.stopped < stopped:
             await self.changed.wait()
 
-    async def __call__(self, name: str) -> KernelHandle:
-        kernels = self
-
-        class TrackedKernelManager(AsyncKernelManager):
-            async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
-                await super().shutdown_kernel(now=now, restart=restart)
-                kernels.stopped += 1
-                kernels._changed()
-
-        km = TrackedKernelManager(kernel_name="python3")
-        await km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
-        kc = km.client()
-        kc.start_channels()
-        await kc.wait_for_ready(timeout=30)
-        self.started.append(name)
+    async def create(self, spec: ContainerSpec) -> str:
+        cid = await super().create(spec)
+        self.started.append(spec.session)
         self._changed()
-        return km, kc
+        return cid
+
+    async def remove(self, containers: list[str]) -> None:
+        known = [c for c in containers if c in self._containers]
+        await super().remove(containers)
+        self.stopped += len(known)
+        if known:
+            self._changed()
 
 
 @pytest.fixture
@@ -71,9 +68,20 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(state_dir=tmp_path, warm_pool=0, max_sessions=3)
 
 
+@asynccontextmanager
+async def open_registry(
+    settings: Settings, runtime: TrackingRuntime | None = None
+) -> AsyncIterator[SessionRegistry]:
+    async with (
+        runtime or TrackingRuntime() as backend,
+        SessionRegistry(settings, backend, image="test-double", agent_hash=None) as registry,
+    ):
+        yield registry
+
+
 @pytest.fixture
 async def registry(settings: Settings) -> AsyncIterator[SessionRegistry]:
-    async with SessionRegistry(settings, LocalKernels()) as reg:
+    async with open_registry(settings) as reg:
         yield reg
 
 
@@ -136,7 +144,7 @@ async def test_dead_kernel_is_reported_and_replaced(registry: SessionRegistry) -
         assert (died.status, died.state) == ("kernel_died", "lost")
         fresh = await registry.run("a", "'x' in globals()", timeout=10)
     assert fresh.result == "False"
-    assert any("fresh kernel" in note for note in fresh.notes)
+    assert any("started a fresh one" in note for note in fresh.notes)
 
 
 async def test_max_sessions_and_bad_names(registry: SessionRegistry) -> None:
@@ -161,14 +169,14 @@ async def test_session_record_lives_while_the_session_does(
         record_file = settings.sessions_dir / "rec.session.json"
         record = json.loads(record_file.read_text())
         assert record["name"] == "rec" and await anyio.Path(record["connection_file"]).exists()
-        assert set(record) == {"name", "connection_file", "container", "kernel_id", "owner_pid", "created"}
+        assert set(record) == {"name", "connection_file", "container", "owner_pid", "created"}
         await registry.close("rec")
     assert not record_file.exists()
 
 
 async def test_idle_sessions_are_closed(settings: Settings) -> None:
-    kernels = LocalKernels()
-    async with SessionRegistry(replace(settings, idle_timeout=0.5), kernels) as registry:
+    kernels = TrackingRuntime()
+    async with open_registry(replace(settings, idle_timeout=0.5), kernels) as registry:
         with anyio.fail_after(30):
             await registry.run("a", "1", timeout=10)
             assert registry.describe()
@@ -177,8 +185,8 @@ async def test_idle_sessions_are_closed(settings: Settings) -> None:
 
 
 async def test_warm_pool_serves_the_first_call(settings: Settings) -> None:
-    kernels = LocalKernels()
-    async with SessionRegistry(replace(settings, warm_pool=1), kernels) as registry:
+    kernels = TrackingRuntime()
+    async with open_registry(replace(settings, warm_pool=1), kernels) as registry:
         with anyio.fail_after(30):
             result = await registry.run("a", "1 + 1", timeout=10)
             assert result.result == "2"

@@ -116,7 +116,14 @@ def test_malformed_wire_messages_raise_value_error(parts: list[bytes]) -> None:
 
 def test_every_declared_frame_type_encodes() -> None:
     # Every upper-case string constant of the module is a frame type, and all are accepted.
-    declared = {value for name, value in vars(frames).items() if name.isupper() and isinstance(value, str)}
+    declared = {
+        value
+        for name, value in vars(frames).items()
+        if name.isupper() and isinstance(value, str) and not name.startswith("EXIT_")
+    }
     assert declared == set(frames.FRAME_TYPES)
+    assert {
+        v for k, v in vars(frames).items() if k.startswith("EXIT_") and isinstance(v, str)
+    } == frames.EXIT_KINDS
     for frame_type in declared:
         assert frames.encode({"type": frame_type}).endswith(b"\n")

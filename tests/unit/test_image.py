@@ -37,7 +37,6 @@ def test_copy_of_the_tree_has_the_same_hash(tree: Path) -> None:
 def test_image_files_cover_agent_imports_and_recipe() -> None:
     files = image.image_files()
     for name in (
-        "kernelbridge/__init__.py",
         "kernelbridge/frames.py",
         "kernelbridge/sandbox/agent.py",
         "sandbox_kernel_image/requirements.txt",
@@ -46,7 +45,18 @@ def test_image_files_cover_agent_imports_and_recipe() -> None:
     ):
         assert name in files
     assert files == sorted(files)
-    assert "kernelbridge/image.py" not in files
+    # Only what runs in the sandbox: host settings and the bridge never make an image stale.
+    for host_only in ("kernelbridge/image.py", "kernelbridge/__init__.py", "kernelbridge/config.py"):
+        assert host_only not in files
+
+
+def test_changing_host_code_keeps_the_hash(tree: Path) -> None:
+    before = image.agent_hash(tree)
+    for name in ("kernelbridge/config.py", "kernelbridge/__init__.py", "kernelbridge/errors.py"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        with (tree / name).open("a") as file:
+            file.write("\n# a new host setting\n")
+    assert image.agent_hash(tree) == before
 
 
 @pytest.mark.parametrize(
@@ -87,7 +97,7 @@ def test_hash_ignores_files_outside_the_image(tree: Path) -> None:
 
 def test_moving_bytes_across_files_changes_the_hash(tree: Path) -> None:
     before = image.agent_hash(tree)
-    first, second = tree / "kernelbridge/config.py", tree / "kernelbridge/errors.py"
+    first, second = tree / "kernelbridge/frames.py", tree / "kernelbridge/sandbox/agent.py"
     a, b = first.read_bytes(), second.read_bytes()
     first.write_bytes(a + b[:1])
     second.write_bytes(b[1:])

@@ -65,7 +65,7 @@ def test_journal_round_trips_into_a_valid_notebook(tmp_path: Path) -> None:
     assert [c.execution_count for c in nb.cells] == [1, 2, None]
     assert nb.cells[0].source == "print('hi')\n1+1"
     assert nb.cells[1].metadata.kernelbridge == {
-        "servers": ["time"], "status": "error", "duration_ms": 12, "state": "kept",
+        "source": "mcp", "servers": ["time"], "status": "error", "duration_ms": 12, "state": "kept",
     }  # fmt: skip
     assert nb.cells[2].metadata.kernelbridge["state"] == "lost"
     # It survives a write/read cycle through nbformat.

@@ -1,12 +1,12 @@
-"""The sandbox argv carries every hardening flag of DESIGN.md, each configurable."""
+"""The CLI backend's create argv carries every hardening flag of DESIGN.md, each configurable."""
 
 from __future__ import annotations
 
 import itertools
 
 from kernelbridge.config import SandboxLimits
-from kernelbridge.runtime import ContainerSpec, DockerRuntime, PodmanRuntime
-from kernelbridge.runtime.oci import parse_ps_output
+from kernelbridge.runtime import ContainerSpec, ContainerState
+from kernelbridge.runtime.cli import CliRuntime, parse_ps_output
 
 
 def spec(**limits: object) -> ContainerSpec:
@@ -20,10 +20,12 @@ def pairs(argv: list[str]) -> set[tuple[str, str]]:
 
 
 def test_podman_argv_has_the_design_flags() -> None:
-    argv = PodmanRuntime(executable="/usr/bin/podman", oci_runtime="runc").run_argv(spec())
-    assert argv[:2] == ["/usr/bin/podman", "run"]
-    for flag in ("--rm", "-i", "--read-only", "--init"):
+    argv = CliRuntime("podman", "/usr/bin/podman", oci_runtime="runc").create_argv(spec())
+    assert argv[:2] == ["/usr/bin/podman", "create"]
+    for flag in ("--interactive", "--read-only"):
         assert flag in argv
+    # No init process: it would hold the frame pipes where kernel code could reach them.
+    assert "--init" not in argv and "--rm" not in argv
     expected = {
         ("--network", "none"),
         ("--cap-drop", "ALL"),
@@ -37,7 +39,7 @@ def test_podman_argv_has_the_design_flags() -> None:
         ("--label", "kernelbridge.session=s"),
         ("--label", "kernelbridge.owner=42"),
         ("--name", "kernelbridge-s-abc"),
-        ("--log-driver", "passthrough"),
+        ("--log-driver", "none"),
         ("--runtime", "runc"),
         ("--ulimit", "nofile=1024:1024"),
         ("--pull", "never"),
@@ -49,7 +51,7 @@ def test_podman_argv_has_the_design_flags() -> None:
 
 
 def test_limits_are_configurable() -> None:
-    argv = PodmanRuntime().run_argv(
+    argv = CliRuntime().create_argv(
         spec(memory="1g", pids=64, cpus=0.5, read_only=False, network="slirp4netns")
     )
     assert {("--memory", "1g"), ("--memory-swap", "1g"), ("--pids-limit", "64"), ("--cpus", "0.5")} <= pairs(
@@ -60,9 +62,9 @@ def test_limits_are_configurable() -> None:
 
 
 def test_docker_does_not_get_podman_only_flags() -> None:
-    argv = DockerRuntime(executable="docker").run_argv(spec())
+    argv = CliRuntime("docker", "docker").create_argv(spec())
     assert ("--log-driver", "none") in pairs(argv)
-    assert "passthrough" not in argv and "--runtime" not in argv
+    assert "--runtime" not in argv
     assert any(a.startswith("/tmp:") for a in argv)  # docker's --read-only leaves /tmp read-only
 
 
@@ -75,4 +77,5 @@ def test_ps_output_of_both_runtimes() -> None:
     [p] = parse_ps_output(podman)
     [d] = parse_ps_output(docker)
     assert (p.name, p.owner_pid, d.name, d.owner_pid) == ("kb-1", 7, "kb-2", 8)
+    assert (p.state, d.state) == (ContainerState.RUNNING, ContainerState.EXITED)
     assert parse_ps_output("") == []

@@ -1,0 +1,182 @@
+"""One session's host MCP calls in flight: admission, dispatch to the hub, cancellation, records.
+
+Sandbox code sends ``rpc_request`` frames (docs/rpc.md); the sandbox hands each to
+:meth:`RpcBroker.on_request`, which must return at once (it runs on the sandbox's event pump):
+
+- a malformed request (no integer id) is dropped; a request beyond ``MAX_RPC_IN_FLIGHT`` calls in
+  flight is answered ``busy`` at once, so a burst of thousands is answered or refused, never a hang;
+- each admitted call runs as its own task (calls are answered in parallel, in any order) under a
+  cancel scope, so a call still running when its cell times out or the session closes is
+  cancelled on the host and answered ``cancelled``;
+- every ``call_tool`` is recorded (server, tool, duration, ok/error, arguments and result within
+  :data:`MAX_RECORDED_BYTES`) under the cell that made it, for the journal and for replaying a
+  notebook offline with the recorded results.
+
+It knows nothing of MCP clients or policy: ``dispatch`` (the hub) does that, and raises an error
+with ``kind`` and ``message`` attributes for refusals (``RpcError``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from kernelbridge import frames
+
+log = logging.getLogger(__name__)
+
+MAX_RECORDED_BYTES = 1024 * 1024
+"""Arguments or result of one tool call kept in the journal; bigger ones are marked truncated
+(and cannot be replayed from the recording)."""
+MAX_CALLS_PER_CELL = 1000
+"""Tool calls recorded per cell; a loop of thousands keeps the first ones and a count."""
+
+Dispatch = Callable[[str, frozenset[str], str, Any], Awaitable[Any]]
+"""(session, grants, method, params) -> result; raises an error with ``kind``/``message``."""
+Answer = Callable[..., Awaitable[None]]
+"""``answer(request_id, result=...)`` or ``answer(request_id, error={kind, message})``."""
+Spawn = Callable[..., None]
+"""``start_soon`` of a task group that outlives the calls."""
+
+
+@dataclass
+class _Call:
+    request_id: int
+    cell: str | None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+
+
+class RpcBroker:
+    """Admits, runs, cancels and records one session's rpc calls."""
+
+    def __init__(
+        self,
+        session: str,
+        dispatch: Dispatch,
+        answer: Answer,
+        spawn: Spawn,
+        grants: Callable[[], frozenset[str]],
+    ) -> None:
+        self.session = session
+        self._dispatch = dispatch
+        self._answer = answer
+        self._spawn = spawn
+        self._grants = grants
+        self._in_flight: dict[int, _Call] = {}
+        self._records: dict[str | None, list[dict[str, Any]]] = {}
+        self.refused = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def on_request(self, frame: frames.Frame) -> None:
+        request_id = frame.get("id")
+        if not isinstance(request_id, int) or isinstance(request_id, bool) or request_id <= 0:
+            return  # no id to answer to; the agent already drops these
+        if request_id in self._in_flight:
+            await self._answer(
+                request_id, error=_error("invalid_params", f"request id {request_id} is in flight")
+            )
+            return
+        if len(self._in_flight) >= frames.MAX_RPC_IN_FLIGHT:
+            self.refused += 1
+            message = f"too many host calls in flight ({frames.MAX_RPC_IN_FLIGHT}); await some first"
+            await self._answer(request_id, error=_error("busy", message))
+            return
+        cell = frame.get("cell") if isinstance(frame.get("cell"), str) else None
+        call = _Call(request_id, cell)
+        self._in_flight[request_id] = call
+        self._spawn(self._run, call, frame.get("method"), frame.get("params"))
+
+    async def _run(self, call: _Call, method: object, params: object) -> None:
+        started = time.monotonic()
+        result: Any = None
+        error: dict[str, str] | None = None
+        try:
+            with call.scope:
+                result = await self._dispatch(self.session, self._grants(), str(method)[:100], params)
+            if call.scope.cancelled_caught:
+                error = _error(
+                    "cancelled", "the call was cancelled: its cell timed out or the session closed"
+                )
+        except Exception as exc:
+            kind = getattr(exc, "kind", None)
+            if isinstance(kind, str):
+                error = _error(kind, str(getattr(exc, "message", exc)))
+            else:
+                log.exception("session %s: an rpc call failed", self.session)
+                error = _error("internal", "the host failed to answer this call (see the bridge's log)")
+        finally:
+            self._in_flight.pop(call.request_id, None)
+        if error is None:
+            size = _json_size(result)
+            if size > frames.MAX_RPC_BYTES - 1024:
+                error = _error(
+                    "too_large", f"the result is {size:,} bytes; the limit is {frames.MAX_RPC_BYTES:,}"
+                )
+        if method == "call_tool":
+            self._record(call, params, result if error is None else None, error, time.monotonic() - started)
+        with anyio.CancelScope(shield=True):
+            if error is not None:
+                await self._answer(call.request_id, error=error)
+            else:
+                await self._answer(call.request_id, result=result)
+
+    def cancel(self, cell: str | None = None) -> int:
+        """Cancel the calls made by ``cell`` (every call when None). Returns how many."""
+        calls = [c for c in self._in_flight.values() if cell is None or c.cell == cell]
+        for call in calls:
+            call.scope.cancel()
+        return len(calls)
+
+    def take_records(self, cell: str | None) -> list[dict[str, Any]]:
+        """The recorded tool calls of ``cell`` (removed from the broker)."""
+        return self._records.pop(cell, [])
+
+    def _record(
+        self, call: _Call, params: object, result: Any, error: dict[str, str] | None, seconds: float
+    ) -> None:
+        records = self._records.setdefault(call.cell, [])
+        if len(records) >= MAX_CALLS_PER_CELL:
+            return
+        args = params if isinstance(params, dict) else {}
+        record: dict[str, Any] = {
+            "server": frames.clip(args.get("server"), 200),
+            "tool": frames.clip(args.get("tool"), 200),
+            "ok": error is None and not (isinstance(result, dict) and result.get("isError")),
+            "duration_ms": int(seconds * 1000),
+            "error": f"{error['kind']}: {error['message']}" if error else None,
+        }
+        arguments = args.get("arguments")
+        if _json_size(arguments) <= MAX_RECORDED_BYTES:
+            record["arguments"] = arguments
+        else:
+            record["arguments_truncated"] = True
+        if error is None:
+            if _json_size(result) <= MAX_RECORDED_BYTES:
+                record["result"] = result
+            else:
+                record["result_truncated"] = True
+        records.append(record)
+        # Keep the map small: records of cells nobody collects (an attached client's, a forged
+        # cell id) must not pile up.
+        while len(self._records) > 64:
+            self._records.pop(next(iter(self._records)))
+
+
+def _error(kind: str, message: str) -> dict[str, str]:
+    return {"kind": kind, "message": frames.clip(message, 2000)}
+
+
+def _json_size(value: Any) -> int:
+    try:
+        return len(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError):
+        return frames.MAX_RPC_BYTES

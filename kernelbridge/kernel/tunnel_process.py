@@ -1,0 +1,225 @@
+"""The tunnel as a process of its own: what a plain Jupyter client's kernel "process" is.
+
+``jupyter console --kernel kernelbridge``, nbclient and jupyter_server manage kernels as
+processes; :class:`~kernelbridge.kernel.provisioner.SandboxProvisioner` starts this one::
+
+    python -m kernelbridge.kernel.tunnel_process --control-fd N [--log-file F]
+
+Everything else arrives on the control channel (fd N, one end of a ``socketpair`` the provisioner
+made, so nobody else can talk to this process): first a ``launch`` frame (the container spec, the
+connection file, the runtime settings), then ``interrupt``/``restart``/``shutdown``; it answers
+``ready`` and ``exit`` events with a structured kind. Nothing secret is in its argv.
+
+Host MCP: a kernel started this way has no bridge, so every ``rpc_request`` of its code is
+answered here with ``unavailable`` ("no host MCP servers in this kernel"), at once.
+
+Signals keep Popen's meaning: SIGTERM (jupyter_client's ``terminate``) stops the sandbox
+gracefully and removes its container; SIGINT becomes an ``interrupt``. The process also gets
+SIGTERM when its parent dies (PR_SET_PDEATHSIG), so a killed Jupyter leaves no container running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import logging.handlers
+import os
+import secrets
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import zmq
+
+from kernelbridge import frames
+from kernelbridge.config import SandboxLimits, Settings
+from kernelbridge.errors import ImageError, KernelBridgeError
+from kernelbridge.kernel.launch import started_container
+from kernelbridge.runtime import ContainerSpec, open_runtime
+from kernelbridge.tunnel import FrameChannel, SocketFrameChannel, Tunnel, memory_channel_pair
+
+log = logging.getLogger("kernelbridge.tunnel")
+
+LAUNCH_TIMEOUT = 30.0
+"""Seconds to wait for the provisioner's ``launch`` frame."""
+SHUTDOWN_GRACE = 3.0
+LOG_FILE_BYTES = 1024 * 1024
+NO_HUB = (
+    "no host MCP servers in this kernel: it was started by a plain Jupyter client, "
+    "not by a kernelbridge bridge"
+)
+
+
+def launch_frame(
+    *, connection_file: str, spec: ContainerSpec, agent_hash: str | None, settings: Settings
+) -> frames.Frame:
+    """The ``launch`` frame the provisioner sends first."""
+    container = {
+        "image": spec.image,
+        "name": spec.name,
+        "session": spec.session,
+        "owner_pid": spec.owner_pid,
+        "owner_host": spec.owner_host,
+    }
+    return {
+        "type": frames.LAUNCH,
+        "connection_file": connection_file,
+        "agent_hash": agent_hash,
+        "container": container,
+        "limits": _limits_dict(settings.limits),
+        "runtime": settings.runtime,
+        "state_dir": str(settings.state_dir),
+        "start_timeout": settings.kernel_start_timeout,
+    }
+
+
+def _limits_dict(limits: SandboxLimits) -> dict[str, Any]:
+    return {name: getattr(limits, name) for name in limits.__slots__}  # type: ignore[attr-defined]
+
+
+async def serve(control: SocketFrameChannel) -> int:
+    """Run one sandbox for the provisioner on ``control``; returns the exit status."""
+    with anyio.fail_after(LAUNCH_TIMEOUT):
+        launch = await control.receive()
+    if launch.get("type") != frames.LAUNCH:
+        log.error("the first control frame was %s, not launch", launch.get("type"))
+        return 2
+    settings = Settings(
+        state_dir=Path(str(launch["state_dir"])),
+        runtime=launch.get("runtime"),
+        limits=SandboxLimits(**launch.get("limits") or {}),
+        kernel_start_timeout=float(launch.get("start_timeout") or 60.0),
+    )
+    spec = ContainerSpec(**launch["container"], limits=settings.limits)
+    connection = json.loads(await anyio.Path(str(launch["connection_file"])).read_text())
+    try:
+        async with open_runtime(settings) as runtime, started_container(runtime, spec) as (_, stream):
+            owner_end, tunnel_end = memory_channel_pair()
+            tunnel = Tunnel(
+                stream,
+                tunnel_end,
+                connection=connection,
+                session=spec.session,
+                kernel_key=secrets.token_hex(32),
+                agent_hash=launch.get("agent_hash"),
+            )
+            relayed = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_relay_to_owner, owner_end, control, relayed)
+                tg.start_soon(_relay_from_owner, control, owner_end)
+                tg.start_soon(_on_signals, owner_end, tg.cancel_scope)
+                await tunnel.run()
+                # The tunnel's exit event is in the memory channel: close the tunnel's end so the
+                # relay passes on what is buffered, then ends.
+                await tunnel_end.aclose()
+                with anyio.move_on_after(SHUTDOWN_GRACE):
+                    await relayed.wait()
+                tg.cancel_scope.cancel()
+            exit_frame = tunnel.exit_frame
+    except ImageError as exc:
+        await _send_exit(control, frames.EXIT_IMAGE_MISSING, str(exc))
+        return 1
+    except zmq.ZMQError as exc:
+        await _send_exit(control, frames.EXIT_START_FAILED, f"cannot bind the kernel ports: {exc}")
+        return 1
+    except (KernelBridgeError, OSError) as exc:
+        await _send_exit(control, frames.EXIT_START_FAILED, str(exc))
+        return 1
+    return 0 if exit_frame is None or exit_frame.get("status") == 0 else 1
+
+
+async def _relay_to_owner(
+    tunnel_events: FrameChannel, control: SocketFrameChannel, done: anyio.Event
+) -> None:
+    """Tunnel -> provisioner; rpc requests are answered here (no hub in a plain Jupyter kernel)."""
+    try:
+        while True:
+            try:
+                frame = await tunnel_events.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+            if frame["type"] == frames.RPC_REQUEST:
+                error = {"kind": "unavailable", "message": NO_HUB}
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await tunnel_events.send(
+                        {"type": frames.RPC_RESPONSE, "id": frame.get("id"), "error": error}
+                    )
+                continue
+            with contextlib.suppress(anyio.BrokenResourceError):
+                await control.send(frame)
+    finally:
+        done.set()
+
+
+async def _relay_from_owner(control: SocketFrameChannel, tunnel_commands: FrameChannel) -> None:
+    while True:
+        try:
+            frame = await control.receive()
+        except anyio.EndOfStream:
+            # The provisioner is gone: stop the sandbox as if asked to.
+            await tunnel_commands.send({"type": frames.SHUTDOWN})
+            return
+        await tunnel_commands.send(frame)
+
+
+async def _on_signals(tunnel_commands: FrameChannel, scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            if signum == signal.SIGINT:
+                await tunnel_commands.send({"type": frames.INTERRUPT})
+                continue
+            await tunnel_commands.send({"type": frames.SHUTDOWN})
+            with anyio.move_on_after(SHUTDOWN_GRACE):
+                await anyio.sleep_forever()  # the tunnel ends when the agent leaves
+            scope.cancel()
+            return
+
+
+async def _send_exit(control: SocketFrameChannel, kind: str, reason: str) -> None:
+    with contextlib.suppress(anyio.BrokenResourceError), anyio.move_on_after(5):
+        await control.send(
+            {"type": frames.EXIT, "status": None, "kind": kind, "reason": frames.clip(reason, 500)}
+        )
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def configure_logging(log_file: str | None) -> None:
+    """Log to ``log_file`` (else stderr), capped: a sandbox must not fill the host's disk."""
+    handler: logging.Handler = (
+        logging.handlers.RotatingFileHandler(log_file, maxBytes=LOG_FILE_BYTES, backupCount=1)
+        if log_file
+        else logging.StreamHandler()
+    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
+    os.umask(0o077)
+    parser = argparse.ArgumentParser(prog="python -m kernelbridge.kernel.tunnel_process")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--log-file", default=None)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    configure_logging(args.log_file)
+    control = SocketFrameChannel(socket.socket(fileno=args.control_fd))
+    try:
+        return anyio.run(serve, control)
+    except TimeoutError:
+        log.error("no launch frame within %.0f s", LAUNCH_TIMEOUT)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The session recorder: reads every iopub message of a session's kernel and builds its cells.
+
+One recorder per session listens to the kernel's whole iopub stream (it is the sandbox's
+listener), whichever client sent the code: the bridge's own ``run_python`` cells, a person typing
+in an attached ``jupyter console``, any other Jupyter client. Each cell is built from its
+``status: busy``, ``execute_input``, outputs and ``status: idle`` (the parent header's msg_id ties
+them together). Cells of other clients are journalled by the recorder itself as soon as they end,
+so the notebook is a record of everything that ran; the bridge's own cells are finished and
+journalled by the session layer, which knows their status, timeouts and tool calls.
+
+Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.execution.CellOutputs`); at
+most :data:`MAX_OPEN_CELLS` cells are tracked at once (the oldest is dropped); output whose
+parent is no known cell (a background thread printing after its cell ended, a forged parent) goes
+into one bounded buffer, reported once with the next result. Nothing is queued: each message is
+folded into this state as it arrives, so the host never holds more than these bounds, however
+fast or long the kernel writes.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kernelbridge.execution import BoundedText, Cell
+
+log = logging.getLogger(__name__)
+
+MAX_OPEN_CELLS = 16
+"""Cells tracked at once (ours and other clients' in flight); ipykernel runs one at a time."""
+BACKGROUND_CHARS = 4000
+"""Characters of background output kept (head and tail) until the next result reports them."""
+OUTPUT_TYPES = frozenset(
+    {"stream", "display_data", "execute_result", "error", "clear_output", "update_display_data"}
+)
+
+ClientCellDone = Callable[[Cell], Awaitable[None]]
+
+
+class Recorder:
+    """Builds cells from a session's iopub; see the module docstring."""
+
+    def __init__(self, output_limit: int, on_client_cell: ClientCellDone | None = None) -> None:
+        self.output_limit = output_limit
+        self.on_client_cell = on_client_cell
+        self.cells: collections.OrderedDict[str, Cell] = collections.OrderedDict()
+        self.internal: set[str] = set()
+        """msg_ids of the bridge's own silent requests (e.g. refreshing the mcp proxies)."""
+        self.background = BoundedText(BACKGROUND_CHARS)
+        self.background_displays = 0
+
+    def expect(self, msg_id: str, code: str) -> Cell:
+        """Track a cell the bridge is about to send (before sending: its first messages may
+        arrive before the send returns)."""
+        cell = Cell(msg_id, self.output_limit, source="mcp", code=code)
+        self._track(cell)
+        return cell
+
+    def ignore(self, msg_id: str) -> None:
+        """A silent request of the bridge's own: its messages are nobody's output."""
+        self.internal.add(msg_id)
+        while len(self.internal) > MAX_OPEN_CELLS * 4:
+            self.internal.pop()
+
+    def forget(self, cell: Cell) -> None:
+        self.cells.pop(cell.msg_id, None)
+
+    async def on_iopub(self, msg: dict[str, Any]) -> None:
+        """The sandbox's listener: fold one iopub message into the cells."""
+        header = msg.get("header") or {}
+        parent = msg.get("parent_header") or {}
+        if not isinstance(header, dict) or not isinstance(parent, dict):
+            return
+        msg_type = str(header.get("msg_type", ""))
+        content = msg.get("content") if isinstance(msg.get("content"), dict) else {}
+        parent_id = parent.get("msg_id")
+        if not isinstance(parent_id, str) or parent_id in self.internal:
+            return
+        cell = self.cells.get(parent_id)
+        if (
+            cell is None
+            and parent.get("msg_type") == "execute_request"
+            and msg_type in ("status", "execute_input")
+        ):
+            if msg_type == "status" and content.get("execution_state") != "busy":
+                return
+            cell = self._client_cell(parent_id, parent)
+        if cell is None:
+            if msg_type in OUTPUT_TYPES:
+                self._background(msg_type, content)
+            return
+        cell.on_iopub(msg_type, content)
+        if cell.idle and cell.source != "mcp":
+            self.cells.pop(parent_id, None)
+            if self.on_client_cell is not None:
+                try:
+                    await self.on_client_cell(cell)
+                except Exception:
+                    log.exception("journalling a client cell failed")
+
+    def on_reply(self, msg: dict[str, Any]) -> None:
+        """The sandbox's reply listener: an execute_reply completes one of the bridge's cells."""
+        parent = msg.get("parent_header") or {}
+        cell = self.cells.get(parent.get("msg_id")) if isinstance(parent, dict) else None
+        content = msg.get("content")
+        if cell is not None and isinstance(content, dict):
+            cell.on_reply(content)
+
+    def wake_all(self) -> None:
+        """Wake every waiter (the sandbox ended: no more messages will come)."""
+        for cell in self.cells.values():
+            cell.notify()
+
+    def take_background(self) -> str | None:
+        """A note about output that arrived outside any cell since the last call, or None."""
+        if not self.background.total and not self.background_displays:
+            return None
+        text = self.background.render("background output").strip()
+        displays = self.background_displays
+        self.background = BoundedText(BACKGROUND_CHARS)
+        self.background_displays = 0
+        extra = f" and {displays} display(s)" if displays else ""
+        shown = f":\n{text}" if text else "."
+        return f"Output that arrived between calls (e.g. from a background thread){extra}{shown}"
+
+    # -- internals ------------------------------------------------------------------------------
+    def _client_cell(self, msg_id: str, parent: dict[str, Any]) -> Cell:
+        cell = Cell(msg_id, self.output_limit, source="client")
+        cell.client = {
+            "username": str(parent.get("username", ""))[:64],
+            "session": str(parent.get("session", ""))[:64],
+        }
+        self._track(cell)
+        return cell
+
+    def _track(self, cell: Cell) -> None:
+        self.cells[cell.msg_id] = cell
+        while len(self.cells) > MAX_OPEN_CELLS:
+            _, dropped = self.cells.popitem(last=False)
+            log.warning("recorder: stopped tracking cell %s (too many open cells)", dropped.msg_id[:8])
+
+    def _background(self, msg_type: str, content: dict[str, Any]) -> None:
+        if msg_type == "stream":
+            self.background.append(str(content.get("text", ""))[: BACKGROUND_CHARS * 2])
+        elif msg_type in ("display_data", "execute_result", "update_display_data"):
+            self.background_displays += 1

@@ -1,0 +1,182 @@
+"""TEST DOUBLE: a "runtime" that runs the sandbox agent as a plain local subprocess.
+
+No container, no isolation, no limits: it exists so that the tunnel, the sessions and the server
+can be tested fast and without podman, through exactly the code paths the real backends use
+(create, attach a stdio stream, inspect, remove). It is never selected by a user setting; tests
+construct it directly.
+
+Each "container" gets its own temporary directory (``workspace/`` is its /workspace, beside
+its Jupyter runtime and IPython directories), removed with it. The agent is started with the
+interpreter running the tests, so the kernel is this environment's ipykernel.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from kernelbridge.errors import RuntimeUnavailable
+from kernelbridge.runtime.base import (
+    SESSION_LABEL,
+    ContainerInfo,
+    ContainerSpec,
+    ContainerState,
+    ContainerStream,
+    RuntimeBackend,
+    RuntimeInfo,
+)
+from kernelbridge.runtime.streams import ProcessStream
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class _Local:
+    spec: ContainerSpec
+    root: Path
+    process: anyio.abc.Process | None = None
+    removed: bool = False
+
+
+@dataclass
+class LocalProcessRuntime(RuntimeBackend):
+    """Runs ``python -m kernelbridge.sandbox.agent`` locally per "container". Tests only."""
+
+    name: str = "local-test-double"
+    engine: str = "local"
+    _containers: dict[str, _Local] = field(default_factory=dict, init=False)
+    _tg: anyio.abc.TaskGroup | None = field(default=None, init=False, repr=False)
+
+    async def __aenter__(self) -> LocalProcessRuntime:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.remove(list(self._containers))
+        if self._tg is not None:
+            tg, self._tg = self._tg, None
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+
+    async def create(self, spec: ContainerSpec) -> str:
+        cid = f"local-{os.urandom(6).hex()}"
+        root = Path(tempfile.mkdtemp(prefix=f"kernelbridge-{cid}-"))
+        (root / "workspace").mkdir()
+        self._containers[cid] = _Local(spec, root)
+        return cid
+
+    async def attach(self, container: str) -> ContainerStream:
+        local = self._containers.get(container)
+        if local is None or local.removed or self._tg is None:
+            raise RuntimeUnavailable(f"no such container {container}")
+        root = local.root
+        (root / "runtime").mkdir(mode=0o700, exist_ok=True)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(root),
+            "PYTHONPATH": str(REPO_ROOT),
+            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+            "IPYTHONDIR": str(root / "ipython"),
+            "MPLCONFIGDIR": str(root / "matplotlib"),
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            "KERNELBRIDGE_WORKDIR": str(root / "workspace"),
+            **dict(local.spec.env),
+        }
+        command = list(local.spec.command) or [sys.executable, "-m", "kernelbridge.sandbox.agent"]
+        process = await anyio.open_process(
+            command,
+            stdin=-1,
+            stdout=-1,
+            stderr=-1,
+            env=env,
+            cwd=str(root / "workspace"),
+            start_new_session=True,
+        )
+        local.process = process
+        stream = ProcessStream(process)
+        self._tg.start_soon(stream.drain_stderr)
+        return stream
+
+    async def stop(self, container: str, timeout: float = 0) -> None:
+        local = self._containers.get(container)
+        if local is None or local.process is None or local.process.returncode is not None:
+            return
+        _signal_group(local.process, signal.SIGTERM if timeout else signal.SIGKILL)
+        with anyio.move_on_after(timeout):
+            await local.process.wait()
+        if local.process.returncode is None:
+            _signal_group(local.process, signal.SIGKILL)
+            await local.process.wait()
+
+    async def remove(self, containers: list[str]) -> None:
+        for cid in containers:
+            local = self._containers.pop(cid, None)
+            if local is None:
+                continue
+            local.removed = True
+            if local.process is not None and local.process.returncode is None:
+                _signal_group(local.process, signal.SIGKILL)
+                with anyio.CancelScope(shield=True):
+                    await local.process.wait()
+            shutil.rmtree(local.root, ignore_errors=True)
+
+    async def inspect(self, container: str) -> ContainerInfo | None:
+        local = self._containers.get(container)
+        return None if local is None else self._info(container, local)
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
+        wanted = labels or {SESSION_LABEL: ""}
+        found = []
+        for cid, local in self._containers.items():
+            have = local.spec.all_labels()
+            if all(k in have and (not v or have[k] == v) for k, v in wanted.items()):
+                found.append(self._info(cid, local))
+        return found
+
+    def _info(self, cid: str, local: _Local) -> ContainerInfo:
+        process = local.process
+        if process is None:
+            state, code = ContainerState.CREATED, None
+        elif process.returncode is None:
+            state, code = ContainerState.RUNNING, None
+        else:
+            state, code = ContainerState.EXITED, process.returncode
+        return ContainerInfo(cid, local.spec.name, local.spec.all_labels(), state, code)
+
+    async def info(self) -> RuntimeInfo:
+        return RuntimeInfo(self.name, self.engine, sys.version.split()[0], "local", limits_enforced=False)
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        return {}
+
+    async def import_image(self, tarball: Path, tag: str, changes: list[str]) -> None:
+        raise RuntimeUnavailable("the local test double has no images")
+
+    async def tag_image(self, image: str, tag: str) -> None:
+        raise RuntimeUnavailable("the local test double has no images")
+
+    async def list_images(self, repository: str) -> list[str]:
+        return []
+
+    async def remove_image(self, image: str) -> bool:
+        return False
+
+
+def _signal_group(process: anyio.abc.Process, signum: int) -> None:
+    """The agent and its kernel (its own process group) are one "container"."""
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,94 @@
+"""A :class:`ContainerStream` over a child process's stdio (the CLI backend and the test double).
+
+The child is a runtime client (``podman start --attach --interactive``) or, in tests, the agent
+itself. Its stdout carries the frames; its stderr is drained into a bounded tail by a task in the
+backend's task group (an undrained stderr pipe would block the child once 64 KiB are written).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections import deque
+
+import anyio
+from anyio.abc import Process
+
+from kernelbridge.runtime.base import ContainerStream
+
+STDERR_LINES = 40
+"""Lines of stderr kept: enough to explain a failed start, never a growing buffer."""
+STDERR_LINE_CHARS = 500
+CLOSE_GRACE = 2.0
+"""Seconds the child gets to exit after its stdin closed before it is killed."""
+
+
+class ProcessStream(ContainerStream):
+    """stdin/stdout of ``process`` as one duplex byte stream; stderr kept as a bounded tail."""
+
+    def __init__(self, process: Process) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self.process = process
+        self._tail: deque[str] = deque(maxlen=STDERR_LINES)
+        self._stderr_done = anyio.Event()
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        assert self.process.stdout is not None
+        return await self.process.stdout.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(item)
+
+    async def send_eof(self) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.aclose()
+
+    async def aclose(self) -> None:
+        """Close stdin (the agent exits on EOF), give the child a moment, then kill it.
+        Shielded and bounded: this also runs while the owner is being cancelled."""
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(Exception):
+                await self.send_eof()
+            with anyio.move_on_after(CLOSE_GRACE):
+                await self.process.wait()
+            if self.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.send_signal(signal.SIGKILL)
+                await self.process.wait()
+            with contextlib.suppress(Exception):
+                await self.process.aclose()
+
+    def stderr_tail(self) -> list[str]:
+        return list(self._tail)
+
+    async def drain_stderr(self) -> None:
+        """Read stderr until EOF into the bounded tail. Run it in the backend's task group."""
+        stderr = self.process.stderr
+        if stderr is None:
+            self._stderr_done.set()
+            return
+        pending = b""
+        try:
+            async for chunk in stderr:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._keep(line)
+                pending = pending[-STDERR_LINE_CHARS * 4 :]  # a line without end stays bounded
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            pass
+        finally:
+            if pending:
+                self._keep(pending)
+            self._stderr_done.set()
+
+    async def stderr_closed(self, timeout: float) -> None:
+        """Wait (bounded) until stderr reached EOF: the runtime's last words explain a failure."""
+        with anyio.move_on_after(timeout):
+            await self._stderr_done.wait()
+
+    def _keep(self, line: bytes) -> None:
+        text = line.decode(errors="replace").rstrip()
+        if text:
+            self._tail.append(text[:STDERR_LINE_CHARS])

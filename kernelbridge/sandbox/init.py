@@ -1,0 +1,85 @@
+"""The agent's duties as the container's PID 1.
+
+The agent runs as PID 1 itself, without an init process in front of it: an init holds the
+container's stdio (the frame pipes) and is an ordinary dumpable process of the sandbox's uid,
+so kernel code could open ``/proc/1/fd/0`` and read or forge the host's frames through it. The
+agent makes itself non-dumpable, which gives its ``/proc`` entries to root and forbids ptrace.
+
+Being PID 1 means two jobs an init did for us:
+
+- **reaping**: processes orphaned by the kernel's children are re-parented to PID 1 and stay
+  zombies (each holding a pid of the container's small pid budget) until PID 1 waits for them;
+- **signals**: PID 1 gets no default signal actions, so SIGTERM (``stop``) needs a handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+PR_SET_DUMPABLE = 4
+PR_SET_PDEATHSIG = 1
+
+
+def make_undumpable() -> None:
+    """PR_SET_DUMPABLE=0: /proc/<agent>/fd, mem and environ become root's, and ptrace is refused,
+    so kernel code (same uid) cannot reach the frame stream."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """For a child (preexec): get ``signum`` when the agent dies, so a kernel never outlives it
+    (outside a container, e.g. under the local test double, nothing else would stop it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+def is_init() -> bool:
+    return os.getpid() == 1
+
+
+def zombie_children(parent: int, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of ``parent``'s children that have exited but were not waited for."""
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after
+        # the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 2 and fields[0] == "Z" and fields[1] == str(parent):
+            found.append(int(entry.name))
+    return found
+
+
+def reap_orphans(keep: Iterable[int]) -> int:
+    """Wait for every zombie child except ``keep`` (children whose status someone else reads,
+    e.g. the kernel's Popen). Returns how many were reaped."""
+    skip = set(keep)
+    reaped = 0
+    for pid in zombie_children(os.getpid()):
+        if pid in skip:
+            continue
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+            reaped += 1
+    return reaped
+
+
+def on_terminate(handler: Callable[[], None]) -> None:
+    """Call ``handler`` (from the signal handler: keep it to setting a flag) on SIGTERM/SIGHUP."""
+
+    def handle(signum: int, frame: object) -> None:
+        handler()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGHUP, handle)

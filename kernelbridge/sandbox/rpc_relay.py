@@ -1,0 +1,142 @@
+"""The agent's end of the kernel's host MCP calls (docs/rpc.md): a socketpair per kernel.
+
+The kernel inherits one end (its fd number in ``KERNELBRIDGE_RPC_FD``); the ``mcp`` package in
+the kernel writes ``rpc_request`` lines on it and reads ``rpc_response`` lines. The agent relays
+requests to the host as frames and responses back, checking only what it must to stay safe:
+
+- a request line is decoded with a bounded decoder (``frames.MAX_RPC_BYTES``); anything that is
+  not an ``rpc_request`` with an integer id is dropped, so kernel code cannot use this socket to
+  inject other frame types (``ready``, ``exit``, ``kernel``...) into the host's stream;
+- responses wait in an outgoing buffer bounded in bytes: a kernel that stops reading its socket
+  loses its own answers (logged), it cannot make the agent hold unbounded memory or block.
+
+Everything else (methods, params, grants) is the host's business.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import socket
+from collections.abc import Callable
+
+from kernelbridge import frames
+
+ENV_VAR = "KERNELBRIDGE_RPC_FD"
+READ_CHUNK = 1 << 20
+MAX_PENDING_BYTES = 2 * frames.MAX_RPC_BYTES
+"""Responses buffered for a kernel that is not reading: two maximal answers."""
+
+SendFrame = Callable[[frames.Frame], None]
+Log = Callable[[str, str], None]
+
+
+class RpcRelay:
+    """Relays one kernel's rpc socket. The agent polls :attr:`fd` and calls the handlers."""
+
+    def __init__(self, send_frame: SendFrame, log: Log) -> None:
+        self._send_frame = send_frame
+        self._log = log
+        self._agent_end, self._kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._agent_end.setblocking(False)
+        self._kernel_end.set_inheritable(True)
+        self._decoder = frames.FrameDecoder(max_frame_bytes=frames.MAX_RPC_BYTES)
+        self._outgoing: collections.deque[memoryview] = collections.deque()
+        self._outgoing_bytes = 0
+        self.closed = False
+
+    @property
+    def fd(self) -> int:
+        return self._agent_end.fileno()
+
+    @property
+    def kernel_fd(self) -> int:
+        """The fd the kernel inherits (``pass_fds``); the agent closes its copy once started."""
+        return self._kernel_end.fileno()
+
+    def kernel_started(self) -> None:
+        """The kernel has its copy of the socket now: drop ours, so that the kernel's exit is
+        seen as EOF."""
+        self._kernel_end.close()
+
+    @property
+    def wants_write(self) -> bool:
+        return bool(self._outgoing)
+
+    def on_readable(self) -> None:
+        try:
+            chunk = self._agent_end.recv(READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.close()
+            return
+        for item in self._decoder.feed(chunk):
+            if isinstance(item, frames.FrameError):
+                self._log(f"dropped an rpc line from the kernel: {item.reason}", "warning")
+            elif item["type"] != frames.RPC_REQUEST or not _valid_id(item.get("id")):
+                self._log(f"dropped a {frames.clip(item['type'], 40)} line on the rpc socket", "warning")
+            else:
+                self._send_frame(
+                    {
+                        "type": frames.RPC_REQUEST,
+                        "id": item["id"],
+                        "method": item.get("method"),
+                        "params": item.get("params"),
+                        "cell": item.get("cell"),
+                    }
+                )
+
+    def deliver(self, frame: frames.Frame) -> None:
+        """Queue a host ``rpc_response`` for the kernel (flushed by :meth:`on_writable`)."""
+        if self.closed:
+            return
+        try:
+            data = frames.encode(frame)
+        except (TypeError, ValueError) as exc:
+            self._log(f"dropped an rpc response: {exc}", "warning")
+            return
+        if self._outgoing_bytes + len(data) > MAX_PENDING_BYTES:
+            self._log("the kernel is not reading its rpc answers; dropped one", "warning")
+            return
+        self._outgoing.append(memoryview(data))
+        self._outgoing_bytes += len(data)
+        self.on_writable()
+
+    def on_writable(self) -> None:
+        while self._outgoing:
+            head = self._outgoing[0]
+            try:
+                sent = self._agent_end.send(head)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.close()
+                return
+            self._outgoing_bytes -= sent
+            if sent == len(head):
+                self._outgoing.popleft()
+            else:
+                self._outgoing[0] = head[sent:]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._outgoing.clear()
+        self._outgoing_bytes = 0
+        with contextlib.suppress(OSError):
+            self._agent_end.close()
+        with contextlib.suppress(OSError):
+            self._kernel_end.close()
+
+
+def _valid_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**53
+
+
+def kernel_env(relay: RpcRelay) -> dict[str, str]:
+    """What the kernel's environment needs to find its rpc socket."""
+    return {ENV_VAR: str(relay.kernel_fd)}

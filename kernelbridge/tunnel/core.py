@@ -1,0 +1,304 @@
+"""The tunnel: frames on a sandbox's stdio stream <-> Jupyter clients, an in-process peer, the owner.
+
+::
+
+    Jupyter clients --ZMQ (host key)--> ClientSockets --+
+    in-process peer (the bridge) --send_kernel()--------+--> kernel frames --> stream --> agent
+    owner --control channel (interrupt, restart, rpc_response, fs_request)--+
+
+    stream --> kernel frames --> iopub: peer first (awaited: backpressure), then the PUB socket
+                             --> replies: to whoever asked (a client identity, or the peer)
+           --> ready / exit / rpc_request / fs_response --> owner, on the control channel
+
+The tunnel moves frames and routes replies. It knows nothing of sessions, notebooks, runtimes
+or MCP: it gets a stream (from whatever started the container), a control channel and the
+connection info, and runs until the stream ends or it is cancelled.
+
+Untrusted input: every frame from the stream is decoded with the frame cap and shape limits;
+frames a sandbox has no business sending at that moment (a ``ready`` while no start or restart is
+pending, a host-bound type) are dropped and counted; strings are clipped before being logged, and
+log lines are rate-limited, so a sandbox cannot flood the host's logs.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import ByteStream, TaskStatus
+
+from kernelbridge import frames
+from kernelbridge.tunnel.channel import FrameChannel
+from kernelbridge.tunnel.sockets import ClientSockets
+
+log = logging.getLogger("kernelbridge.tunnel")
+
+READ_CHUNK = 1 << 20
+# Why 10 000: a client may fire requests whose replies never come (the kernel died); the map
+# must not grow without bound. 10 000 outstanding requests is far beyond any real client.
+MAX_PENDING = 10_000
+LOG_BURST = 100
+LOG_WINDOW = 10.0
+"""Sandbox log lines logged per window; the rest are counted (a sandbox can send without end)."""
+PEER = "peer"
+"""Route of a request sent by the in-process peer (instead of ZMQ identities)."""
+
+PeerMessage = Callable[[str, dict[str, Any], list[bytes]], Awaitable[None]]
+"""The in-process peer's handler: (channel, msg, buffers) for iopub and for its own replies."""
+
+
+class TunnelState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    ENDED = "ended"
+
+
+class Tunnel:
+    """One sandbox's tunnel. Run :meth:`run` in a task group; talk to it through ``control``."""
+
+    def __init__(
+        self,
+        stream: ByteStream,
+        control: FrameChannel,
+        *,
+        connection: dict[str, Any] | None,
+        session: str,
+        kernel_key: str,
+        agent_hash: str | None = None,
+        peer: PeerMessage | None = None,
+    ) -> None:
+        """``connection``: ports and key of the Jupyter sockets to bind (None: no sockets, only
+        the peer). ``kernel_key``: the HMAC key of the kernel inside the sandbox (sent in
+        ``hello``; never the connection file's key)."""
+        self.stream = stream
+        self.control = control
+        self.connection = connection
+        self.session = session
+        self.kernel_key = kernel_key
+        self.agent_hash = agent_hash
+        self.peer = peer
+        self.state = TunnelState.STARTING
+        self.clients: ClientSockets | None = None
+        self.pending: collections.OrderedDict[str, list[bytes] | str] = collections.OrderedDict()
+        self.decoder = frames.FrameDecoder()
+        self.exit_frame: frames.Frame | None = None
+        self.dropped = 0
+        self._send_lock = anyio.Lock()
+        self._log_window = (0.0, 0)
+        self._log_suppressed = 0
+
+    def __repr__(self) -> str:
+        return f"<Tunnel {self.session!r} {self.state.value}>"
+
+    # -- life -------------------------------------------------------------------------------
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Bind the sockets, say hello, then relay until the stream ends. ``started`` once the
+        sockets are bound (clients may connect; they are answered once the kernel is ready).
+
+        Raises zmq.ZMQError before ``started`` if a port cannot be bound.
+        """
+        if self.connection is not None:
+            self.clients = ClientSockets(self.connection, str(self.connection.get("key", "")).encode())
+            self.clients.bind()
+        try:
+            await self.send_frame(
+                {
+                    "type": frames.HELLO,
+                    "key": self.kernel_key,
+                    "session": self.session,
+                    "agent_hash": self.agent_hash,
+                }
+            )
+            task_status.started()
+            async with anyio.create_task_group() as tg:
+                if self.clients is not None:
+                    tg.start_soon(self.clients.serve, self.from_client)
+                tg.start_soon(self.pump_control)
+                await self.pump_stream()
+                tg.cancel_scope.cancel()
+            await self.tell_owner(self.exit_frame or _container_exited())
+        finally:
+            self.state = TunnelState.ENDED
+            if self.clients is not None:
+                self.clients.close()
+            if self.dropped:
+                log.warning(
+                    "session %s: dropped %d invalid frame(s) from the sandbox", self.session, self.dropped
+                )
+
+    async def pump_stream(self) -> None:
+        """Sandbox -> host until the stream ends."""
+        try:
+            while True:
+                chunk = await self.stream.receive(READ_CHUNK)
+                for item in self.decoder.feed(chunk):
+                    if isinstance(item, frames.FrameError):
+                        self.drop(item.reason)
+                    else:
+                        await self.handle(item)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            log.info("session %s: the sandbox's stdout closed", self.session)
+
+    async def pump_control(self) -> None:
+        """Owner -> sandbox until the owner closes the channel."""
+        while True:
+            try:
+                frame = await self.control.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+            kind = frame.get("type")
+            if kind == frames.RESTART:
+                self.state = TunnelState.RESTARTING
+            if kind in (
+                frames.RPC_RESPONSE,
+                frames.FS_REQUEST,
+                frames.INTERRUPT,
+                frames.RESTART,
+                frames.SHUTDOWN,
+            ):
+                await self.send_frame(frame)
+            else:
+                log.warning("session %s: ignored a %s frame from the owner", self.session, kind)
+
+    # -- sandbox -> host ------------------------------------------------------------------------
+    async def handle(self, frame: frames.Frame) -> None:
+        kind = frame["type"]
+        if kind == frames.KERNEL:
+            await self.deliver(frame)
+        elif kind == frames.READY:
+            if self.state not in (TunnelState.STARTING, TunnelState.RESTARTING):
+                self.drop("a ready frame while no start or restart was pending")
+                return
+            self.state = TunnelState.READY
+            await self.tell_owner(
+                {
+                    "type": frames.READY,
+                    "versions": _clipped_versions(frame.get("versions")),
+                    "agent_hash": frames.clip(frame.get("agent_hash"), 80),
+                }
+            )
+        elif kind == frames.EXIT:
+            kind_value = frame.get("kind")
+            status = frame.get("status")
+            self.exit_frame = {
+                "type": frames.EXIT,
+                "status": status if isinstance(status, int) and not isinstance(status, bool) else None,
+                "kind": kind_value if kind_value in frames.EXIT_KINDS else frames.EXIT_KERNEL_DIED,
+                "reason": frames.clip(frame.get("reason") or "the kernel exited", 500),
+            }
+            log.info("session %s: sandbox exit: %s", self.session, self.exit_frame["reason"])
+        elif kind in (frames.RPC_REQUEST, frames.FS_RESPONSE):
+            await self.tell_owner(frame)
+        elif kind == frames.LOG:
+            self.log_from_sandbox(frame)
+        else:
+            self.drop(f"a {kind} frame is not for the host")
+
+    async def deliver(self, frame: frames.Frame) -> None:
+        """A kernel message: iopub to the peer then the clients; a reply to whoever asked."""
+        channel, msg = frame["channel"], frame["msg"]
+        try:
+            buffers = frames.frame_buffers(frame)
+        except ValueError as exc:
+            self.drop(str(exc))
+            return
+        if channel == "iopub":
+            if self.peer is not None:
+                await self.peer(channel, msg, buffers)
+            if self.clients is not None:
+                await self.clients.publish(msg, buffers)
+            return
+        parent = msg.get("parent_header")
+        parent_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        if not isinstance(parent_id, str):
+            return
+        # Replies end a request; an input_request (stdin) answers an execute_request still running.
+        route = self.pending.get(parent_id) if channel == "stdin" else self.pending.pop(parent_id, None)
+        if route == PEER:
+            if self.peer is not None:
+                await self.peer(channel, msg, buffers)
+        elif isinstance(route, list) and self.clients is not None:
+            await self.clients.reply(channel, route, msg, buffers)
+
+    async def tell_owner(self, frame: frames.Frame) -> None:
+        try:
+            await self.control.send(frame)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            log.info("session %s: the owner is gone; dropped a %s event", self.session, frame["type"])
+
+    def log_from_sandbox(self, frame: frames.Frame) -> None:
+        now = time.monotonic()
+        start, count = self._log_window
+        if now - start > LOG_WINDOW:
+            if self._log_suppressed:
+                log.info("session %s: %d sandbox log lines suppressed", self.session, self._log_suppressed)
+                self._log_suppressed = 0
+            start, count = now, 0
+        self._log_window = (start, count + 1)
+        if count >= LOG_BURST:
+            self._log_suppressed += 1
+            return
+        level = frames.clip(frame.get("level"), 20)
+        log.info("session %s: sandbox %s: %s", self.session, level, frames.clip(frame.get("message")))
+
+    def drop(self, reason: str) -> None:
+        self.dropped += 1
+        if self.dropped <= 20 or self.dropped % 1000 == 0:
+            log.warning(
+                "session %s: dropped a frame from the sandbox: %s", self.session, frames.clip(reason, 200)
+            )
+
+    # -- host -> sandbox ------------------------------------------------------------------------
+    async def from_client(self, channel: str, wire: frames.WireMessage) -> None:
+        """A verified message from a Jupyter client: remember who asked, forward it."""
+        msg_id = wire.msg["header"].get("msg_id")
+        if not isinstance(msg_id, str) or not msg_id:
+            return
+        self.remember(msg_id, wire.idents)
+        await self.send_frame(frames.kernel_frame(channel, wire.msg, wire.buffers))
+
+    async def send_kernel(
+        self, channel: str, msg: dict[str, Any], buffers: list[bytes] | None = None
+    ) -> None:
+        """A message from the in-process peer; its replies come back to the peer."""
+        self.remember(msg["header"]["msg_id"], PEER)
+        await self.send_frame(frames.kernel_frame(channel, msg, buffers or []))
+
+    def remember(self, msg_id: str, route: list[bytes] | str) -> None:
+        self.pending[msg_id] = route
+        while len(self.pending) > MAX_PENDING:
+            self.pending.popitem(last=False)
+
+    async def send_frame(self, frame: frames.Frame) -> None:
+        """Write one frame to the sandbox's stdin. A sandbox that is gone drops it (logged)."""
+        data = frames.encode(frame)
+        async with self._send_lock:
+            try:
+                await self.stream.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                log.info(
+                    "session %s: the sandbox's stdin is closed; dropped a %s frame",
+                    self.session,
+                    frame["type"],
+                )
+
+
+def _container_exited() -> frames.Frame:
+    return {
+        "type": frames.EXIT,
+        "status": None,
+        "kind": frames.EXIT_CONTAINER_EXITED,
+        "reason": "the sandbox's stdout closed without an exit frame (the container ended)",
+    }
+
+
+def _clipped_versions(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {frames.clip(k, 40): frames.clip(v, 80) for k, v in list(value.items())[:20]}

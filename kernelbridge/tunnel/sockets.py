@@ -1,0 +1,170 @@
+"""The Jupyter side of a tunnel: the five kernel sockets any Jupyter client connects to.
+
+Binds shell/control/stdin (ROUTER), iopub (PUB) and heartbeat (ROUTER echo) on the connection
+file's ports, on 127.0.0.1. Incoming messages must carry a valid HMAC with the connection file's
+key (the *host* key: the kernel in the sandbox has another one). Outgoing messages are signed with
+that key.
+
+Bounded in bytes: ZMQ queues per peer are bounded in *messages* only, and a message may be tens of
+MiB, so a client that stops reading (a suspended ``jupyter console``) could make this process hold
+gigabytes. Large messages are sent zero-copy with a tracker; while more than
+:data:`MAX_QUEUED_BYTES` of them are still queued in ZMQ, further outgoing messages to clients are
+dropped and counted (iopub is lossy by nature; a client whose replies are dropped is stuck anyway).
+Small messages are bounded by the high-water mark: ``SNDHWM`` x ``TRACK_BYTES``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import zmq
+import zmq.asyncio
+
+from kernelbridge import frames
+
+log = logging.getLogger("kernelbridge.tunnel")
+
+ROUTED_CHANNELS = ("shell", "control", "stdin")
+MAX_QUEUED_BYTES = 64 * 1024 * 1024
+TRACK_BYTES = 64 * 1024
+"""Messages at least this big are tracked byte by byte; smaller ones are bounded by SNDHWM."""
+SNDHWM = 1000
+RCVHWM = 1000
+
+ClientMessage = Callable[[str, frames.WireMessage], Awaitable[None]]
+"""Called with (channel, message) for each verified message from a client."""
+
+
+class ClientSockets:
+    """Bound kernel sockets. Use :meth:`serve` in a task group; :meth:`close` at the end."""
+
+    def __init__(self, connection: dict[str, Any], key: bytes) -> None:
+        self.connection = connection
+        self.key = key
+        self.ctx = zmq.asyncio.Context()
+        self.sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._queued: collections.deque[tuple[zmq.MessageTracker, int]] = collections.deque()
+        self._queued_bytes = 0
+        self.dropped = 0
+
+    def bind(self) -> None:
+        """Bind every socket; a port of 0 in the connection info is replaced by a free port.
+        Raises zmq.ZMQError (e.g. a port in use)."""
+        ip = self.connection.get("ip", "127.0.0.1")
+        kinds = {
+            "shell": zmq.ROUTER,
+            "control": zmq.ROUTER,
+            "stdin": zmq.ROUTER,
+            "iopub": zmq.PUB,
+            "hb": zmq.ROUTER,
+        }
+        try:
+            for channel, kind in kinds.items():
+                sock = self.ctx.socket(kind)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, SNDHWM)
+                sock.setsockopt(zmq.RCVHWM, RCVHWM)
+                if kind == zmq.ROUTER:
+                    # Don't silently drop a reply to a client that went away and came back.
+                    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+                self.sockets[channel] = sock
+                port = int(self.connection.get(f"{channel}_port") or 0)
+                if port:
+                    sock.bind(f"tcp://{ip}:{port}")
+                else:  # bound by ZMQ itself: no window in which another process takes the port
+                    self.connection[f"{channel}_port"] = sock.bind_to_random_port(f"tcp://{ip}")
+        except BaseException:
+            self.close()
+            raise
+
+    async def serve(self, on_message: ClientMessage) -> None:
+        """Receive from every client socket until cancelled (and echo heartbeats)."""
+        async with anyio.create_task_group() as tg:
+            for channel in ROUTED_CHANNELS:
+                tg.start_soon(self._pump, channel, on_message)
+            tg.start_soon(self._heartbeat)
+
+    async def _pump(self, channel: str, on_message: ClientMessage) -> None:
+        sock = self.sockets[channel]
+        while True:
+            parts = await sock.recv_multipart()
+            try:
+                wire = frames.from_wire(parts)
+            except ValueError as exc:
+                log.warning("dropped a malformed %s message from a client: %s", channel, exc)
+                continue
+            if not frames.verify(self.key, wire):
+                log.warning("dropped a %s message with a bad signature", channel)
+                continue
+            await on_message(channel, wire)
+
+    async def _heartbeat(self) -> None:
+        """Echo heartbeats (what ipykernel's Heartbeat thread does), as a task."""
+        sock = self.sockets["hb"]
+        while True:
+            parts = await sock.recv_multipart()
+            with contextlib.suppress(zmq.ZMQError):
+                await sock.send_multipart(parts, flags=zmq.NOBLOCK)
+
+    async def publish(self, msg: dict[str, Any], buffers: list[bytes]) -> None:
+        """Send an iopub message to every subscriber (none: nothing is queued)."""
+        msg_type = str(msg.get("header", {}).get("msg_type", ""))
+        await self._send("iopub", [f"kernel.{msg_type}".encode()], msg, buffers)
+
+    async def reply(
+        self, channel: str, idents: list[bytes], msg: dict[str, Any], buffers: list[bytes]
+    ) -> None:
+        """Send a reply (or input_request) to the client identity that asked."""
+        await self._send(channel, idents, msg, buffers)
+
+    async def _send(
+        self, channel: str, prefix: list[bytes], msg: dict[str, Any], buffers: list[bytes]
+    ) -> None:
+        try:
+            parts = [*prefix, *frames.to_wire(msg, buffers, self.key)]
+        except (TypeError, ValueError) as exc:
+            log.warning("dropped an unserializable %s message: %s", channel, exc)
+            return
+        size = sum(len(part) for part in parts)
+        self._forget_sent()
+        if size >= TRACK_BYTES and self._queued_bytes + size > MAX_QUEUED_BYTES:
+            self._drop(channel, size)
+            return
+        try:
+            if size >= TRACK_BYTES:
+                tracker = await self.sockets[channel].send_multipart(
+                    parts, flags=zmq.NOBLOCK, copy=False, track=True
+                )
+                if tracker is not None:
+                    self._queued.append((tracker, size))
+                    self._queued_bytes += size
+            else:
+                await self.sockets[channel].send_multipart(parts, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._drop(channel, size)  # the client's queue is at its high-water mark
+
+    def _forget_sent(self) -> None:
+        while self._queued and self._queued[0][0].done:
+            _, size = self._queued.popleft()
+            self._queued_bytes -= size
+
+    def _drop(self, channel: str, size: int) -> None:
+        self.dropped += 1
+        if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+            log.warning(
+                "a client is not reading: dropped %d message(s) (last: %s, %d bytes)",
+                self.dropped,
+                channel,
+                size,
+            )
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close(linger=0)
+        self.sockets.clear()
+        self.ctx.term()
