@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,9 @@ class EngineSettings:
     """``DOCKER_TLS``: TLS without verifying the engine's certificate (as docker's ``--tls``)."""
     cert_path: Path | None = None
     """``DOCKER_CERT_PATH`` (default ``~/.docker``)."""
+    ssh_command: tuple[str, ...] = ("ssh",)
+    """``KERNELBRIDGE_SSH_COMMAND``: the ssh client and options for ``ssh://`` engines (e.g.
+    ``ssh -i ~/.ssh/engine_key``), split like a shell would; plain ``ssh`` reads ~/.ssh/config."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,4 +201,19 @@ def _engine_settings(env: Mapping[str, str]) -> EngineSettings:
         tls_verify=bool((env.get("DOCKER_TLS_VERIFY") or "").strip()),
         tls=bool((env.get("DOCKER_TLS") or "").strip()),
         cert_path=Path(cert_path).expanduser() if cert_path else None,
+        ssh_command=_ssh_command(env),
     )
+
+
+def _ssh_command(env: Mapping[str, str]) -> tuple[str, ...]:
+    found = _lookup(env, "SSH_COMMAND")
+    if found is None:
+        return ("ssh",)
+    var, raw = found
+    try:
+        words = tuple(shlex.split(raw))
+    except ValueError as exc:
+        raise ConfigError(f"{var}={raw!r} is not a command line: {exc}") from None
+    if not words:
+        raise ConfigError(f"{var} is empty")
+    return words

@@ -35,8 +35,10 @@ if [[ ! -x $VENV/bin/python ]] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/
 fi
 if ((!venv_only)); then
     need podman podman
-    # dockerd for the docker backends' tests, which start their own (no bridge, no iptables rules).
+    # dockerd for the docker backends' tests, which start their own (no bridge, no iptables rules);
+    # sshd for the ssh:// engine test, which runs its own in a network namespace.
     need dockerd docker.io
+    need sshd openssh-server
     need runc runc
     need mmdebstrap mmdebstrap
     need newuidmap uidmap

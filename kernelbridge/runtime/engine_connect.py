@@ -51,10 +51,11 @@ async def connect_engine(
     helpers: list[HelperProcess] = []
     unix_path = None
     if endpoint.scheme == "ssh":
-        if shutil.which("ssh") is None:
-            raise RuntimeUnavailable(f"cannot reach {endpoint.url}: ssh is not installed")
+        ssh = settings.engine.ssh_command
+        if shutil.which(ssh[0]) is None:
+            raise RuntimeUnavailable(f"cannot reach {endpoint.url}: {ssh[0]} is not installed")
         remote = default_remote_socket(engine, endpoint)
-        helper, local = ssh_forward(endpoint, remote, settings.run_dir)
+        helper, local = ssh_forward(endpoint, remote, settings.run_dir, ssh)
         ping = _client(Endpoint("unix", path=str(local)), engine)
 
         async def ready() -> bool:

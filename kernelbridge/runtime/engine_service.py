@@ -158,14 +158,14 @@ def podman_service(
 
 
 def ssh_forward(
-    endpoint: Endpoint, remote_socket: str, run_dir: Path, ssh: str = "ssh"
+    endpoint: Endpoint, remote_socket: str, run_dir: Path, ssh: tuple[str, ...] = ("ssh",)
 ) -> tuple[HelperProcess, Path]:
     """An ``ssh -NL local.sock:remote.sock`` forward to ``endpoint``'s engine socket."""
     tag = zlib.crc32(endpoint.url.encode()) % 10**8
     sock, private = socket_path(run_dir, f"ssh-{os.getpid()}-{tag}.sock")
     target = f"{endpoint.user}@{endpoint.host}" if endpoint.user else endpoint.host
     argv = [
-        ssh, "-N", "-T",
+        *ssh, "-N", "-T",
         # Never prompt (no terminal here): keys or an agent must be set up, as for `docker -H ssh://`.
         "-o", "BatchMode=yes",
         "-o", "ExitOnForwardFailure=yes",

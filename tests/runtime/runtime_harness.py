@@ -357,3 +357,49 @@ print(json.dumps({
     'interfaces': sorted(os.listdir('/sys/class/net')),
 }))
 """
+
+
+def ssh_keys(directory: Path) -> tuple[Path, Path]:
+    """A host key for sshd and a client key authorised to log in as this user."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    host, client = directory / "host_key", directory / "client_key"
+    for key in (host, client):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30
+        )
+    shutil.copy(directory / "client_key.pub", directory / "authorized_keys")
+    return host, client
+
+
+def start_sshd(directory: Path, address: str, netns: str) -> Daemon:
+    """An sshd of our own on ``address``:22 inside ``netns``: key login only, local forwards
+    allowed (what ``ssh -L local.sock:remote.sock`` needs), nothing else."""
+    host, _ = ssh_keys(directory)
+    config = directory / "sshd_config"
+    config.write_text(
+        f"ListenAddress {address}:22\n"
+        f"HostKey {host}\n"
+        f"AuthorizedKeysFile {directory / 'authorized_keys'}\n"
+        f"PidFile {directory / 'sshd.pid'}\n"
+        "PermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "UsePAM no\n"
+        "StrictModes no\n"
+        "AllowStreamLocalForwarding local\n"
+        # Needed too: sshd permits any local forward (a socket path included) only when local
+        # TCP forwarding is allowed ("... the request was denied" otherwise).
+        "AllowTcpForwarding local\n"
+        "X11Forwarding no\n"
+    )
+    # sshd's privilege-separation directory (created by its package's service unit, which we
+    # do not run).
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    daemon = Daemon(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], directory / "sshd.log", netns)
+
+    def listening() -> bool:
+        probe = ["nsenter", f"--net=/run/netns/{netns}", "--", "ss", "-Htln", f"src {address}:22"]
+        return bool(subprocess.run(probe, capture_output=True, text=True, timeout=10).stdout.strip())
+
+    daemon.wait_ready(listening)
+    return daemon

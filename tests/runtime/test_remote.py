@@ -26,6 +26,7 @@ from runtime_harness import (
     remove_private_podman,
     start_dockerd,
     start_private_podman,
+    start_sshd,
     tiny_rootfs,
 )
 
@@ -154,3 +155,57 @@ async def test_dockerd_over_tls(netns: NetNs, tmp_path: Path) -> None:
                     pass
     finally:
         daemon.stop()
+
+
+def ssh_processes(sock_dir: str) -> list[int]:
+    """Our ssh forwards: ssh processes whose command line names a socket under ``sock_dir``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"ssh") and any(sock_dir.encode() in a for a in argv):
+            found.append(int(entry.name))
+    return found
+
+
+async def test_podman_service_over_ssh(netns: NetNs, tmp_path: Path) -> None:
+    if not await anyio.Path("/usr/sbin/sshd").exists():
+        pytest.skip("sshd is not installed (openssh-server)")
+    keys = Path(tempfile.mkdtemp(prefix="kbssh-"))
+    podman_dir = Path(tempfile.mkdtemp(prefix="kbsp-"))
+    sshd = start_sshd(keys, netns.ns_ip, netns.name)
+    # The engine listens on a unix socket "on the remote machine" (here: the same file system,
+    # reached only through sshd in the namespace).
+    service = start_private_podman(podman_dir)
+    try:
+        url = f"ssh://root@{netns.ns_ip}{podman_dir}/p.sock"
+        ssh = ("ssh", "-i", str(keys / "client_key"), "-o", "StrictHostKeyChecking=no",
+               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR")  # fmt: skip
+        engine = EngineSettings(container_host=url, ssh_command=ssh)
+        run_dir = tmp_path / "state" / "run"
+        settings = Settings(state_dir=tmp_path / "state", runtime="podman-api", engine=engine)
+        with anyio.fail_after(STEP):
+            async with open_selection(settings) as selected:
+                assert (
+                    selected.reason
+                    == f"podman API at ssh://root@{netns.ns_ip}:22{podman_dir}/p.sock (CONTAINER_HOST)"
+                )
+                backend = selected.backend
+                await backend.import_image(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
+                async with anyio.create_task_group() as tg:
+                    for _ in range(3):
+                        tg.start_soon(round_trip, backend)
+                # One forward per engine, whatever the number of sandboxes and calls.
+                assert len(ssh_processes(str(run_dir))) == 1
+                assert await backend.remove_image(TINY)
+        assert ssh_processes(str(run_dir)) == [], "closing the runtime stops its ssh forward"
+        assert not list(run_dir.glob("ssh-*.sock"))
+    finally:
+        service.stop()
+        sshd.stop()
+        remove_private_podman(podman_dir)
+        shutil.rmtree(keys, ignore_errors=True)

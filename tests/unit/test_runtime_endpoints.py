@@ -119,3 +119,7 @@ def test_runtime_settings() -> None:
     assert s.engine.docker_host == "tcp://d:2376" and s.engine.container_host == "unix:///p.sock"
     assert s.engine.tls_verify and s.engine.cert_path == Path("~/certs").expanduser()
     assert load_settings({"HOME": "/h"}).engine == EngineSettings()
+    ssh = load_settings({"HOME": "/h", "KERNELBRIDGE_SSH_COMMAND": "ssh -i '/k ey' -o Port=2"})
+    assert ssh.engine.ssh_command == ("ssh", "-i", "/k ey", "-o", "Port=2")
+    with pytest.raises(ConfigError, match="KERNELBRIDGE_SSH_COMMAND=.* is not a command line"):
+        load_settings({"HOME": "/h", "KERNELBRIDGE_SSH_COMMAND": "ssh -i 'unclosed"})
