@@ -121,5 +121,5 @@ def test_runtime_settings() -> None:
     assert load_settings({"HOME": "/h"}).engine == EngineSettings()
     ssh = load_settings({"HOME": "/h", "KERNELBRIDGE_SSH_COMMAND": "ssh -i '/k ey' -o Port=2"})
     assert ssh.engine.ssh_command == ("ssh", "-i", "/k ey", "-o", "Port=2")
-    with pytest.raises(ConfigError, match="KERNELBRIDGE_SSH_COMMAND=.* is not a command line"):
+    with pytest.raises(ConfigError, match=r"KERNELBRIDGE_SSH_COMMAND=.* is not a command line"):
         load_settings({"HOME": "/h", "KERNELBRIDGE_SSH_COMMAND": "ssh -i 'unclosed"})
