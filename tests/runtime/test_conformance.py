@@ -264,3 +264,34 @@ async def test_send_after_eof_and_close_are_refused(backend: RuntimeBackend, san
         with pytest.raises(anyio.ClosedResourceError):
             await stream.receive()
         await backend.remove([container])
+
+
+async def test_a_cancelled_receive_loses_nothing(backend: RuntimeBackend, sandbox_image: str) -> None:
+    with anyio.fail_after(STEP):
+        container = await backend.create(make_spec(sandbox_image, CAT))
+        stream = await backend.attach(container)
+        # A receive cancelled while waiting (a cell's timeout) leaves the stream usable and
+        # consumes nothing.
+        with anyio.move_on_after(0.2) as scope:
+            await stream.receive()
+        assert scope.cancelled_caught
+        await stream.send(b"after the timeout\n")
+        got = b""
+        while got != b"after the timeout\n":
+            got += await stream.receive()
+        await stream.send_eof()
+        assert await read_all(stream) == b""
+        await stream.aclose()
+        await backend.remove([container])
+
+
+async def test_a_cancelled_attach_leaves_a_removable_container(
+    backend: RuntimeBackend, sandbox_image: str
+) -> None:
+    with anyio.fail_after(STEP):
+        container = await backend.create(make_spec(sandbox_image, CAT))
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # cancelled before the engine answered: nothing half-attached leaks
+            await backend.attach(container)
+        await backend.remove([container])
+        assert await backend.inspect(container) is None
