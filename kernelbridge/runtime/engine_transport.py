@@ -19,7 +19,7 @@ import contextlib
 import errno
 import json
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -365,6 +365,3 @@ def _query_value(value: object) -> str:
     if isinstance(value, dict):
         return json.dumps(value)
     return str(value)
-
-
-HalfClose = Callable[[], Coroutine[Any, Any, None]]
