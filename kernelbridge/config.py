@@ -88,8 +88,22 @@ class Settings:
     output_limit: int = 20_000
     """Characters of output returned to the model per call (head and tail are kept)."""
     servers_config: tuple[Path, ...] = ()
+    allow_servers: tuple[str, ...] = ()
+    """``KERNELBRIDGE_ALLOW_SERVERS``: comma-separated host MCP server names (fnmatch wildcards
+    allowed); when set, only matching servers can be granted or seen by sandboxed code.
+    Empty: every configured server is allowed."""
+    deny_servers: tuple[str, ...] = ()
+    """``KERNELBRIDGE_DENY_SERVERS``: comma-separated server names or patterns hidden from
+    sandboxed code and refused as grants; wins over ``allow_servers``."""
+    deny_tools: tuple[str, ...] = ()
+    """``KERNELBRIDGE_DENY_TOOLS``: comma-separated ``server.tool`` patterns (fnmatch wildcards,
+    matched against the real names, e.g. ``github.delete_*`` or ``*.shell``). A denied tool is absent
+    from every tool list and its calls answer ``denied``."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     kernel_start_timeout: float = 60.0
+    labels: tuple[tuple[str, str], ...] = ()
+    """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
+    container, e.g. to tell an operator's bridges apart on a shared engine."""
     engine: EngineSettings = field(default_factory=EngineSettings)
 
     @property
@@ -144,6 +158,43 @@ def _size(env: Mapping[str, str], name: str, default: str) -> str:
     return raw.lower()
 
 
+def _names(env: Mapping[str, str], name: str, *, dotted: bool = False) -> tuple[str, ...]:
+    """A comma-separated list of names or fnmatch patterns; ``dotted`` requires ``server.tool``."""
+    found = _lookup(env, name)
+    if found is None:
+        return ()
+    var, raw = found
+    items = tuple(item.strip() for item in raw.split(",") if item.strip())
+    for item in items:
+        if dotted and "." not in item and item != "*":
+            raise ConfigError(f"{var}: {item!r} is not a server.tool pattern (e.g. github.delete_*)")
+    return items
+
+
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _labels(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    found = _lookup(env, "LABELS")
+    if found is None:
+        return ()
+    var, raw = found
+    labels = []
+    for item in (part.strip() for part in raw.split(",") if part.strip()):
+        key, sep, value = item.partition("=")
+        if (
+            not sep
+            or not _LABEL_KEY.match(key)
+            or (key.startswith("kernelbridge.") and key in _RESERVED_LABELS)
+        ):
+            raise ConfigError(f"{var}: {item!r} is not a key=value label (or uses a reserved key)")
+        labels.append((key, value))
+    return tuple(labels)
+
+
+_RESERVED_LABELS = frozenset({"kernelbridge.session", "kernelbridge.owner", "kernelbridge.host"})
+
+
 def default_state_dir(env: Mapping[str, str]) -> Path:
     base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "state")
     return Path(base) / "kernelbridge"
@@ -184,8 +235,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_timeout=max_timeout,
         output_limit=int(_number(env, "OUTPUT_LIMIT", 20_000, minimum=200, integer=True)),
         servers_config=tuple(Path(p).expanduser() for p in servers[1].split(os.pathsep)) if servers else (),
+        allow_servers=_names(env, "ALLOW_SERVERS"),
+        deny_servers=_names(env, "DENY_SERVERS"),
+        deny_tools=_names(env, "DENY_TOOLS", dotted=True),
         limits=limits,
         kernel_start_timeout=_number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
+        labels=_labels(env),
         engine=_engine_settings(env),
     )
 

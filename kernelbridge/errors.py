@@ -8,7 +8,11 @@ boundaries (e.g. a failing ``podman`` call becomes RuntimeUnavailable inside ``r
     ├── SandboxError                  a sandbox failed to start or misbehaved
     │   ├── AgentMismatch             the image's agent is not the one this host expects
     │   └── KernelDied                the kernel process in the sandbox exited
-    └── SessionError                  session-level refusal (bad name, too many sessions, ...)
+    ├── SessionError                  session-level refusal (bad name, too many sessions, ...)
+    ├── HubError                      host MCP servers: an unknown or denied server name, a skill refused
+    │   └── SkillError                a saved tool (skill) name, size or lookup was refused
+    └── RpcError                      the answer to one sandbox rpc request: ``kind`` + ``message``
+                                      (kinds in docs/rpc.md); its message goes to sandboxed code
 
 Every message says what happened, why it matters and what to do.
 """
@@ -46,3 +50,31 @@ class KernelDied(SandboxError):
 
 class SessionError(KernelBridgeError):
     """A session operation was refused."""
+
+
+class HubError(KernelBridgeError):
+    """A request about host MCP servers was refused (unknown or denied server, ...)."""
+
+
+class SkillError(HubError):
+    """A saved tool (skill) could not be stored, found or removed."""
+
+
+class RpcError(KernelBridgeError):
+    """The error answer to one rpc request from sandboxed code (see docs/rpc.md).
+
+    ``kind`` is one of the documented error kinds; ``message`` is one line that sandboxed code
+    reads, so it never contains host paths, commands, environment values or headers.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def to_wire(self) -> dict[str, str]:
+        """The ``error`` member of an ``rpc_response`` frame."""
+        return {"kind": self.kind, "message": self.message}
+
+    def __repr__(self) -> str:
+        return f"RpcError({self.kind!r}, {self.message!r})"

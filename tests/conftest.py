@@ -2,32 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 
 import anyio
 import pytest
 
 from kernelbridge.config import load_settings
-from kernelbridge.runtime import SESSION_LABEL, cli_runtime, pid_alive
+from kernelbridge.runtime import cli_runtime
+
+# Every sandbox this test run starts carries this label (the settings pass it on, and the server
+# fixtures hand it to the bridges they spawn), so the check below sees this run's containers only,
+# whatever other test runs or bridges share the engine.
+TEST_RUN_LABEL = "kernelbridge.test-run"
+TEST_RUN = uuid.uuid4().hex[:12]
+os.environ["KERNELBRIDGE_LABELS"] = f"{TEST_RUN_LABEL}={TEST_RUN}"
 
 # Containers end asynchronously (`--rm` after the agent exits); give them this long to go.
 LEFTOVER_GRACE = 20.0
 
 
 def leftover_containers() -> list[str]:
-    """Sandbox containers whose owner is this test process or a process that no longer exists
-    (a bridge started by a test). Containers of a developer's live bridge are not ours."""
-    import os
-
+    """Sandbox containers started by this test run (by the test process or a bridge it spawned)."""
     runtime = cli_runtime(load_settings())
-    containers = anyio.run(runtime.list, {SESSION_LABEL: ""})
-    return [
-        c.name
-        for c in containers
-        if c.owner_pid is None or c.owner_pid == os.getpid() or not pid_alive(c.owner_pid)
-    ]
+    return [c.name for c in anyio.run(runtime.list, {TEST_RUN_LABEL: TEST_RUN})]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,7 +18,8 @@ from typing import Any
 
 import anyio
 
-from kernelbridge.config import Settings
+from kernelbridge import frames
+from kernelbridge.config import SandboxLimits, Settings
 from kernelbridge.errors import AgentMismatch, ImageError, KernelDied, SandboxError
 from kernelbridge.frames import (
     EXIT_AGENT_MISMATCH,
@@ -46,6 +47,7 @@ def container_spec(settings: Settings, session: str, image: str) -> ContainerSpe
         owner_pid=os.getpid(),
         owner_host=socket.gethostname(),
         limits=settings.limits,
+        labels=settings.labels,
     )
 
 
@@ -88,6 +90,34 @@ async def started_container(
                 log.warning(
                     "removing container %s took over %.0f s; left for reaping", spec.name, REMOVE_TIMEOUT
                 )
+
+
+def launch_frame(
+    *, connection_file: str, spec: ContainerSpec, agent_hash: str | None, settings: Settings
+) -> frames.Frame:
+    """The ``launch`` frame the provisioner sends first."""
+    container = {
+        "image": spec.image,
+        "name": spec.name,
+        "session": spec.session,
+        "owner_pid": spec.owner_pid,
+        "owner_host": spec.owner_host,
+        "labels": [list(pair) for pair in spec.labels],
+    }
+    return {
+        "type": frames.LAUNCH,
+        "connection_file": connection_file,
+        "agent_hash": agent_hash,
+        "container": container,
+        "limits": _limits_dict(settings.limits),
+        "runtime": settings.runtime,
+        "state_dir": str(settings.state_dir),
+        "start_timeout": settings.kernel_start_timeout,
+    }
+
+
+def _limits_dict(limits: SandboxLimits) -> dict[str, Any]:
+    return {name: getattr(limits, name) for name in limits.__slots__}  # type: ignore[attr-defined]
 
 
 def start_failure(exit_frame: dict[str, Any] | None, stderr: list[str], oom: bool = False) -> SandboxError:

@@ -47,8 +47,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from kernelbridge import frames
 from kernelbridge.config import Settings, load_settings
 from kernelbridge.errors import KernelBridgeError, SandboxError
-from kernelbridge.kernel.launch import container_spec, expected_image, start_failure
-from kernelbridge.kernel.tunnel_process import launch_frame
+from kernelbridge.kernel.launch import container_spec, expected_image, launch_frame, start_failure
 from kernelbridge.runtime import ContainerSpec, open_runtime
 from kernelbridge.tunnel import SocketFrameChannel
 
@@ -101,7 +100,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs = await super().pre_launch(**kwargs)
         settings = self.settings
         prune_logs(settings.logs_dir)
-        log_file = settings.logs_dir / f"kernel-{self.session_name}-{self.kernel_id[:8]}.log"
+        log_file = self._log_path()
         kwargs["cmd"] = [
             sys.executable,
             "-m",
@@ -112,6 +111,13 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             str(log_file),
         ]
         return kwargs
+
+    def _log_path(self) -> Path:
+        return self.settings.logs_dir / f"kernel-{self.session_name}-{self.kernel_id[:8]}.log"
+
+    def _log_file(self) -> Any:
+        fd = os.open(self._log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return os.fdopen(fd, "ab")
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         """Start the tunnel and wait until the sandboxed kernel is ready.
@@ -124,16 +130,15 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         image, agent_hash = expected_image(settings)
         self.spec = container_spec(settings, self.session_name, image)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        # jupyter_client launches with close_fds=False (and Popen would warn if pass_fds
-        # overrode that): the tunnel inherits the fd because it is marked inheritable.
-        theirs.set_inheritable(True)
         try:
             cmd = [part.replace("{control_fd}", str(theirs.fileno())) for part in cmd]
             kwargs = self._scrub_kwargs(kwargs)
             kwargs.update(
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                # A crash before the tunnel configures its logging still leaves a trace.
+                stderr=self._log_file(),
                 # The runtime's helpers inherit this: conmon drops an `oom` file in its working
                 # directory after an OOM kill; it must not land wherever the user is.
                 cwd=str(private_dir(settings.run_dir)),
@@ -141,6 +146,8 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.process = launch_kernel(cmd, **kwargs)
         finally:
             theirs.close()
+            if hasattr(kwargs.get("stderr"), "close"):
+                kwargs["stderr"].close()
         self.pid = self.process.pid
         self.pgid = os.getpgid(self.pid)
         self.control = SocketFrameChannel(ours)

@@ -32,7 +32,6 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -57,33 +56,6 @@ NO_HUB = (
 )
 
 
-def launch_frame(
-    *, connection_file: str, spec: ContainerSpec, agent_hash: str | None, settings: Settings
-) -> frames.Frame:
-    """The ``launch`` frame the provisioner sends first."""
-    container = {
-        "image": spec.image,
-        "name": spec.name,
-        "session": spec.session,
-        "owner_pid": spec.owner_pid,
-        "owner_host": spec.owner_host,
-    }
-    return {
-        "type": frames.LAUNCH,
-        "connection_file": connection_file,
-        "agent_hash": agent_hash,
-        "container": container,
-        "limits": _limits_dict(settings.limits),
-        "runtime": settings.runtime,
-        "state_dir": str(settings.state_dir),
-        "start_timeout": settings.kernel_start_timeout,
-    }
-
-
-def _limits_dict(limits: SandboxLimits) -> dict[str, Any]:
-    return {name: getattr(limits, name) for name in limits.__slots__}  # type: ignore[attr-defined]
-
-
 async def serve(control: SocketFrameChannel) -> int:
     """Run one sandbox for the provisioner on ``control``; returns the exit status."""
     with anyio.fail_after(LAUNCH_TIMEOUT):
@@ -97,7 +69,9 @@ async def serve(control: SocketFrameChannel) -> int:
         limits=SandboxLimits(**launch.get("limits") or {}),
         kernel_start_timeout=float(launch.get("start_timeout") or 60.0),
     )
-    spec = ContainerSpec(**launch["container"], limits=settings.limits)
+    container = dict(launch["container"])
+    labels = tuple((str(k), str(v)) for k, v in container.pop("labels", []))
+    spec = ContainerSpec(**container, labels=labels, limits=settings.limits)
     connection = json.loads(await anyio.Path(str(launch["connection_file"])).read_text())
     try:
         async with open_runtime(settings) as runtime, started_container(runtime, spec) as (_, stream):

@@ -313,6 +313,7 @@ class Agent:
         os.set_blocking(kernel_out, False)
         poller.register(kernel_out, zmq.POLLIN)
         rpc = self.rpc
+        rpc_fd = rpc.fd  # kept: a closed socket's fileno() is -1, but the poller knows this number
         rpc_events = 0
         while True:
             if self.terminating:
@@ -325,22 +326,22 @@ class Agent:
             wanted = 0 if rpc.closed else zmq.POLLIN | (zmq.POLLOUT if rpc.wants_write else 0)
             if wanted != rpc_events:
                 if rpc_events:
-                    poller.unregister(rpc.fd)
+                    poller.unregister(rpc_fd)
                 if wanted:
-                    poller.register(rpc.fd, wanted)
+                    poller.register(rpc_fd, wanted)
                 rpc_events = wanted
             for sock, event in poller.poll(200):
                 if sock == self._stdin:
                     self.read_stdin()
                 elif sock == kernel_out:
                     self.forward_kernel_output(kernel_out)
-                elif rpc_events and sock == rpc.fd:
+                elif rpc_events and sock == rpc_fd:
                     if event & zmq.POLLOUT:
                         rpc.on_writable()
                     if event & zmq.POLLIN:
                         rpc.on_readable()
                     if rpc.closed:
-                        poller.unregister(rpc.fd)
+                        poller.unregister(rpc_fd)
                         rpc_events = 0
                 elif (received := self.receive_from_kernel(sock)) is not None:
                     msg, buffers = received

@@ -7,6 +7,7 @@ containers, and leaves none behind.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -44,7 +45,11 @@ def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=str(KERNELBRIDGE),
         args=["serve"],
-        env={"KERNELBRIDGE_STATE_DIR": str(state_dir), **env},
+        env={
+            "KERNELBRIDGE_STATE_DIR": str(state_dir),
+            "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
+            **env,
+        },
         cwd=str(REPO),
     )
 

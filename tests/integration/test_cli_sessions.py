@@ -53,7 +53,16 @@ async def test_sessions_attach_and_export_see_a_live_session(connect, tmp_path: 
         assert exported.returncode == 0, exported.stderr
     nb = nbformat.read(tmp_path / "look.ipynb", as_version=4)
     nbformat.validate(nb)
-    assert [c.source for c in nb.cells] == ["secret = 'made by the agent'", "human"]
+    # The console's cells are part of the record too, marked as another client's.
+    assert [c.source for c in nb.cells] == [
+        "secret = 'made by the agent'",
+        "print(secret)",
+        "human = 1",
+        "human",
+    ]
+    sources = [c.metadata["kernelbridge"]["source"] for c in nb.cells]
+    assert sources == ["mcp", "client", "client", "mcp"]
+    assert nb.cells[1].outputs[0]["text"] == "made by the agent\n"
 
 
 async def test_attach_to_an_unknown_session_is_a_one_line_error(tmp_path: Path) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -15,7 +13,7 @@ import pytest
 from kernelbridge.config import Settings, load_settings
 from kernelbridge.errors import AgentMismatch
 from kernelbridge.kernel import SandboxKernelManager
-from kernelbridge.runtime import ContainerSpec, detect_runtime, reap_orphans
+from kernelbridge.runtime import ContainerSpec, cli_runtime, reap_orphans
 
 pytestmark = pytest.mark.podman
 
@@ -29,11 +27,13 @@ def settings(tmp_path: Path, sandbox_image: str) -> Settings:
 async def test_a_stale_agent_is_refused_with_a_clear_message(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kernelbridge.image
+    import kernelbridge.kernel.provisioner
+    from kernelbridge.image import default_image
 
-    real_image = kernelbridge.image.default_image()
-    monkeypatch.setattr(kernelbridge.image, "agent_hash", lambda *args: "f" * 64)
-    km = SandboxKernelManager(settings=replace(settings, image=real_image), session_name="stale")
+    real_image = default_image()
+    # A host whose own agent differs from the one baked into the image.
+    monkeypatch.setattr(kernelbridge.kernel.provisioner, "expected_image", lambda _: (real_image, "f" * 64))
+    km = SandboxKernelManager(settings=settings, session_name="stale")
     with pytest.raises(AgentMismatch, match="rebuild it with `kernelbridge image build`"):
         await km.start_kernel()
 
@@ -45,35 +45,28 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def test_containers_of_a_dead_bridge_are_reaped_and_live_ones_kept(settings: Settings) -> None:
-    runtime = detect_runtime(settings)
+@pytest.mark.anyio
+async def test_containers_of_a_dead_bridge_are_reaped_and_live_ones_kept(settings: Settings) -> None:
     image = kernelbridge_image(settings)
     orphan_name = f"kernelbridge-reap-orphan-{os.getpid()}"
     mine_name = f"kernelbridge-reap-mine-{os.getpid()}"
+    async with cli_runtime(settings) as runtime:
 
-    def reap_containers() -> set[str]:
-        return {c.name for c in anyio.run(runtime.list_containers, {"kernelbridge.session": "reap"})}
+        async def reap_containers() -> set[str]:
+            return {c.name for c in await runtime.list({"kernelbridge.session": "reap"})}
 
-    procs = []
-    try:
-        for name, owner in ((mine_name, os.getpid()), (orphan_name, dead_pid())):
-            spec = ContainerSpec(
-                image=image, name=name, session="reap", owner_pid=owner, command=("sleep", "120")
-            )
-            argv = runtime.run_argv(spec)
-            procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE))
-            deadline = time.monotonic() + 60
-            while name not in reap_containers():  # bounded wait until the runtime lists it
-                assert procs[-1].poll() is None, procs[-1].stderr.read()
-                assert time.monotonic() < deadline, f"{name} did not start"
-                time.sleep(0.1)
-        assert anyio.run(reap_orphans, settings, runtime) >= 1
-        assert reap_containers() == {mine_name}
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-        anyio.run(runtime.remove, [orphan_name, mine_name])
+        try:
+            with anyio.fail_after(60):
+                for name, owner in ((mine_name, os.getpid()), (orphan_name, dead_pid())):
+                    spec = ContainerSpec(
+                        image=image, name=name, session="reap", owner_pid=owner, command=("sleep", "120")
+                    )
+                    await runtime.create(spec)
+                assert await reap_containers() == {mine_name, orphan_name}
+                assert await reap_orphans(runtime) >= 1
+                assert await reap_containers() == {mine_name}
+        finally:
+            await runtime.remove([orphan_name, mine_name])
 
 
 def kernelbridge_image(settings: Settings) -> str:
@@ -110,13 +103,13 @@ def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings
 @pytest.mark.anyio
 @pytest.mark.parametrize("after", [0.05, 0.3, 0.6])
 async def test_cancelling_a_start_leaves_no_container(settings: Settings, after: float) -> None:
-    runtime = detect_runtime(settings)
     session = f"cancel{int(after * 100)}"
     km = SandboxKernelManager(settings=settings, session_name=session)
     with anyio.move_on_after(after) as scope:
         await km.start_kernel()
     if not scope.cancelled_caught:  # started before the deadline: an ordinary shutdown
         await km.shutdown_kernel(now=True)
-    with anyio.fail_after(30):
-        while await runtime.list_containers({"kernelbridge.session": session}):  # noqa: ASYNC110
-            await anyio.sleep(0.2)  # the runtime has no "removed" event to wait for
+    async with cli_runtime(settings) as runtime:
+        with anyio.fail_after(30):
+            while await runtime.list({"kernelbridge.session": session}):  # noqa: ASYNC110
+                await anyio.sleep(0.2)  # the runtime has no "removed" event to wait for

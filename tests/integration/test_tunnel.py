@@ -1,33 +1,38 @@
-"""The tunnel process with the agent run locally (no container): hostile bytes from the sandbox
-side are dropped, routing keeps each client's replies its own, SIGINT becomes an interrupt."""
+"""The tunnel over a real stdio stream, with the agent run locally by the test-double runtime (no
+container): hostile bytes from the sandbox side are dropped, routing keeps each client's replies
+its own, the owner's control frames interrupt and restart the kernel behind the same sockets."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
+import logging
+import secrets
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import pytest
 from jupyter_client.asynchronous import AsyncKernelClient
-from jupyter_client.connect import write_connection_file
 
 from kernelbridge import frames
+from kernelbridge.kernel.launch import new_connection, write_connection_file
+from kernelbridge.runtime import ContainerSpec
+from kernelbridge.runtime.local import LocalProcessRuntime
+from kernelbridge.tunnel import FrameChannel, Tunnel, memory_channel_pair
 
-REPO = Path(__file__).resolve().parents[2]
 # Before exec'ing the agent, the fake "container" writes what a hostile sandbox could: garbage,
-# JSON that is not an object, an unknown frame type, a reply nobody asked for and a 3 MiB line.
+# JSON that is not an object, an unknown frame type, a reply nobody asked for, a 3 MiB line, a
+# line nested 100 000 levels deep, a ready frame nobody asked for later.
 HOSTILE_PREFIX = r"""
 import os, sys
 out = sys.stdout.buffer
-out.write(b"\x00\xffnot json\n[1, 2]\n\"str\"\n{\"type\": \"launch\"}\n")
+out.write(b"\x00\xffnot json\n[1, 2]\n\"str\"\n{\"type\": \"nope\"}\n")
 out.write(b'{"type": "kernel", "channel": "shell", "msg": {"header": {}, "parent_header": {}}}\n')
 out.write(b'{"type": "log", "message": "' + b"y" * (3 * 1024 * 1024) + b'"}\n')
+out.write(b'{"type": "log", "message": ' + b"[" * 100000 + b"]" * 100000 + b"}\n")
 out.flush()
 os.execv(sys.executable, [sys.executable, "-m", "kernelbridge.sandbox.agent"])
 """
@@ -38,22 +43,38 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-def tunnel(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
-    connection_file, _ = write_connection_file(str(tmp_path / "kernel.json"), ip="127.0.0.1", key=b"host-key")
-    log_file = tmp_path / "tunnel.log"
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kernelbridge.tunnel", "--connection-file", connection_file,
-         "--log-file", str(log_file), "--", sys.executable, "-c", HOSTILE_PREFIX],
-        stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    event = json.loads(proc.stdout.readline())
-    assert event["event"] == "ready", event
-    yield proc, connection_file, log_file
-    proc.terminate()
-    proc.wait(timeout=10)
+@dataclass
+class Running:
+    tunnel: Tunnel
+    owner: FrameChannel
+    connection_file: str
+
+    async def event(self, kind: str) -> frames.Frame:
+        with anyio.fail_after(30):
+            while (frame := await self.owner.receive())["type"] != kind:
+                pass
+        return frame
+
+
+@asynccontextmanager
+async def running_tunnel(tmp_path: Path, command: tuple[str, ...] = ()) -> AsyncIterator[Running]:
+    """A tunnel on a locally run agent, ready (the owner got ``ready``), torn down at the end."""
+    spec = ContainerSpec(image="none", name="t", session="t", owner_pid=0, command=command)
+    async with LocalProcessRuntime() as runtime:
+        stream = await runtime.attach(await runtime.create(spec))
+        owner, tunnel_end = memory_channel_pair()
+        tunnel = Tunnel(
+            stream, tunnel_end, connection=new_connection(), session="t", kernel_key=secrets.token_hex(8)
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(tunnel.run)
+            assert tunnel.connection is not None
+            path = tmp_path / "kernel.json"
+            write_connection_file(path, tunnel.connection)
+            running = Running(tunnel, owner, str(path))
+            await running.event(frames.READY)
+            yield running
+            tg.cancel_scope.cancel()
 
 
 @asynccontextmanager
@@ -79,20 +100,28 @@ async def execute(kc: AsyncKernelClient, code: str) -> dict:
 
 
 @pytest.mark.anyio
-async def test_hostile_frames_are_logged_and_dropped(tunnel: tuple) -> None:
-    _, connection_file, log_file = tunnel
-    async with connected(connection_file) as kc:
+async def test_hostile_frames_are_logged_and_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "kernelbridge.tunnel")
+    command = (sys.executable, "-c", HOSTILE_PREFIX)
+    async with running_tunnel(tmp_path, command) as running, connected(running.connection_file) as kc:
         reply = await execute(kc, "40 + 2")
         assert reply["content"]["status"] == "ok"
-    log = log_file.read_text()
-    for reason in ("not JSON", "not a JSON object", "unknown frame type"):
+        assert running.tunnel.dropped >= 5
+    log = caplog.text
+    for reason in ("not JSON", "not a JSON object", "unknown frame type", "nested too deeply"):
         assert reason in log
+    assert "y" * 3000 not in log  # strings from the sandbox are clipped before they are logged
 
 
 @pytest.mark.anyio
-async def test_replies_go_to_the_client_that_asked(tunnel: tuple) -> None:
-    _, connection_file, _ = tunnel
-    async with connected(connection_file) as first, connected(connection_file) as second:
+async def test_replies_go_to_the_client_that_asked(tmp_path: Path) -> None:
+    async with (
+        running_tunnel(tmp_path) as running,
+        connected(running.connection_file) as first,
+        connected(running.connection_file) as second,
+    ):
         ids = {first.execute("import time; time.sleep(0.2); 'first'"), second.execute("'second'")}
         got_first = await first.get_shell_msg(timeout=30)
         got_second = await second.get_shell_msg(timeout=30)
@@ -104,16 +133,15 @@ async def test_replies_go_to_the_client_that_asked(tunnel: tuple) -> None:
 
 
 @pytest.mark.anyio
-async def test_sigint_to_the_tunnel_interrupts_the_kernel(tunnel: tuple) -> None:
-    proc, connection_file, _ = tunnel
-    async with connected(connection_file) as kc:
+async def test_an_interrupt_frame_from_the_owner_interrupts_the_kernel(tmp_path: Path) -> None:
+    async with running_tunnel(tmp_path) as running, connected(running.connection_file) as kc:
         msg_id = kc.execute("import time\nprint('started', flush=True)\nfor _ in range(600): time.sleep(0.1)")
         # Wait for output from the cell itself: ipykernel publishes execute_input before the cell
         # runs, and a SIGINT landing in between is swallowed by its event loop (and the cell lost).
         with anyio.fail_after(10):
             while (await kc.get_iopub_msg(timeout=10))["content"].get("text") != "started\n":
                 pass
-        proc.send_signal(signal.SIGINT)
+        await running.owner.send({"type": frames.INTERRUPT})
         reply = await kc.get_shell_msg(timeout=10)
         assert reply["parent_header"]["msg_id"] == msg_id
         assert reply["content"]["ename"] == "KeyboardInterrupt"
@@ -130,40 +158,49 @@ def test_frames_module_is_stdlib_only() -> None:
 
 
 @pytest.mark.anyio
-async def test_malformed_client_messages_do_not_break_the_tunnel(tunnel: tuple) -> None:
+async def test_malformed_client_messages_do_not_break_the_tunnel(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     import zmq
     import zmq.asyncio
 
-    proc, connection_file, log_file = tunnel
-    info = json.loads(await anyio.Path(connection_file).read_text())
-    ctx = zmq.asyncio.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.connect(f"tcp://127.0.0.1:{info['shell_port']}")
-    for parts in (
-        [b"<IDS|MSG>"],
-        [b"no delimiter"],
-        [b"<IDS|MSG>", b"sig", b"{}"],
-        [b"<IDS|MSG>", *[b"x"] * 5],
-        [b"<IDS|MSG>", b"forged", *[b"{}"] * 4],
-    ):
-        await raw.send_multipart(parts)
-    raw.close(linger=2000)  # deliver what was sent before closing
-    ctx.term()
-    async with connected(connection_file) as kc:
-        assert (await execute(kc, "'alive'"))["content"]["status"] == "ok"
-    assert proc.poll() is None
-    log = log_file.read_text()
-    assert "dropped a malformed shell message" in log
-    assert "dropped shell message with a bad signature" in log
+    caplog.set_level(logging.INFO, "kernelbridge.tunnel")
+    async with running_tunnel(tmp_path) as running:
+        info = json.loads(await anyio.Path(running.connection_file).read_text())
+        ctx = zmq.asyncio.Context()
+        raw = ctx.socket(zmq.DEALER)
+        raw.connect(f"tcp://127.0.0.1:{info['shell_port']}")
+        for parts in (
+            [b"<IDS|MSG>"],
+            [b"no delimiter"],
+            [b"<IDS|MSG>", b"sig", b"{}"],
+            [b"<IDS|MSG>", *[b"x"] * 5],
+            [b"<IDS|MSG>", b"forged", *[b"{}"] * 4],
+        ):
+            await raw.send_multipart(parts)
+        raw.close(linger=2000)  # deliver what was sent before closing
+        ctx.term()
+        async with connected(running.connection_file) as kc:
+            assert (await execute(kc, "'alive'"))["content"]["status"] == "ok"
+    assert "dropped a malformed shell message" in caplog.text
+    assert "dropped a shell message with a bad signature" in caplog.text
 
 
 @pytest.mark.anyio
-async def test_sigusr1_restarts_the_kernel_behind_the_same_sockets(tunnel: tuple) -> None:
-    proc, connection_file, _ = tunnel
-    async with connected(connection_file) as kc:
+async def test_a_restart_frame_replaces_the_kernel_behind_the_same_sockets(tmp_path: Path) -> None:
+    async with running_tunnel(tmp_path) as running, connected(running.connection_file) as kc:
         await execute(kc, "before_restart = 1")
-        proc.send_signal(signal.SIGUSR1)
-        event = json.loads(await anyio.to_thread.run_sync(proc.stdout.readline))
-        assert event["event"] == "ready"
+        await running.owner.send({"type": frames.RESTART})
+        await running.event(frames.READY)
         reply = await execute(kc, "before_restart")  # the same client, no reconnect
         assert reply["content"]["ename"] == "NameError"
+
+
+@pytest.mark.anyio
+async def test_a_ready_frame_nobody_asked_for_is_dropped(tmp_path: Path) -> None:
+    async with running_tunnel(tmp_path) as running:
+        await running.tunnel.handle({"type": frames.READY, "versions": {}})
+        assert running.tunnel.dropped == 1
+        # Nothing reached the owner: the next event it sees is the one it asks for.
+        await running.owner.send({"type": frames.RESTART})
+        assert (await running.event(frames.READY))["type"] == frames.READY

@@ -1,0 +1,76 @@
+"""kernelbridge.hub: the user's host MCP servers, for code running in sandboxes.
+
+General layout (each module depends only on those above it)::
+
+    config.py      mcpServers files -> ServerCatalog (+ one-line problems); self-launch detection
+    aliases.py     Python names for servers and tools
+    policy.py      operator allow/deny of servers and tools (from Settings)
+    signatures.py  proxy signature strings, by the kernel's own rules (sandbox/pythonpath/mcp/_signature.py)
+    docs.py        ServerSummary/Server/Tool/ToolDoc records and ranked search
+    skills.py      the saved-tools store under <state>/skills (also the CLI's API)
+    streams.py     a server's stderr as a bounded log; a transport whose end is observed
+    clients.py     ClientPool: one warm MCP client per server, restart, tool cache
+    rpc.py         RpcCall, the RpcHandler seam, request validation, size caps
+    dispatch.py    Hub: owns the pool, applies grants and policy, answers every rpc method
+
+The wire contract is docs/rpc.md. Typical use by the session layer::
+
+    async with Hub(settings) as hub:
+        grants = frozenset(hub.validate_grants(servers))        # HubError -> ToolError
+        try:
+            result = await hub.dispatch(RpcCall(session, grants, frame["method"], frame["params"]))
+        except RpcError as exc:
+            error = exc.to_wire()
+"""
+
+from __future__ import annotations
+
+from kernelbridge.errors import HubError, RpcError, SkillError
+from kernelbridge.hub.aliases import alias, assign_aliases
+from kernelbridge.hub.clients import ClientState, ServerClient, ServerFailure
+from kernelbridge.hub.config import (
+    HttpServer,
+    ServerCatalog,
+    ServerConfig,
+    StdioServer,
+    config_files,
+    launches_kernelbridge,
+    load_catalog,
+)
+from kernelbridge.hub.dispatch import Hub, tool_result
+from kernelbridge.hub.policy import Policy
+from kernelbridge.hub.rpc import KINDS, METHODS, RpcCall, RpcHandler
+from kernelbridge.hub.signatures import python_signature
+from kernelbridge.hub.skills import Skill, SkillInfo, list_skills, read_skill, remove_skill, save_skill
+
+__all__ = [
+    "KINDS",
+    "METHODS",
+    "ClientState",
+    "HttpServer",
+    "Hub",
+    "HubError",
+    "Policy",
+    "RpcCall",
+    "RpcError",
+    "RpcHandler",
+    "ServerCatalog",
+    "ServerClient",
+    "ServerConfig",
+    "ServerFailure",
+    "Skill",
+    "SkillError",
+    "SkillInfo",
+    "StdioServer",
+    "alias",
+    "assign_aliases",
+    "config_files",
+    "launches_kernelbridge",
+    "list_skills",
+    "load_catalog",
+    "python_signature",
+    "read_skill",
+    "remove_skill",
+    "save_skill",
+    "tool_result",
+]

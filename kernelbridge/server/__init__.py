@@ -1,0 +1,15 @@
+"""The MCP face of kernelbridge: four tools, two resources, and the process lifecycle.
+
+- :mod:`~kernelbridge.server.app`: ``build_server`` (tools, resources, the lifespan that owns the
+  runtime, the hub and the session registry) and ``serve``;
+- :mod:`~kernelbridge.server.render`: a cell's result as an MCP tool result;
+- :mod:`~kernelbridge.server.manual`: the capabilities manual for the model;
+- :mod:`~kernelbridge.server.schema`: compact tool schemas;
+- :mod:`~kernelbridge.server.exports`: notebook exports a model may ask for;
+- :mod:`~kernelbridge.server.stdio`: stdio serving that signals can interrupt.
+"""
+
+from kernelbridge.server.app import BridgeContext, build_server, serve
+from kernelbridge.server.render import render_text, to_tool_result
+
+__all__ = ["BridgeContext", "build_server", "render_text", "serve", "to_tool_result"]

@@ -1,0 +1,100 @@
+"""Serving MCP over stdio with a stdin that a signal can interrupt, and that no child can read."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.stdio import stdio_server
+
+log = logging.getLogger("kernelbridge.server")
+
+
+class _PipeLines:
+    """Lines from a pipe, read without a worker thread.
+
+    The SDK reads stdin with ``anyio.wrap_file``, i.e. in a worker thread that no cancellation
+    can interrupt: a SIGTERM arriving while the client is silent would wait for a line that never
+    comes, and the sandboxes would never be removed. Waiting for readability on the event loop
+    instead makes the read cancellable. Only for pipes and sockets (epoll refuses regular files).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+        self._scanned = 0
+
+    def __aiter__(self) -> _PipeLines:
+        return self
+
+    async def __anext__(self) -> str:
+        while (end := self._buf.find(b"\n", self._scanned)) < 0:
+            self._scanned = len(self._buf)
+            await anyio.wait_readable(self._fd)
+            chunk = os.read(self._fd, READ_CHUNK)
+            if not chunk:
+                if not self._buf:
+                    raise StopAsyncIteration
+                end = len(self._buf)
+                break
+            self._buf += chunk
+        line = bytes(self._buf[:end])
+        del self._buf[: end + 1]
+        self._scanned = 0
+        return line.decode("utf-8", errors="replace")
+
+
+READ_CHUNK = 1 << 16
+
+
+@contextmanager
+def _claim_stdin() -> Iterator[int | None]:
+    """Move the MCP wire off fd 0 (to a private fd) and put /dev/null there, so that child
+    processes (podman, tunnels) can never read the client's messages. Yields None when stdin is
+    not a pipe or socket; the SDK's own reader is used then."""
+    mode = os.fstat(0).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        yield None
+        return
+    private = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        yield private
+    finally:
+        os.dup2(private, 0)
+        os.close(private)
+
+
+async def serve_stdio(app: MCPServer[Any]) -> None:
+    """Serve until stdin closes or SIGTERM/SIGINT/SIGHUP; the lifespan then stops every sandbox."""
+    async with anyio.create_task_group() as tg:
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+                async for signum in signals:
+                    log.warning("received %s; closing every session", signal.Signals(signum).name)
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(on_signal)
+        with _claim_stdin() as fd:
+            if fd is None:
+                await app.run_stdio_async()
+            else:
+                # What MCPServer.run_stdio_async does, with a cancellable stdin. The low-level
+                # server is reached through a private attribute: MCPServer has no public way to
+                # run on given streams.
+                lowlevel = app._lowlevel_server
+                async with stdio_server(stdin=_PipeLines(fd)) as (read_stream, write_stream):  # type: ignore[arg-type]
+                    await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+        tg.cancel_scope.cancel()
