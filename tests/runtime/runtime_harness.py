@@ -315,12 +315,34 @@ def start_private_podman(directory: Path, netns: str | None = None, url: str | N
 
 
 def remove_private_podman(directory: Path) -> None:
-    """Remove a private podman's storage (its overlay home may still be mounted on itself)."""
-    for mount in reversed(Path("/proc/self/mounts").read_text().splitlines()):
-        target = mount.split()[1]
-        if target.startswith(str(directory)):
-            subprocess.run(["umount", "-l", target], timeout=10, capture_output=True)
-    shutil.rmtree(directory, ignore_errors=True)
+    """Remove a private podman's storage. Its overlay home is bind-mounted on itself by every
+    podman process that opens the storage, including the ``container cleanup`` processes conmon
+    runs after each container's exit, which may come after the service stopped: wait (bounded)
+    for them, then unmount and remove."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while _users_of(directory) and time.monotonic() < deadline:
+        time.sleep(POLL)
+    for _ in range(2):
+        for mount in reversed(Path("/proc/self/mounts").read_text().splitlines()):
+            target = mount.split()[1]
+            if target.startswith(str(directory)):
+                subprocess.run(["umount", "-l", target], timeout=10, capture_output=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        if not directory.exists():
+            return
+
+
+def _users_of(directory: Path) -> list[int]:
+    """Processes whose command line names ``directory`` (podman cleanup, conmon)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(directory).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 # What a sandbox sees of its limits, printed as JSON by python3 inside it (cgroup v1 or v2).
