@@ -66,6 +66,10 @@ class EngineSettings:
     ssh_command: tuple[str, ...] = ("ssh",)
     """``KERNELBRIDGE_SSH_COMMAND``: the ssh client and options for ``ssh://`` engines (e.g.
     ``ssh -i ~/.ssh/engine_key``), split like a shell would; plain ``ssh`` reads ~/.ssh/config."""
+    start_service: bool = True
+    """Whether, when no engine answers, podman's API may be served by a ``podman system service``
+    of our own. A bridge amortizes one over all its sandboxes; the tunnel process of a single
+    plain-Jupyter kernel does not (it falls back to the CLI instead)."""
 
 
 @dataclass(frozen=True, slots=True)

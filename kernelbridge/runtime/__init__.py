@@ -146,7 +146,7 @@ async def select_runtime(settings: Settings) -> Selection:
             if runtime is not None:
                 return Selection(runtime, f"{runtime.engine} API at {runtime.endpoint.url}")
             tried += reasons
-            if engine == "podman" and shutil.which("podman"):
+            if engine == "podman" and es.start_service and shutil.which("podman"):
                 try:
                     runtime = await connect.start_own_podman(settings)
                 except RuntimeUnavailable as exc:
@@ -158,7 +158,7 @@ async def select_runtime(settings: Settings) -> Selection:
             raise RuntimeUnavailable(f"no {' or '.join(engines)} engine answers: {'; '.join(tried)}")
     why = "no engine socket answered" if tried else f"KERNELBRIDGE_RUNTIME={settings.runtime}"
     for engine in engines:
-        backend = _cli_backend(engine)
+        backend = _cli_backend(engine, settings)
         if backend is not None:
             return Selection(backend, f"{engine} CLI: {why}")
     raise RuntimeUnavailable(
@@ -188,14 +188,14 @@ async def _engine_set(settings: Settings, wanted: list[Engine]) -> Selection:
     return Selection(EngineSet(opened), f"{len(opened)} engines, least-loaded placement: {urls}")
 
 
-def _cli_backend(engine: Engine) -> CliRuntime | None:
+def _cli_backend(engine: Engine, settings: Settings) -> CliRuntime | None:
     """The CLI backend of ``engine`` when its executable is installed (not yet entered)."""
     path = shutil.which(engine)
     if not path:
         return None
     if engine == "podman":
-        return CliRuntime(engine="podman", executable=path, oci_runtime=default_oci_runtime())
-    return CliRuntime(engine="docker", executable=path)
+        return CliRuntime("podman", path, oci_runtime=default_oci_runtime(), workdir=settings.run_dir)
+    return CliRuntime("docker", path, workdir=settings.run_dir)
 
 
 def cli_runtime(settings: Settings) -> CliRuntime:
@@ -206,7 +206,7 @@ def cli_runtime(settings: Settings) -> CliRuntime:
     """
     engines, _ = _split(settings.runtime)
     for engine in engines:
-        backend = _cli_backend(engine)
+        backend = _cli_backend(engine, settings)
         if backend is not None:
             return backend
     raise RuntimeUnavailable(
