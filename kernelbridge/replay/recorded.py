@@ -26,6 +26,7 @@ from typing import Any
 
 import mcp_types as types
 
+from kernelbridge.broker import MAX_CALLS_PER_CELL
 from kernelbridge.errors import HubError, RpcError
 from kernelbridge.hub import docs
 from kernelbridge.hub.aliases import assign_aliases, resolve
@@ -48,8 +49,6 @@ def tool_calls(cell: Any) -> list[dict[str, Any]]:
 
 def recorded_in_full(cell: Any) -> bool:
     """Every tool call of ``cell`` has its arguments and its result (or error) recorded."""
-    from kernelbridge.broker import MAX_CALLS_PER_CELL
-
     calls = tool_calls(cell)
     if len(calls) >= MAX_CALLS_PER_CELL:
         return False  # the broker stops recording there: later calls are unknown

@@ -27,9 +27,10 @@ import base64
 import binascii
 import json
 import mimetypes
+from collections.abc import Callable
 from typing import Any
 
-from mcp.server.mcpserver import Context
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
 from kernelbridge.errors import SandboxError
@@ -164,7 +165,7 @@ async def read_blob(registry: SessionRegistry, session: str, path: str) -> bytes
     return await _read(registry, session, path)
 
 
-def register_file_resources(app: Any, registry_of: Any) -> None:
+def register_file_resources(app: MCPServer[Any], registry_of: Callable[[Context], SessionRegistry]) -> None:
     """Add the listing, text and blob resources to ``app`` (an MCPServer);
     ``registry_of(ctx)`` is the session registry of a request."""
     from kernelbridge.sessions import validate_session_name

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp.server.mcpserver import MCPServer
 from mcp_types import ContentBlock, ImageContent, ResourceLink
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def _pngs(entry: Any) -> list[str]:
     return found
 
 
-def register_output_resources(app: Any, sessions_dir: Path) -> None:
+def register_output_resources(app: MCPServer[Any], sessions_dir: Path) -> None:
     """Add the full-size image outputs resource to ``app`` (an MCPServer)."""
     from mcp.server.mcpserver.exceptions import ResourceError
 

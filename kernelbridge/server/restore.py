@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 import anyio
+import nbformat
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
@@ -39,7 +40,7 @@ def exports_dir(settings: Settings) -> Path:
     return settings.state_dir / "exports"
 
 
-async def load_source(settings: Settings, notebook: str) -> object:
+async def load_source(settings: Settings, notebook: str) -> nbformat.NotebookNode:
     """The notebook named by ``notebook`` (see the module docstring). Raises ToolError."""
     try:
         if match := _SESSION_NOTEBOOK.fullmatch(notebook):
@@ -74,7 +75,7 @@ async def restore_session(
         )
     nb = await load_source(settings, notebook)
     try:
-        return await replay_cells(registry, session, nb, default_timeout=settings.max_timeout)  # type: ignore[arg-type]
+        return await replay_cells(registry, session, nb, default_timeout=settings.max_timeout)
     except KernelBridgeError as exc:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 
