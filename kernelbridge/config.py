@@ -105,6 +105,9 @@ class Settings:
     from every tool list and its calls answer ``denied``."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     kernel_start_timeout: float = 60.0
+    image_budget: int = 50_000
+    """``KERNELBRIDGE_IMAGE_BUDGET``: base64 characters of one image sent to the model; a bigger
+    image arrives downscaled, its original kept as a resource (see ``server/images.py``)."""
     labels: tuple[tuple[str, str], ...] = ()
     """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
     container, e.g. to tell an operator's bridges apart on a shared engine."""
@@ -246,6 +249,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         kernel_start_timeout=_number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
         labels=_labels(env),
         engine=_engine_settings(env),
+        image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
     )
 
 
