@@ -56,9 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("session")
     export.add_argument("-o", "--output", required=True, help="output .ipynb path")
 
-    replay = sub.add_parser("replay", help="re-run a notebook in a fresh sandbox")
+    replay = sub.add_parser("replay", help="re-run a notebook in a fresh sandbox and judge every cell")
     replay.add_argument("notebook")
-    replay.add_argument("-o", "--output", help="write the executed notebook here")
+    replay.add_argument("-o", "--output", help="write the replayed notebook here")
+    replay.add_argument("--strict", action="store_true", help="also fail when an output differs")
+    replay.add_argument("--recorded-tools", action="store_true",
+                        help="answer host tool calls from the recorded results (offline)")  # fmt: skip
 
     spec = sub.add_parser("kernelspec", help="manage the `kernelbridge` Jupyter kernelspec")
     spec_sub = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
@@ -160,11 +163,24 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.replay import replay_notebook
+    """Exit status: 0 every cell behaved as recorded, 1 a cell raised that did not before (or,
+    with --strict, an output differs), 2 the input is not a notebook."""
+    from functools import partial
 
-    summary = anyio.run(replay_notebook, settings, args.notebook, args.output)
-    print(summary.line() + (f"; wrote {args.output}" if args.output else ""))
-    return 0
+    from kernelbridge.errors import ConfigError
+    from kernelbridge.replay import read_notebook, replay_notebook
+
+    try:
+        read_notebook(args.notebook)  # bad input is one line and status 2, before any sandbox
+    except ConfigError as exc:
+        print(f"kernelbridge: {exc}", file=sys.stderr)
+        return 2
+    run = partial(replay_notebook, recorded_tools=args.recorded_tools)
+    report = anyio.run(run, settings, args.notebook, args.output)
+    print(report.text())
+    if args.output:
+        print(f"wrote {args.output}")
+    return 1 if report.failed(strict=args.strict) else 0
 
 
 def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,10 @@ from pathlib import Path
 from kernelbridge.errors import ConfigError
 
 _SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
+
+RUNTIMES = ("podman", "docker", "podman-api", "docker-api", "podman-cli", "docker-cli")
+"""Values of ``KERNELBRIDGE_RUNTIME``: an engine (its API when one answers, else its CLI), or an
+engine and a way to drive it, with no fallback."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +45,41 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """Where the container engine API is (see ``kernelbridge.runtime``): read from the variables the
+    docker and podman clients read, so an engine configured for them is found the same way."""
+
+    urls: tuple[str, ...] = ()
+    """``KERNELBRIDGE_ENGINES``: several engines (``unix://``, ``tcp://``, ``ssh://`` URLs, separated
+    by commas or spaces); each new sandbox goes to the one running the fewest sandboxes."""
+    docker_host: str | None = None
+    """``DOCKER_HOST``: a docker engine (or a podman service speaking its API)."""
+    container_host: str | None = None
+    """``CONTAINER_HOST``: a podman service."""
+    tls_verify: bool = False
+    """``DOCKER_TLS_VERIFY``: talk TLS to ``tcp://`` engines, verify the engine against
+    ``ca.pem`` and present ``cert.pem``/``key.pem`` from ``cert_path``."""
+    tls: bool = False
+    """``DOCKER_TLS``: TLS without verifying the engine's certificate (as docker's ``--tls``)."""
+    cert_path: Path | None = None
+    """``DOCKER_CERT_PATH`` (default ``~/.docker``)."""
+    ssh_command: tuple[str, ...] = ("ssh",)
+    """``KERNELBRIDGE_SSH_COMMAND``: the ssh client and options for ``ssh://`` engines (e.g.
+    ``ssh -i ~/.ssh/engine_key``), split like a shell would; plain ``ssh`` reads ~/.ssh/config."""
+    start_service: bool = True
+    """Whether, when no engine answers, podman's API may be served by a ``podman system service``
+    of our own. A bridge amortizes one over all its sandboxes; the tunnel process of a single
+    plain-Jupyter kernel does not (it falls back to the CLI instead)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """All kernelbridge settings. Build with :func:`load_settings`."""
 
     state_dir: Path
     runtime: str | None = None
-    """``podman`` or ``docker``; None picks podman when present, else docker."""
+    """One of :data:`RUNTIMES`; None picks an engine API that answers (podman's, then docker's),
+    else the podman CLI, else the docker CLI."""
     image: str | None = None
     """Sandbox image reference; None means the locally built image of this version."""
     max_sessions: int = 8
@@ -71,9 +105,13 @@ class Settings:
     from every tool list and its calls answer ``denied``."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     kernel_start_timeout: float = 60.0
+    image_budget: int = 50_000
+    """``KERNELBRIDGE_IMAGE_BUDGET``: base64 characters of one image sent to the model; a bigger
+    image arrives downscaled, its original kept as a resource (see ``server/images.py``)."""
     labels: tuple[tuple[str, str], ...] = ()
     """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
     container, e.g. to tell an operator's bridges apart on a shared engine."""
+    engine: EngineSettings = field(default_factory=EngineSettings)
 
     @property
     def sessions_dir(self) -> Path:
@@ -174,8 +212,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     state = _lookup(env, "STATE_DIR")
     runtime = _lookup(env, "RUNTIME")
-    if runtime and runtime[1] not in ("podman", "docker"):
-        raise ConfigError(f"{runtime[0]}={runtime[1]!r}: expected podman or docker")
+    if runtime and runtime[1] not in RUNTIMES:
+        raise ConfigError(
+            f"{runtime[0]}={runtime[1]!r}: expected podman or docker "
+            "(or podman-api, docker-api, podman-cli, docker-cli to pick how it is driven)"
+        )
     image = _lookup(env, "IMAGE")
     servers = _lookup(env, "SERVERS_CONFIG")
     defaults = SandboxLimits()
@@ -207,4 +248,35 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         limits=limits,
         kernel_start_timeout=_number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
         labels=_labels(env),
+        engine=_engine_settings(env),
+        image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
     )
+
+
+def _engine_settings(env: Mapping[str, str]) -> EngineSettings:
+    urls = _lookup(env, "ENGINES")
+    cert_path = (env.get("DOCKER_CERT_PATH") or "").strip()
+    return EngineSettings(
+        urls=tuple(u for u in re.split(r"[\s,]+", urls[1]) if u) if urls else (),
+        docker_host=(env.get("DOCKER_HOST") or "").strip() or None,
+        container_host=(env.get("CONTAINER_HOST") or "").strip() or None,
+        # docker treats any non-empty value as "on" (even "0"); so do we, to find the same engine.
+        tls_verify=bool((env.get("DOCKER_TLS_VERIFY") or "").strip()),
+        tls=bool((env.get("DOCKER_TLS") or "").strip()),
+        cert_path=Path(cert_path).expanduser() if cert_path else None,
+        ssh_command=_ssh_command(env),
+    )
+
+
+def _ssh_command(env: Mapping[str, str]) -> tuple[str, ...]:
+    found = _lookup(env, "SSH_COMMAND")
+    if found is None:
+        return ("ssh",)
+    var, raw = found
+    try:
+        words = tuple(shlex.split(raw))
+    except ValueError as exc:
+        raise ConfigError(f"{var}={raw!r} is not a command line: {exc}") from None
+    if not words:
+        raise ConfigError(f"{var} is empty")
+    return words

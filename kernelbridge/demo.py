@@ -2,12 +2,14 @@
 
 A real MCP client (the SDK's, over stdio) spawns ``kernelbridge serve`` exactly as an agent host
 would, and makes the calls an agent might: state that persists, an error, a timeout that keeps
-the session, an image, and the notebook export. State lives in a temporary directory, and every
-sandbox is removed when the demo ends.
+the session, an image, a host MCP server found, searched and called from sandboxed code (the
+``time`` server, mcp-server-time, when installed), and the notebook export. State lives in a
+temporary directory, and every sandbox is removed when the demo ends.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -52,6 +54,21 @@ SCRIPT: list[tuple[str, dict[str, Any]]] = [
     ("run_python", {"code": "x = 'scratch'", "session": "other"}),
     ("run_python", {"code": "'area' in globals()", "session": "other"}),
     ("run_python", {"code": PNG_CODE}),
+    # Host MCP: the demo configures the `time` server (mcp-server-time) when it is installed.
+    ("run_python", {"code": "runtime.discovered_servers()"}),
+    (
+        "run_python",
+        {"code": "[hit['tool'] for hit in runtime.search_tool_docs_sync('convert a time between zones')]"},
+    ),
+    (
+        "run_python",
+        {
+            "code": "now = await mcp_time.get_current_time(timezone='Asia/Tokyo')\nnow['structuredContent']",
+            "servers": ["time"],
+        },
+    ),
+    ("run_python", {"code": "help(mcp_time.convert_time)"}),
+    ("run_python", {"code": "'Tokyo is on ' + now['structuredContent']['day_of_week']"}),
     ("list_sessions", {}),
     ("export_notebook", {"session": "default"}),
     ("close_session", {"session": "other"}),
@@ -83,10 +100,29 @@ def _show_result(name: str, result: Any, elapsed: float) -> None:
     print(f"         ({elapsed * 1000:.0f} ms round trip){flag}")
 
 
+def _servers_config(state_dir: Path) -> list[str]:
+    """``--servers-config`` for a host MCP server the demo can use offline, if installed."""
+    if importlib.util.find_spec("mcp_server_time") is None:
+        return []
+    config = {
+        "mcpServers": {
+            "time": {
+                "command": sys.executable,
+                "args": ["-m", "mcp_server_time"],
+                "description": "Current time and time zone conversions (mcp-server-time)",
+            }
+        }
+    }
+    path = state_dir / "demo-servers.json"
+    path.write_text(json.dumps(config))
+    return ["--servers-config", str(path)]
+
+
 async def _run(state_dir: Path) -> None:
+    servers = _servers_config(state_dir)
     params = StdioServerParameters(
         command=str(Path(sys.executable).with_name("kernelbridge")),
-        args=["serve"],
+        args=["serve", *servers],
         env={"KERNELBRIDGE_STATE_DIR": str(state_dir), **_passthrough_env()},
     )
     print("kernelbridge demo: an MCP client spawns `kernelbridge serve` over stdio\n")
@@ -95,6 +131,8 @@ async def _run(state_dir: Path) -> None:
         size = len(json.dumps(tools.model_dump(mode="json", by_alias=True, exclude_none=True)))
         print(f"tools: {', '.join(t.name for t in tools.tools)} ({size} bytes of tools/list)")
         for name, args in SCRIPT:
+            if not servers and ("servers" in args or "mcp_time" in args.get("code", "")):
+                continue  # mcp-server-time is not installed: skip the host MCP part
             _show_call(name, args)
             start = time.monotonic()
             with anyio.fail_after(CALL_TIMEOUT):

@@ -18,7 +18,7 @@ import anyio
 
 from kernelbridge.config import SandboxLimits, Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.runtime import ContainerSpec, RuntimeBackend, cgroup_layout, open_runtime
+from kernelbridge.runtime import ContainerSpec, RuntimeBackend, cgroup_layout, open_selection
 
 PROBE_MEMORY_MIB = 96
 PROBE_MEMORY = f"{PROBE_MEMORY_MIB}m"
@@ -59,6 +59,7 @@ class Doctor:
         """Supplies HOME for the host MCP config (default: os.environ)."""
         self.checks: list[Check] = []
         self.runtime: RuntimeBackend | None = None
+        self.reason = ""
         self.image: str | None = None
 
     def report(self, name: str, status: str, detail: str) -> bool:
@@ -86,7 +87,7 @@ class Doctor:
         forced = getattr(self.runtime, "oci_runtime", None)
         why = " (forced: crun fails on hybrid cgroups)" if forced else ""
         detail = (
-            f"{info.name} via {info.endpoint}: {info.version}; OCI runtime {info.oci_runtime or '?'}{why}"
+            f"{self.reason}; {info.version}; OCI runtime {info.oci_runtime or '?'}{why}"
             f"; cgroups {info.cgroup_version} ({cgroup_layout()})"
             f"; {'rootless' if info.rootless else 'rootful'}"
         )
@@ -181,9 +182,13 @@ class Doctor:
         return "ok", detail
 
     async def run(self) -> int:
-        async with open_runtime(self.settings) as runtime:
-            self.runtime = runtime
-            await self.run_checks()
+        try:
+            async with open_selection(self.settings) as selection:
+                self.runtime, self.reason = selection.backend, selection.reason
+                await self.run_checks()
+        except KernelBridgeError as exc:  # no runtime at all: still one line per check
+            self.report("runtime", "FAIL", str(exc))
+            self.skip(["image", "limits", "kernel"], "needs a container runtime")
         failed = [c.name for c in self.checks if c.status == "FAIL"]
         return 1 if failed else 0
 

@@ -101,6 +101,9 @@ DPKG_EXCLUDES = (
     "path-exclude=/usr/share/doc/*",
     "path-include=/usr/share/doc/*/copyright",
 )
+# Images of other agent hashes kept after a build (newest first): neighbouring versions or
+# checkouts on the same machine may still use them; older ones are removed to bound disk use.
+KEEP_IMAGES = 4
 # Bounds on the runtime CLI calls that are not builds: they answer in well under a second.
 INSPECT_TIMEOUT = 30.0
 # Lines of a failing command's output that go into the ImageError message.
@@ -357,16 +360,19 @@ def _build_from_containerfile(
 
 
 def _remove_other_images(executable: str, keep: str, log: Log) -> None:
-    """Remove images of other agent hashes and untagged old builds; one still used by a container
-    stays."""
+    """Remove older images of other agent hashes, keeping the newest :data:`KEEP_IMAGES` (a bridge
+    or checkout of a neighbouring version may still start sandboxes from them) and any image still
+    used by a container; untagged leftovers of ``--force`` rebuilds go too."""
     proc = subprocess.run(
-        [executable, "images", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY],
+        [executable, "images", "--format", "{{.CreatedAt}}\t{{.Repository}}:{{.Tag}}", REPOSITORY],
         capture_output=True,
         text=True,
         timeout=INSPECT_TIMEOUT,
         check=False,
     )
-    stale = sorted({ref for ref in proc.stdout.split() if ref not in (keep, f"{REPOSITORY}:latest")})
+    rows = sorted((line.split("\t") for line in proc.stdout.splitlines() if "\t" in line), reverse=True)
+    others = [ref for _, ref in rows if ref not in (keep, f"{REPOSITORY}:latest")]
+    stale = others[KEEP_IMAGES:]
     # A rebuild under the same tag (--force) leaves the previous image untagged.
     untagged = subprocess.run(
         [executable, "images", "--quiet", "--filter", "dangling=true", "--filter", f"label={HASH_LABEL}"],

@@ -233,6 +233,19 @@ class SessionRegistry:
                     session.busy = False
                     session.last_used = time.monotonic()
 
+    async def sandbox(self, name: str) -> Sandbox:
+        """The live sandbox of session ``name`` (created on first use, replaced if it died), e.g.
+        to place files before a call. Raises as :meth:`run` does."""
+        validate_session_name(name)
+        while True:
+            session = self._session_for(name)
+            async with session.lock:
+                if session.closed:
+                    continue
+                await self._ensure_sandbox(session)
+                assert session.sandbox is not None
+                return session.sandbox
+
     def _grants_for(self, servers: list[str]) -> frozenset[str]:
         if not servers:
             return frozenset()
@@ -341,12 +354,12 @@ class SessionRegistry:
                 if not cell.done and not session.closed and sandbox.alive:
                     state = await self._stop_overrun(session, cell)
                 result = self._finish(session, cell, "cancelled", state, notes)
-                await self._journal(session, code, result)
+                await self._journal(session, code, result, timeout)
             raise
         finally:
             recorder.forget(cell)
         result = self._finish(session, cell, status, state, notes)
-        await self._journal(session, code, result)
+        await self._journal(session, code, result, timeout)
         return result
 
     async def _follow(
@@ -449,19 +462,22 @@ class SessionRegistry:
             raise
         self._write_record(session)
 
-    async def _journal(self, session: Session, code: str, result: CellResult) -> None:
+    async def _journal(self, session: Session, code: str, result: CellResult, timeout: float) -> None:
         if session.journal is None:
             return
         try:
-            await anyio.to_thread.run_sync(session.journal.append, code, result, sorted(session.grants))
+            await anyio.to_thread.run_sync(
+                session.journal.append, code, result, sorted(session.grants), timeout
+            )
         except OSError:
             log.exception("writing the journal of session %s failed", session.name)
 
     async def _journal_client(self, session: Session, cell: Cell) -> None:
         if session.journal is None:
             return
+        calls = session.broker.take_records(cell.msg_id) if session.broker is not None else []
         try:
-            await anyio.to_thread.run_sync(session.journal.append_client_cell, cell)
+            await anyio.to_thread.run_sync(session.journal.append_client_cell, cell, calls)
         except OSError:
             log.exception("writing the journal of session %s failed", session.name)
 

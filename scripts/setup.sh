@@ -35,6 +35,10 @@ if [[ ! -x $VENV/bin/python ]] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/
 fi
 if ((!venv_only)); then
     need podman podman
+    # dockerd for the docker backends' tests, which start their own (no bridge, no iptables rules);
+    # sshd for the ssh:// engine test, which runs its own in a network namespace.
+    need dockerd docker.io
+    need sshd openssh-server
     need runc runc
     need mmdebstrap mmdebstrap
     need newuidmap uidmap
@@ -51,8 +55,17 @@ if ((${#missing[@]})); then
     fi
     say "installing ${missing[*]} ..."
     export DEBIAN_FRONTEND=noninteractive
+    # Keep package scripts from starting services: docker.io's would start a system dockerd that
+    # adds a bridge and iptables rules to the host. Only when no policy is in place already.
+    no_policy=0
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        no_policy=1
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+    fi
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
+    if ((no_policy)); then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 # -- the virtualenv --------------------------------------------------------------------------------------

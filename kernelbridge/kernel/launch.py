@@ -7,6 +7,7 @@ process that plain Jupyter clients get (:mod:`kernelbridge.kernel.tunnel_process
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -111,9 +112,16 @@ def launch_frame(
         "container": container,
         "limits": _limits_dict(settings.limits),
         "runtime": settings.runtime,
+        "engine": _engine_dict(settings),
         "state_dir": str(settings.state_dir),
         "start_timeout": settings.kernel_start_timeout,
     }
+
+
+def _engine_dict(settings: Settings) -> dict[str, Any]:
+    engine = dataclasses.asdict(settings.engine)
+    engine["cert_path"] = str(engine["cert_path"]) if engine["cert_path"] else None
+    return engine
 
 
 def _limits_dict(limits: SandboxLimits) -> dict[str, Any]:

@@ -38,7 +38,7 @@ import anyio.abc
 import zmq
 
 from kernelbridge import frames
-from kernelbridge.config import SandboxLimits, Settings
+from kernelbridge.config import EngineSettings, SandboxLimits, Settings
 from kernelbridge.errors import ImageError, KernelBridgeError
 from kernelbridge.kernel.launch import started_container
 from kernelbridge.runtime import ContainerSpec, open_runtime
@@ -63,9 +63,18 @@ async def serve(control: SocketFrameChannel) -> int:
     if launch.get("type") != frames.LAUNCH:
         log.error("the first control frame was %s, not launch", launch.get("type"))
         return 2
+    engine = dict(launch.get("engine") or {})
+    engine.update(
+        urls=tuple(engine.get("urls") or ()),
+        ssh_command=tuple(engine.get("ssh_command") or ("ssh",)),
+        cert_path=Path(engine["cert_path"]) if engine.get("cert_path") else None,
+        # One kernel is not worth a podman service of its own: use a system socket, else the CLI.
+        start_service=False,
+    )
     settings = Settings(
         state_dir=Path(str(launch["state_dir"])),
         runtime=launch.get("runtime"),
+        engine=EngineSettings(**engine),
         limits=SandboxLimits(**launch.get("limits") or {}),
         kernel_start_timeout=float(launch.get("start_timeout") or 60.0),
     )

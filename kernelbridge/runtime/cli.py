@@ -84,6 +84,9 @@ class CliRuntime(RuntimeBackend):
     executable: str = "podman"
     oci_runtime: str | None = None
     """podman's ``--runtime`` to force (e.g. ``runc`` where crun fails on hybrid cgroups)."""
+    workdir: Path | None = None
+    """Working directory of the CLI processes: podman's conmon drops an ``oom`` file in its working
+    directory after an OOM kill, which must not land wherever the bridge was started."""
     name: str = field(init=False)
     _tg: anyio.abc.TaskGroup | None = field(default=None, init=False, repr=False)
 
@@ -126,7 +129,7 @@ class CliRuntime(RuntimeBackend):
             raise RuntimeError("CliRuntime.attach outside `async with`")
         argv = [self.executable, "start", "--attach", "--interactive", container]
         try:
-            process = await anyio.open_process(argv, stdin=-1, stdout=-1, stderr=-1)
+            process = await anyio.open_process(argv, stdin=-1, stdout=-1, stderr=-1, cwd=self._cwd())
         except OSError as exc:
             raise RuntimeUnavailable(f"cannot run {self.executable}: {exc.strerror}") from None
         stream = ProcessStream(process)
@@ -241,10 +244,16 @@ class CliRuntime(RuntimeBackend):
         return True
 
     # -- the CLI --------------------------------------------------------------------------------
+    def _cwd(self) -> str | None:
+        if self.workdir is None:
+            return None
+        self.workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return str(self.workdir)
+
     async def _cli(self, *args: str, timeout: float = CLI_TIMEOUT) -> str:
         try:
             with anyio.fail_after(timeout):
-                result = await anyio.run_process([self.executable, *args], check=False)
+                result = await anyio.run_process([self.executable, *args], check=False, cwd=self._cwd())
         except TimeoutError:
             raise RuntimeUnavailable(
                 f"`{self.engine} {args[0]}` did not answer within {timeout:g} s"

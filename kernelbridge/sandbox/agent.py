@@ -177,8 +177,12 @@ class Agent:
             "ipykernel_launcher",
             "-f",
             info["path"],
-            # The journal is kept by the host; IPython's sqlite history would only cost I/O.
-            "--HistoryManager.enabled=False",
+            # Input history answers history_request (%history, a console's up-arrow) from an
+            # in-memory database without outputs; shell_setup bounds what it keeps.
+            "--HistoryManager.hist_file=:memory:",
+            "--HistoryManager.db_log_output=False",
+            # history_reply with real session numbers: see kernelbridge/sandbox/kernel.py.
+            "--IPKernelApp.kernel_class=kernelbridge.sandbox.kernel.SandboxKernel",
             # Bounded output messages and a per-cell cap: see kernelbridge/sandbox/outstream.py.
             "--IPKernelApp.outstream_class=kernelbridge.sandbox.outstream.CappedOutStream",
             # shell_setup stops IPython 9 from keeping every printed byte for the kernel's

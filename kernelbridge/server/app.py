@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, TextContent
 
 from kernelbridge import __version__
 from kernelbridge.broker import Dispatch
@@ -34,8 +34,11 @@ from kernelbridge.hub import Hub, RpcCall
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.server.exports import export_target, load_notebook
+from kernelbridge.server.files import decode_files, place_files, register_file_resources
+from kernelbridge.server.images import fit_images, register_output_resources
 from kernelbridge.server.manual import ServerLine, render_manual
 from kernelbridge.server.render import to_tool_result
+from kernelbridge.server.restore import report_result, report_text, restore_session
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
 from kernelbridge.sessions import SessionRegistry, validate_session_name
@@ -101,8 +104,10 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         session: str = "default",
         servers: list[str] = [],  # noqa: B006 - the public signature; never mutated
         timeout: int = 30,
+        files: dict[str, str] | None = None,
+        restore: str | None = None,
     ) -> CallToolResult:
-        if not code.strip():
+        if not code.strip() and not files and not restore:
             raise ToolError("code is empty: pass the Python source to run")
         if len(code) > MAX_CODE_CHARS:
             raise ToolError(f"code is {len(code):,} characters; the limit is {MAX_CODE_CHARS:,}")
@@ -114,11 +119,24 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
             await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
 
         registry = _registry(ctx)
+        placed = decode_files(files or {})
         try:
+            # In order: rebuild from a notebook, place files, run the code; each step optional.
+            restored = await restore_session(settings, registry, session, restore) if restore else None
+            notes = [await place_files(await registry.sandbox(session), placed)] if placed else []
+            if not code.strip():
+                if restored is not None:
+                    return report_result(session, restored, notes)
+                return CallToolResult(content=[TextContent(type="text", text=notes[0])])
             result = await registry.run(session, code, timeout=timeout, servers=servers, on_progress=progress)
         except KernelBridgeError as exc:
             raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
-        return to_tool_result(result)
+        if restored is not None:
+            notes.insert(0, report_text(session, restored))
+        result.notes[:0] = notes
+        fitted = await fit_images(result.images, session, settings.image_budget)
+        result.notes.extend(fitted.notes)
+        return to_tool_result(result, media=fitted.blocks)
 
     async def list_sessions(ctx: Context) -> str:
         registry = _registry(ctx)
@@ -162,6 +180,9 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
     )
     def session_notebook(session: str) -> str:
         return notebook_json(load_notebook(settings, _check_session(session)))
+
+    register_file_resources(app, _registry)
+    register_output_resources(app, settings.sessions_dir)
 
     return app
 

@@ -30,6 +30,14 @@ SANDBOX = """\
 - `IPython.display.display(Image(...))` / matplotlib figures come back as images.
 - Tools: list_sessions, close_session (frees the sandbox), export_notebook (.ipynb of a session).
 - Each session is also a notebook resource: kernelbridge://sessions/{session}/notebook
+- Files in: `run_python(files={"data.csv": "a,b\\n1,2"})` places files in /workspace before the
+  code runs (code may then be empty); a value starting with `base64:` is binary.
+- Files out (while the session lives): kernelbridge://sessions/{session}/files (listing),
+  .../files/{path} (text), .../blobs/{path} (binary).
+- `run_python(restore="kernelbridge://sessions/{old}/notebook")` (or a .ipynb name in the
+  exports directory) rebuilds a new session by re-running that notebook's cells; the result
+  reports each cell as same / different / error / skipped.
+- Large images arrive downscaled, with a resource link to the full-size original.
 """
 
 HOST_MCP = """\

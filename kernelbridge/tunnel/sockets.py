@@ -46,7 +46,9 @@ class ClientSockets:
     def __init__(self, connection: dict[str, Any], key: bytes) -> None:
         self.connection = connection
         self.key = key
-        self.ctx = zmq.asyncio.Context()
+        # One context (and its I/O thread) for every tunnel of the process: a bridge with a
+        # hundred sessions must not run a hundred ZMQ I/O threads.
+        self.ctx = zmq.asyncio.Context.instance()
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
         self._queued: collections.deque[tuple[zmq.MessageTracker, int]] = collections.deque()
         self._queued_bytes = 0
@@ -167,4 +169,3 @@ class ClientSockets:
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.sockets.clear()
-        self.ctx.term()

@@ -145,7 +145,7 @@ BAD_INPUT: list[tuple[dict[str, Any], str]] = [
     ({"code": "1", "session": "../etc"}, "invalid session name"),
     ({"code": "1", "session": "a b"}, "invalid session name"),
     ({"code": "1", "session": "x" * 65}, "invalid session name"),
-    ({"code": "1", "servers": ["x"]}, "unknown server 'x': no host MCP servers are configured"),
+    ({"code": "1", "servers": ["x"]}, "unknown server 'x'; no host MCP servers are configured"),
     ({"code": "1", "servers": "x"}, "validation error"),
 ]
 

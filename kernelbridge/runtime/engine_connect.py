@@ -1,0 +1,114 @@
+"""Opening an engine: a URL (with its ssh forward if any), a system socket, or our own podman service.
+
+Each function returns a ready :class:`EngineRuntime` (the engine answered ``GET /version``) that
+owns whatever helper process it needed, or raises RuntimeUnavailable / ConfigError with one line.
+Which of them to try, and in what order, is the selection's business (``runtime/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from kernelbridge.config import Settings
+from kernelbridge.errors import RuntimeUnavailable
+from kernelbridge.runtime.engine import EngineRuntime, open_engine
+from kernelbridge.runtime.engine_endpoint import (
+    Endpoint,
+    Engine,
+    default_remote_socket,
+    parse_endpoint,
+    system_sockets,
+)
+from kernelbridge.runtime.engine_service import HelperProcess, podman_service, ssh_forward
+from kernelbridge.runtime.engine_transport import API_TIMEOUT, EngineClient
+from kernelbridge.runtime.podman import default_oci_runtime
+
+PROBE_TIMEOUT = 3.0
+"""Bound of asking a candidate socket whether an engine answers: a local engine answers in
+milliseconds; one that does not within this is not worth picking for every sandbox of a session."""
+HINTS = {
+    "docker": "is dockerd running?",
+    "podman": "is `podman system service` running?",
+}
+
+
+def _client(endpoint: Endpoint, engine: Engine | None, unix_path: str | None = None) -> EngineClient:
+    return EngineClient(
+        endpoint, engine=engine or "container", hint=HINTS.get(engine or "", ""), unix_path=unix_path
+    )
+
+
+async def connect_engine(
+    url: str, settings: Settings, *, engine: Engine | None = None, note: str = "", probe: bool = False
+) -> EngineRuntime:
+    """The engine at ``url`` (``unix://``, ``tcp://``, ``https://``, ``ssh://``).
+
+    ``engine`` is a hint for messages and for the remote socket of an ``ssh://`` URL that names
+    none; the engine itself says which it is. ``probe`` bounds the first answer by
+    :data:`PROBE_TIMEOUT` instead of the usual call bound.
+    """
+    endpoint = parse_endpoint(url, settings.engine)
+    helpers: list[HelperProcess] = []
+    unix_path = None
+    if endpoint.scheme == "ssh":
+        ssh = settings.engine.ssh_command
+        if shutil.which(ssh[0]) is None:
+            raise RuntimeUnavailable(f"cannot reach {endpoint.url}: {ssh[0]} is not installed")
+        remote = default_remote_socket(engine, endpoint)
+        helper, local = ssh_forward(endpoint, remote, settings.run_dir, ssh)
+        ping = _client(Endpoint("unix", path=str(local)), engine)
+
+        async def ready() -> bool:
+            try:
+                await ping.request("GET", "/_ping", timeout=PROBE_TIMEOUT)
+            except RuntimeUnavailable:
+                return False
+            return True
+
+        try:
+            await helper.start(ready)
+        finally:
+            await ping.aclose()
+        helpers.append(helper)
+        unix_path = str(local)
+    client = _client(endpoint, engine, unix_path)
+    client.timeout = PROBE_TIMEOUT if probe else API_TIMEOUT
+    runtime = await open_engine(client, helpers=helpers, note=note)
+    client.timeout = API_TIMEOUT
+    return runtime
+
+
+async def connect_system_socket(engine: Engine, settings: Settings) -> tuple[EngineRuntime | None, list[str]]:
+    """The first of ``engine``'s default sockets that answers; else None and why each did not."""
+    reasons = []
+    for path in system_sockets(engine):
+        try:
+            return await connect_engine(f"unix://{path}", settings, engine=engine, probe=True), reasons
+        except RuntimeUnavailable as exc:
+            reasons.append(str(exc))
+    return None, reasons
+
+
+async def start_own_podman(settings: Settings) -> EngineRuntime:
+    """A ``podman system service`` of this bridge (stopped when the runtime is closed)."""
+    podman = shutil.which("podman")
+    if podman is None:
+        raise RuntimeUnavailable("podman is not installed")
+    helper, sock = podman_service(settings.run_dir, default_oci_runtime(), podman)
+    endpoint = Endpoint("unix", path=str(sock))
+    ping = _client(endpoint, "podman")
+
+    async def ready() -> bool:
+        if not sock.exists():
+            return False
+        try:
+            await ping.request("GET", "/_ping", timeout=PROBE_TIMEOUT)
+        except RuntimeUnavailable:
+            return False
+        return True
+
+    try:
+        await helper.start(ready)
+    finally:
+        await ping.aclose()
+    return await open_engine(_client(endpoint, "podman"), helpers=[helper], note="started by kernelbridge")

@@ -1,0 +1,203 @@
+"""Selecting the runtime (``open_runtime``) and placing sandboxes over several engines.
+
+Real engines only: the placement test runs a podman service over a storage of its own and the
+test dockerd, both holding nothing but a tiny image the test imports (so their loads are ours to
+count), and checks that each sandbox lands on the least-loaded engine and stays there.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from runtime_harness import (
+    make_spec,
+    ping,
+    remove_private_podman,
+    start_private_podman,
+    tiny_rootfs,
+)
+
+from kernelbridge.config import EngineSettings, Settings
+from kernelbridge.errors import ConfigError, RuntimeUnavailable
+from kernelbridge.runtime import ContainerState, open_runtime, open_selection
+from kernelbridge.runtime.engine import EngineRuntime
+from kernelbridge.runtime.engine_endpoint import system_sockets
+from kernelbridge.runtime.engine_placement import EngineSet
+
+pytestmark = [pytest.mark.anyio, pytest.mark.podman]
+
+STEP = 60.0
+TINY = "localhost/kernelbridge-test-tiny:1"
+
+
+def settings(tmp_path: Path, runtime: str | None = None, **engine: object) -> Settings:
+    return Settings(state_dir=tmp_path / "state", runtime=runtime, engine=EngineSettings(**engine))  # type: ignore[arg-type]
+
+
+async def echo(backend: object, image: str, command: tuple[str, ...] = ("cat",)) -> bytes:
+    spec = make_spec(image, command)
+    container = await backend.create(spec)  # type: ignore[attr-defined]
+    stream = await backend.attach(container)  # type: ignore[attr-defined]
+    await stream.send(b"placed\n")
+    await stream.send_eof()
+    out = b""
+    try:
+        while True:
+            out += await stream.receive()
+    except anyio.EndOfStream:
+        pass
+    await stream.aclose()
+    await backend.remove([container])  # type: ignore[attr-defined]
+    return out
+
+
+async def test_podman_api_of_our_own(tmp_path: Path, sandbox_image: str) -> None:
+    if any(ping(f"unix://{path}") for path in system_sockets("podman")):
+        pytest.skip("a podman system service answers here: it would be picked instead")
+    with anyio.fail_after(STEP):
+        async with open_selection(settings(tmp_path, "podman-api")) as selected:
+            runtime = selected.backend
+            assert isinstance(runtime, EngineRuntime)
+            assert selected.reason.startswith("podman API at unix://")
+            assert selected.reason.endswith("(started by kernelbridge)")
+            sock = anyio.Path(runtime.endpoint.path)
+            assert await sock.is_socket()
+            helper = runtime._helpers[0]
+            pid = helper.pid
+            assert pid is not None
+            assert await echo(runtime, sandbox_image) == b"placed\n"
+    # Closing the runtime stops its service and removes its socket and working directory.
+    assert not await anyio.Path(f"/proc/{pid}").exists()
+    assert not await sock.exists()
+    assert not await anyio.Path(tmp_path / "state" / "run" / f"podman-service-{os.getpid()}").exists()
+
+
+async def test_docker_host_is_honoured(tmp_path: Path, docker_url: str, sandbox_image: str) -> None:
+    with anyio.fail_after(STEP):
+        async with open_selection(settings(tmp_path, "docker", docker_host=docker_url)) as selected:
+            assert selected.backend.name == "docker-api"
+            assert selected.reason == f"docker API at {docker_url} (DOCKER_HOST)"
+            info = await selected.backend.info()
+            assert info.engine == "docker" and info.endpoint == docker_url and info.limits_enforced
+            assert await echo(selected.backend, sandbox_image) == b"placed\n"
+
+
+async def test_an_unreachable_engine_is_one_line(tmp_path: Path) -> None:
+    s = settings(tmp_path, "docker-api", docker_host="unix:///nonexistent/docker.sock")
+    with anyio.fail_after(STEP), pytest.raises(RuntimeUnavailable) as info:
+        async with open_runtime(s):
+            pass
+    assert str(info.value) == (
+        "cannot reach the docker engine at unix:///nonexistent/docker.sock: no such socket; "
+        "is dockerd running?"
+    )
+
+
+async def test_docker_api_without_any_engine(tmp_path: Path) -> None:
+    if any(ping(f"unix://{path}") for path in system_sockets("docker")):
+        pytest.skip("a dockerd answers on the system socket")
+    with (
+        anyio.fail_after(STEP),
+        pytest.raises(RuntimeUnavailable, match=r"^no docker engine answers: cannot"),
+    ):
+        async with open_runtime(settings(tmp_path, "docker-api")):
+            pass
+
+
+async def test_the_cli_as_fallback_says_why(tmp_path: Path) -> None:
+    if any(ping(f"unix://{path}") for path in system_sockets("docker")):
+        pytest.skip("a dockerd answers on the system socket")
+    with anyio.fail_after(STEP):
+        async with open_selection(settings(tmp_path, "docker")) as selected:
+            assert selected.backend.name == "docker-cli"
+            assert selected.reason == "docker CLI: no engine socket answered"
+        async with open_selection(settings(tmp_path, "podman-cli")) as selected:
+            assert selected.backend.name == "podman-cli"
+            assert selected.reason == "podman CLI: KERNELBRIDGE_RUNTIME=podman-cli"
+
+
+async def test_engines_with_the_cli_is_a_contradiction(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="needs the engine API"):
+        async with open_runtime(settings(tmp_path, "podman-cli", urls=("unix:///x",))):
+            pass
+
+
+@pytest.fixture
+def private_podman() -> Iterator[str]:
+    """A podman service over its own storage: nothing lives there that we did not put there."""
+    directory = Path(tempfile.mkdtemp(prefix="kbpp-"))
+    service = start_private_podman(directory)
+    try:
+        yield f"unix://{directory}/p.sock"
+    finally:
+        service.stop()
+        remove_private_podman(directory)
+
+
+async def test_least_loaded_placement(tmp_path: Path, private_podman: str, docker_url: str) -> None:
+    urls = (private_podman, docker_url)
+    with anyio.fail_after(STEP * 2):
+        async with open_selection(settings(tmp_path, urls=urls)) as selected:
+            engines = selected.backend
+            assert isinstance(engines, EngineSet)
+            assert selected.reason == f"2 engines, least-loaded placement: {private_podman}, {docker_url}"
+            podman, docker = engines.backends
+            assert (podman.engine, docker.engine) == ("podman", "docker")
+            # The same image on both (an import goes to every engine).
+            await engines.import_image(
+                tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]', "LABEL tiny=1"]
+            )
+            assert await engines.image_labels(TINY) == {"tiny": "1"}
+            assert TINY in await engines.list_images(TINY.rpartition(":")[0])
+            base = await engines.loads()
+            assert base[0] is not None and base[1] is not None
+            # Fill in from the less loaded engine; ties go to the first listed (podman).
+            specs = [make_spec(TINY, ("cat",), session=f"p{i}") for i in range(4)]
+            placed: list[str] = []
+            for spec in specs:
+                before = await engines.loads()
+                expected = min((load, i) for i, load in enumerate(before) if load is not None)[1]
+                container = await engines.create(spec)
+                on = [b for b in engines.backends if await b.inspect(container) is not None]
+                assert on == [engines.backends[expected]], f"{spec.name} went to {on}, loads {before}"
+                placed.append(container)
+            after = await engines.loads()
+            assert sum(a - b for a, b in zip(after, base, strict=True)) == 4  # type: ignore[operator]
+            assert abs(after[0] - after[1]) <= max(1, abs(base[0] - base[1]))  # type: ignore[operator]
+            # Every later call reaches the container's own engine.
+            stream = await engines.attach(placed[1])
+            await stream.send(b"stays put\n")
+            assert await stream.receive() == b"stays put\n"
+            info = await engines.inspect(placed[1])
+            assert info is not None and info.state is ContainerState.RUNNING
+            await engines.stop(placed[1], timeout=0)
+            await stream.aclose()
+            listed = {c.id for c in await engines.list({"kernelbridge.test-run": str(os.getpid())})}
+            assert set(placed) <= listed
+            await engines.remove(placed)
+            assert [await engines.inspect(c) for c in placed] == [None] * 4
+            assert await engines.loads() == base
+            for backend in engines.backends:
+                assert await backend.remove_image(TINY)
+
+
+async def test_placement_skips_an_engine_that_stopped(tmp_path: Path, docker_url: str) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="kbpp-"))
+    service = start_private_podman(directory)
+    try:
+        urls = (f"unix://{directory}/p.sock", docker_url)
+        with anyio.fail_after(STEP):
+            async with open_selection(settings(tmp_path, urls=urls)) as selected:
+                engines = selected.backend
+                assert isinstance(engines, EngineSet)
+                service.stop()
+                assert (await engines.loads())[0] is None
+                assert await engines.place() is engines.backends[1]
+    finally:
+        service.stop()
+        remove_private_podman(directory)
