@@ -34,6 +34,9 @@ from kernelbridge.runtime.streams import ProcessStream
 CLI_TIMEOUT = 30.0
 IMPORT_TIMEOUT = 600.0
 """An image import copies hundreds of MB."""
+ATTACH_TIMEOUT = 10.0
+ATTACH_POLL = 0.02
+"""How often a freshly attached container is checked until its client has started it."""
 REMOVE_ATTEMPTS = 3
 REMOVE_RETRY_DELAY = 0.5
 _MISSING_IMAGE = ("image not known", "no such image", "unable to find image", "not found: image")
@@ -134,7 +137,19 @@ class CliRuntime(RuntimeBackend):
             raise RuntimeUnavailable(f"cannot run {self.executable}: {exc.strerror}") from None
         stream = ProcessStream(process)
         self._tg.start_soon(stream.drain_stderr)
+        await self._wait_started(container, process)
         return stream
+
+    async def _wait_started(self, container: str, process: anyio.abc.Process) -> None:
+        """Return once the client has really started the container (or given up). ``start -ai``
+        attaches before it starts: a ``stop`` landing in between finds a created container, and
+        the client would then start it anyway (a race seen with both podman and docker)."""
+        with anyio.move_on_after(ATTACH_TIMEOUT):
+            while process.returncode is None:
+                info = await self.inspect(container)
+                if info is None or info.state is not ContainerState.CREATED:
+                    return
+                await anyio.sleep(ATTACH_POLL)
 
     async def stop(self, container: str, timeout: float = 0) -> None:
         try:
