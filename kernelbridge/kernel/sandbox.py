@@ -23,6 +23,7 @@ message) and :attr:`Sandbox.rpc_handler` (every ``rpc_request`` of the sandbox's
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import itertools
@@ -57,6 +58,9 @@ SHUTDOWN_GRACE = 2.0
 """Seconds a closing sandbox gets to stop its kernel cleanly before the container is removed."""
 CONTROL_SEND_TIMEOUT = 5.0
 """Bound on handing one frame to the tunnel (it is in-process; only a wedged sandbox is slower)."""
+MAX_OUTGOING_FRAMES = 10_000
+"""Frames queued for a sandbox that is not reading its stdin; past this, new ones are dropped
+(an rpc flood's refusals, say). Big answers are few: calls in flight are capped per session."""
 FILE_TIMEOUT = 60.0
 PROTOCOL_VERSION = "5.3"
 
@@ -138,6 +142,9 @@ class Sandbox:
         self._waiters: dict[str, _Waiter] = {}
         self._file_waiters: dict[int, _Waiter] = {}
         self._file_ids = itertools.count(1)
+        self._outgoing: collections.deque[frames.Frame] = collections.deque()
+        self._outgoing_wakeup = anyio.Event()
+        self._outgoing_dropped = 0
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.name!r} {self.state.value}>"
@@ -176,6 +183,7 @@ class Sandbox:
                     assert tunnel.connection is not None
                     write_connection_file(self.connection_file, tunnel.connection)
                     tg.start_soon(self._pump_control)
+                    tg.start_soon(self._pump_outgoing)
                     await self._wait_ready(tunnel_done)
                     self.state = SandboxState.READY
                     started = True
@@ -221,7 +229,7 @@ class Sandbox:
     async def _stop_gracefully(self, tunnel_done: anyio.Event) -> None:
         """Ask the agent to stop its kernel and leave; the container is removed afterwards anyway."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_GRACE):
-            await self._send_control({"type": frames.SHUTDOWN})
+            self._send_control({"type": frames.SHUTDOWN})
             await tunnel_done.wait()
 
     async def close(self) -> None:
@@ -377,7 +385,7 @@ class Sandbox:
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel's process group (through the agent). Bounded."""
-        await self._send_control({"type": frames.INTERRUPT})
+        self._send_control({"type": frames.INTERRUPT})
 
     async def restart(self, timeout: float) -> bool:
         """A new kernel in the same container (files in /workspace stay); True once it proved
@@ -387,7 +395,7 @@ class Sandbox:
         self._ready = anyio.Event()
         self.state = SandboxState.RESTARTING
         with anyio.move_on_after(timeout):
-            await self._send_control({"type": frames.RESTART}, timeout)
+            self._send_control({"type": frames.RESTART})
             await _first(self._ready.wait, self.ended.wait)
         return self._ready.is_set() and self.state is SandboxState.READY
 
@@ -399,18 +407,42 @@ class Sandbox:
             frame["error"] = error
         else:
             frame["result"] = result
-        await self._send_control(frame)
+        self._send_control(frame)
 
-    async def _send_control(self, frame: frames.Frame, timeout: float = CONTROL_SEND_TIMEOUT) -> None:
+    def _send_control(self, frame: frames.Frame) -> None:
+        """Queue a frame for the tunnel; it never waits for the sandbox to read it.
+
+        Why a queue: this runs on the event pump that reads the sandbox's stdout (rpc answers are
+        sent from there). If sending waited for the sandbox's stdin, and the runtime's relay of
+        stdin waited for us to read stdout (conmon does: it blocks on one direction), neither side
+        would move again. So the pump only queues, and :meth:`_pump_outgoing` writes.
+        """
         if self._control is None or self.ended.is_set():
             return
-        with anyio.move_on_after(timeout) as scope:
-            try:
-                await self._control.send(frame)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
-        if scope.cancelled_caught:
-            log.warning("sandbox %s did not take a %s frame within %.0f s", self.name, frame["type"], timeout)
+        if len(self._outgoing) >= MAX_OUTGOING_FRAMES:
+            self._outgoing_dropped += 1
+            if self._outgoing_dropped in (1, 100) or self._outgoing_dropped % 10_000 == 0:
+                log.warning(
+                    "sandbox %s does not read its stdin: dropped %d %s frame(s)",
+                    self.name, self._outgoing_dropped, frame["type"],
+                )  # fmt: skip
+            return
+        self._outgoing.append(frame)
+        self._outgoing_wakeup.set()
+
+    async def _pump_outgoing(self) -> None:
+        """Owner -> tunnel, in order, as fast as the tunnel takes frames."""
+        assert self._control is not None
+        while True:
+            while self._outgoing:
+                frame = self._outgoing.popleft()
+                try:
+                    await self._control.send(frame)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return
+            self._outgoing_wakeup = anyio.Event()
+            if not self._outgoing:
+                await self._outgoing_wakeup.wait()
 
     # -- files in /workspace ------------------------------------------------------------------------
     async def files(
@@ -427,7 +459,7 @@ class Sandbox:
             frame["data"] = data
         try:
             with anyio.move_on_after(timeout):
-                await self._send_control(frame, timeout)
+                self._send_control(frame)
                 await waiter.done.wait()
         finally:
             self._file_waiters.pop(request_id, None)

@@ -42,6 +42,7 @@ import zmq
 
 from kernelbridge import frames
 from kernelbridge.sandbox import files, init
+from kernelbridge.sandbox.outbox import Outbox
 from kernelbridge.sandbox.rpc_relay import RpcRelay, kernel_env
 
 AGENT_HASH_FILE = Path(__file__).with_name("AGENT_HASH")
@@ -63,14 +64,17 @@ REAP_EVERY = 1.0
 PYTHONPATH_DIR = Path(__file__).with_name("pythonpath")
 """Put on the kernel's PYTHONPATH: the ``mcp`` package that sandbox code imports."""
 KERNEL_EXTENSIONS = ("kernelbridge.sandbox.shell_setup", "mcp._ipython")
+OUTPUT_DRAIN_TIMEOUT = 10.0
+"""Bound on waiting for the host to read a frame outside the relay loop (start-up, exit)."""
 RESTARTED = -1
 """handle_host_frames' answer after a restart frame replaced the kernel (not an exit status)."""
 CHANNEL_OF_PORT = {"shell": "shell_port", "control": "control_port", "stdin": "stdin_port"}
 
 
 class Agent:
-    def __init__(self, out: Any = None) -> None:
-        self._out = out or sys.stdout.buffer
+    def __init__(self, out_fd: int | None = None) -> None:
+        self.outbox = Outbox(sys.stdout.fileno() if out_fd is None else out_fd)
+        self._relaying = False
         self._stdin = sys.stdin.fileno()
         self._decoder = frames.FrameDecoder()
         self._incoming: collections.deque[frames.Frame] = collections.deque()
@@ -90,8 +94,11 @@ class Agent:
 
     # -- output ---------------------------------------------------------------------------
     def send(self, frame: frames.Frame) -> None:
-        self._out.write(frames.encode(frame))
-        self._out.flush()
+        """Queue a frame for the host. Outside the relay loop (start-up, a failed start) wait
+        until it is written; inside, the loop writes it as stdout takes it (see outbox.py)."""
+        self.outbox.put(frames.encode(frame))
+        if not self._relaying:
+            self.outbox.drain(OUTPUT_DRAIN_TIMEOUT)
 
     def log(self, message: str, level: str = "info") -> None:
         """A log frame for the host, rate-limited: past LOG_BURST lines in a window the rest are
@@ -300,7 +307,11 @@ class Agent:
         """Relay until the kernel exits or the host leaves. Returns the agent's exit status."""
         os.set_blocking(self._stdin, False)
         while True:  # once per kernel: a restart replaces the kernel and its sockets
-            status = self.relay_kernel()
+            self._relaying = True
+            try:
+                status = self.relay_kernel()
+            finally:
+                self._relaying = False
             if status is not None:
                 return status
 
@@ -319,6 +330,8 @@ class Agent:
         rpc = self.rpc
         rpc_fd = rpc.fd  # kept: a closed socket's fileno() is -1, but the poller knows this number
         rpc_events = 0
+        out_fd = self.outbox.fd
+        writing = paused = False
         while True:
             if self.terminating:
                 self.stop_kernel()
@@ -327,7 +340,20 @@ class Agent:
             status = self.handle_host_frames()  # frames queued behind the hello come first
             if status is not None:
                 return None if status == RESTARTED else status
-            wanted = 0 if rpc.closed else zmq.POLLIN | (zmq.POLLOUT if rpc.wants_write else 0)
+            # The host has a backlog: stop taking the kernel's output until it drains (stdin is
+            # still read, so the host never waits on us).
+            if self.outbox.full != paused:
+                paused = self.outbox.full
+                for source in (*channel_of, kernel_out):
+                    poller.modify(source, 0 if paused else zmq.POLLIN)
+            if bool(self.outbox.pending) != writing:
+                writing = bool(self.outbox.pending)
+                if writing:
+                    poller.register(out_fd, zmq.POLLOUT)
+                else:
+                    poller.unregister(out_fd)
+            reading = 0 if paused else zmq.POLLIN
+            wanted = 0 if rpc.closed else reading | (zmq.POLLOUT if rpc.wants_write else 0)
             if wanted != rpc_events:
                 if rpc_events:
                     poller.unregister(rpc_fd)
@@ -337,6 +363,8 @@ class Agent:
             for sock, event in poller.poll(200):
                 if sock == self._stdin:
                     self.read_stdin()
+                elif sock == out_fd:
+                    self.outbox.flush()
                 elif sock == kernel_out:
                     self.forward_kernel_output(kernel_out)
                 elif rpc_events and sock == rpc_fd:
@@ -597,10 +625,11 @@ def main() -> None:
     except BrokenPipeError:
         agent.stop_kernel()
         status = 0
-    # os._exit, not sys.exit: the stdin reader thread may sit in a blocking read, and the
-    # interpreter's shutdown would then stall on its lock (and abort) before the container ends.
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
+    # Whatever is still queued (the exit frame) goes out, bounded: the host may be gone.
+    with contextlib.suppress(OSError):
+        agent.outbox.drain(OUTPUT_DRAIN_TIMEOUT)
+    # os._exit, not sys.exit: nothing must run after this (the interpreter's shutdown could
+    # stall), and the container ends with us.
     os._exit(status)
 
 
