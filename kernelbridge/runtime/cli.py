@@ -36,6 +36,8 @@ IMPORT_TIMEOUT = 600.0
 """An image import copies hundreds of MB."""
 REMOVE_ATTEMPTS = 3
 REMOVE_RETRY_DELAY = 0.5
+READ_ONLY_TMPFS = "ro,size=64k,mode=755,nosuid,nodev,noexec"
+"""Options of the empty, read-only tmpfs mounted over /run and /var/tmp of a read-only sandbox."""
 _MISSING_IMAGE = ("image not known", "no such image", "unable to find image", "not found: image")
 
 
@@ -68,6 +70,11 @@ def container_flags(spec: ContainerSpec) -> list[str]:
     ]  # fmt: skip
     if lim.read_only:
         flags.append("--read-only")
+        # podman's --read-only also mounts *unsized* tmpfs on /run and /var/tmp
+        # (--read-only-tmpfs, on by default): writable space bounded by nothing but the memory
+        # limit, where nobody looks. Mounting them read-only ourselves replaces podman's mounts
+        # and says the same thing to docker (which adds none) and to the engine API (HostConfig.Tmpfs).
+        flags += ["--tmpfs", f"/var/tmp:{READ_ONLY_TMPFS}", "--tmpfs", f"/run:{READ_ONLY_TMPFS}"]
     for key, value in spec.all_labels().items():
         flags += ["--label", f"{key}={value}"]
     for key, value in spec.env:
