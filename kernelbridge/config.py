@@ -71,6 +71,9 @@ class Settings:
     from every tool list and its calls answer ``denied``."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     kernel_start_timeout: float = 60.0
+    export_dir: Path | None = None
+    """``KERNELBRIDGE_EXPORT_DIR``: where ``export_notebook(path=...)`` may write (default
+    ``<state_dir>/exports``); a model's export never leaves this directory."""
     labels: tuple[tuple[str, str], ...] = ()
     """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
     container, e.g. to tell an operator's bridges apart on a shared engine."""
@@ -178,6 +181,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(f"{runtime[0]}={runtime[1]!r}: expected podman or docker")
     image = _lookup(env, "IMAGE")
     servers = _lookup(env, "SERVERS_CONFIG")
+    export_dir = _lookup(env, "EXPORT_DIR")
     defaults = SandboxLimits()
     limits = SandboxLimits(
         memory=_size(env, "MEMORY", defaults.memory),
@@ -207,4 +211,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         limits=limits,
         kernel_start_timeout=_number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
         labels=_labels(env),
+        export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
     )

@@ -197,3 +197,22 @@ def stop_process_tree(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+@asynccontextmanager
+async def local_bridge(state_dir: Path, **env: str) -> AsyncIterator[Client]:
+    """The MCP server in this process over the local test-double runtime (no container, no
+    isolation: for the bridge's own logic only), with an in-memory MCP client."""
+    from kernelbridge.config import load_settings
+    from kernelbridge.runtime.local import LocalProcessRuntime
+    from kernelbridge.server import build_server
+
+    settings = load_settings({"KERNELBRIDGE_STATE_DIR": str(state_dir), "KERNELBRIDGE_WARM_POOL": "0", **env})
+    async with LocalProcessRuntime() as runtime:
+        app = build_server(settings, runtime=runtime)
+        async with Client(app, read_timeout_seconds=CLIENT_TIMEOUT) as client:
+            yield client
+
+
+def text_of(answer: Any) -> str:
+    return "\n".join(b.text for b in answer.content if getattr(b, "type", None) == "text")

@@ -33,7 +33,7 @@ from kernelbridge.errors import KernelBridgeError
 from kernelbridge.hub import Hub, RpcCall
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
-from kernelbridge.server.exports import export_target, load_notebook
+from kernelbridge.server.exports import export_to_file, load_notebook
 from kernelbridge.server.manual import CAPABILITIES
 from kernelbridge.server.render import to_tool_result
 from kernelbridge.server.schema import compact_tool
@@ -127,8 +127,7 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         nb_text = notebook_json(load_notebook(settings, _check_session(session)))
         if path is None:
             return nb_text
-        target = export_target(settings, path)
-        await anyio.Path(target).write_text(nb_text, encoding="utf-8")
+        await export_to_file(settings, path, nb_text)
         return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
 
     tools = [
