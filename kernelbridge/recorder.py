@@ -107,6 +107,11 @@ class Recorder:
         if cell is not None and isinstance(content, dict):
             cell.on_reply(content)
 
+    def busy_elsewhere(self, cell: Cell) -> bool:
+        """Whether the kernel is running another cell (another client's) that began and has not
+        ended: ``cell`` may wait behind it without its own clock running."""
+        return any(c is not cell and c.started is not None and not c.idle for c in self.cells.values())
+
     def wake_all(self) -> None:
         """Wake every waiter (the sandbox ended: no more messages will come)."""
         for cell in self.cells.values():

@@ -326,7 +326,8 @@ class Sandbox:
         wait: bool = True,
     ) -> str:
         """Send a request; with ``wait`` its reply can be awaited with :meth:`reply`. Returns the
-        msg_id. Raises SandboxError if the sandbox is not running."""
+        msg_id. Raises SandboxError if the sandbox is not running or does not take the request
+        within CONTROL_SEND_TIMEOUT."""
         if not self.alive or self._tunnel is None:
             raise SandboxError(f"the sandbox of {self.name!r} is not running")
         msg = self.new_message(msg_type, content)
@@ -335,7 +336,16 @@ class Sandbox:
         msg_id = msg["header"]["msg_id"]
         if wait:
             self._waiters[msg_id] = _Waiter(anyio.Event())
-        await self._tunnel.send_kernel(channel, msg)
+        # Bounded: a sandbox whose stdin nobody drains (a paused container, a stopped runtime
+        # client) would otherwise hold the caller forever, past any timeout it promised.
+        with anyio.move_on_after(CONTROL_SEND_TIMEOUT) as scope:
+            await self._tunnel.send_kernel(channel, msg)
+        if scope.cancelled_caught:
+            self._waiters.pop(msg_id, None)
+            raise SandboxError(
+                f"the sandbox did not take a request within {CONTROL_SEND_TIMEOUT:g} s "
+                "(it is stopped or wedged)"
+            )
         return msg_id
 
     async def execute(
