@@ -7,6 +7,7 @@ A bad value raises :class:`ConfigError` naming the variable, the value and what 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Mapping
@@ -213,3 +214,28 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         labels=_labels(env),
         export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
     )
+
+
+def check_state_dir(settings: Settings) -> None:
+    """Create the state directory and its parts, and prove they can be written.
+
+    Raises ConfigError with one line when they cannot: the bridge would otherwise start and then
+    fail deep inside its first call (a file where the directory should be, a read-only mount).
+    A directory that is merely full is not refused: writes to it fail later, one at a time, and
+    each failure is reported where it happens.
+    """
+    root = settings.state_dir
+    try:
+        for directory in (root, settings.sessions_dir, settings.connections_dir):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = settings.sessions_dir / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            return
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"the state directory {root} cannot be used ({reason}: {exc.filename}); "
+            "set KERNELBRIDGE_STATE_DIR to a writable directory"
+        ) from None

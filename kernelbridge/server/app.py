@@ -28,11 +28,12 @@ from mcp_types import CallToolResult
 
 from kernelbridge import __version__
 from kernelbridge.broker import Dispatch
-from kernelbridge.config import Settings
-from kernelbridge.errors import KernelBridgeError
+from kernelbridge.config import Settings, check_state_dir
+from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.hub import Hub, RpcCall
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
+from kernelbridge.runtime.unavailable import UnavailableRuntime
 from kernelbridge.server.exports import export_to_file, load_notebook
 from kernelbridge.server.manual import CAPABILITIES
 from kernelbridge.server.render import to_tool_result
@@ -75,8 +76,15 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         async with AsyncExitStack() as stack:
             backend = runtime
             if backend is None:
-                backend = await stack.enter_async_context(open_runtime(settings))
-                await _reap_orphans(backend)
+                try:
+                    backend = await stack.enter_async_context(open_runtime(settings))
+                except RuntimeUnavailable as exc:
+                    # Keep serving: tools/list and the manual still answer, and each call says
+                    # exactly what is missing instead of the client seeing the server die.
+                    log.warning("%s; serving without sandboxes", exc)
+                    backend = UnavailableRuntime(str(exc))
+                else:
+                    await _reap_orphans(backend)
             image, agent_hash = _sandbox_image(settings, testing=runtime is not None)
             hub = await stack.enter_async_context(Hub(settings))
             registry = SessionRegistry(
@@ -196,6 +204,7 @@ def serve(settings: Settings, *, http: bool = False, host: str = "127.0.0.1", po
     ``http=True`` serves streamable HTTP on ``host:port`` (uvicorn handles the signals there);
     all HTTP clients share one session registry.
     """
+    check_state_dir(settings)  # one line and exit 1, not a traceback from inside the lifespan
     app = build_server(settings)
     if http:
         anyio.run(lambda: app.run_streamable_http_async(host=host, port=port))
