@@ -106,6 +106,8 @@ class Session:
     """Why the sandbox died, until the next call starts a fresh one."""
     closed: bool = False
     busy: bool = False
+    journal_failed: bool = False
+    """A journal write failed and the session was told so (once)."""
     notes: list[str] = field(default_factory=list)
     """Sentences for the next result (e.g. that the kernel was replaced)."""
 
@@ -272,7 +274,10 @@ class SessionRegistry:
                 session.closed = True
                 raise
             session.journal = Journal(self.journal_file(session.name), session.name)
-            await anyio.to_thread.run_sync(session.journal.start)
+            try:
+                await anyio.to_thread.run_sync(session.journal.start)
+            except OSError as exc:
+                self._journal_failed(session, exc)
             self._write_record(session)
             return
         reason, session.dead = session.dead, None
@@ -501,16 +506,28 @@ class SessionRegistry:
             return
         try:
             await anyio.to_thread.run_sync(session.journal.append, code, result, sorted(session.grants))
-        except OSError:
-            log.exception("writing the journal of session %s failed", session.name)
+        except OSError as exc:
+            self._journal_failed(session, exc)
 
     async def _journal_client(self, session: Session, cell: Cell) -> None:
         if session.journal is None:
             return
         try:
             await anyio.to_thread.run_sync(session.journal.append_client_cell, cell)
-        except OSError:
-            log.exception("writing the journal of session %s failed", session.name)
+        except OSError as exc:
+            self._journal_failed(session, exc)
+
+    def _journal_failed(self, session: Session, exc: OSError) -> None:
+        """A journal write failed (the state directory is full, or went away): the call goes on,
+        and the session is told once that its notebook misses cells."""
+        reason = exc.strerror or str(exc)
+        log.warning("writing the journal of session %s failed: %s", session.name, reason)
+        if not session.journal_failed:
+            session.journal_failed = True
+            session.notes.append(
+                f"The session's journal could not be written ({reason}): its notebook "
+                "(export_notebook) misses cells from here on."
+            )
 
     # -- closing -----------------------------------------------------------------------------
 
@@ -563,8 +580,11 @@ class SessionRegistry:
         }
         path = self._record_path(session)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(record, indent=1))
+            os.replace(tmp, path)
+        except OSError as exc:  # only `kernelbridge sessions` and `attach` miss it
+            log.warning("writing the record of session %s failed: %s", session.name, exc.strerror or exc)
 
     def _remove_record(self, session: Session) -> None:
         path = self._record_path(session)

@@ -7,6 +7,7 @@ bounded; helpers return plain data a test can assert on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -96,6 +97,23 @@ def children(pid: int) -> list[int]:
 def podman(*args: str, timeout: float = 60) -> str:
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
     return result.stdout
+
+
+async def container_gone(container: str, timeout: float = 60.0) -> bool:
+    """Wait (bounded) until ``container`` no longer exists; False if it still does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if container not in podman("ps", "-a", "--format", "{{.Names}}").split():
+            return True
+        await anyio.sleep(0.5)
+    return False
+
+
+def fill(path: Path) -> None:
+    """Write zeros to ``path`` until its file system is full."""
+    with contextlib.suppress(OSError), open(path, "wb") as filler:
+        while True:
+            filler.write(b"\0" * 65536)
 
 
 @dataclass

@@ -174,7 +174,10 @@ class Sandbox:
                     tunnel_done = anyio.Event()
                     await tg.start(self._run_tunnel, tunnel, tunnel_done)
                     assert tunnel.connection is not None
-                    write_connection_file(self.connection_file, tunnel.connection)
+                    try:
+                        write_connection_file(self.connection_file, tunnel.connection)
+                    except OSError as exc:  # e.g. a full state directory: only `attach` needs it
+                        log.warning("sandbox %s: no connection file: %s", self.name, exc.strerror or exc)
                     tg.start_soon(self._pump_control)
                     await self._wait_ready(tunnel_done)
                     self.state = SandboxState.READY

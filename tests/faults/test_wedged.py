@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
-from bridge_harness import Bridge, children, podman
+from bridge_harness import Bridge, children, container_gone, podman
 
 from kernelbridge.sessions import TIMEOUT_GRACE
 
@@ -25,7 +24,6 @@ SLACK = 4.0
 """Scheduling slack on a loaded 2-core machine, on top of the contract's bound."""
 BOUND = TIMEOUT + TIMEOUT_GRACE + SLACK
 LONG_CELL = "import time\nfor i in range(200):\n    print(i, flush=True)\n    time.sleep(0.1)"
-GONE_TIMEOUT = 60.0
 
 
 def container_pids(container: str) -> list[int]:
@@ -60,16 +58,6 @@ def signal_all(pids: list[int], signum: int) -> None:
             pass
 
 
-async def gone(container: str) -> bool:
-    """Wait (bounded) until ``container`` no longer exists."""
-    deadline = time.monotonic() + GONE_TIMEOUT
-    while time.monotonic() < deadline:
-        if container not in podman("ps", "-a", "--format", "{{.Names}}").split():
-            return True
-        await anyio.sleep(0.5)
-    return False
-
-
 async def wedge_during_call(
     bridge: Bridge, session: str, wedge: Callable[[str], None], unwedge: Callable[[str], None], *, idle: bool
 ) -> tuple[float, str, str]:
@@ -99,7 +87,7 @@ async def wedge_during_call(
 async def assert_recovers(bridge: Bridge, session: str, container: str) -> None:
     after = await bridge.run("import os; os.listdir('/workspace')", session)
     assert after.status == "ok", after.text
-    assert await gone(container), f"{container} was not removed"
+    assert await container_gone(container), f"{container} was not removed"
 
 
 def pause(container: str) -> None:
