@@ -36,6 +36,16 @@ MAX_RECORDED_BYTES = 1024 * 1024
 (and cannot be replayed from the recording)."""
 MAX_CALLS_PER_CELL = 1000
 """Tool calls recorded per cell; a loop of thousands keeps the first ones and a count."""
+MAX_RECORDS_BYTES = 16 * 1024 * 1024
+"""Arguments and results kept in the records of one session at once (all cells not yet
+collected). Without it, 1000 calls of a cell with 1 MiB arguments each would hold 2 GB; past it,
+records keep the call (server, tool, outcome, duration) and mark arguments and result truncated."""
+MAX_RECORDED_CELLS = 16
+"""Cells whose records wait to be collected; records of cells nobody collects (an attached
+client's, a forged cell id) are dropped oldest first."""
+MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
+"""Request bytes held by the calls of one session in flight: two maximal requests. A burst of
+64 maximal requests would otherwise pin 2 GiB in the bridge; past it a request is answered ``busy``."""
 
 Dispatch = Callable[[str, frozenset[str], str, Any], Awaitable[Any]]
 """(session, grants, method, params) -> result; raises an error with ``kind``/``message``."""
@@ -49,6 +59,8 @@ Spawn = Callable[..., None]
 class _Call:
     request_id: int
     cell: str | None
+    size: int = 0
+    """JSON bytes of the request's params (counted against MAX_IN_FLIGHT_BYTES)."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
@@ -69,7 +81,9 @@ class RpcBroker:
         self._spawn = spawn
         self._grants = grants
         self._in_flight: dict[int, _Call] = {}
+        self._in_flight_bytes = 0
         self._records: dict[str | None, list[dict[str, Any]]] = {}
+        self._records_bytes: dict[str | None, int] = {}
         self.refused = 0
 
     @property
@@ -90,9 +104,19 @@ class RpcBroker:
             message = f"too many host calls in flight ({frames.MAX_RPC_IN_FLIGHT}); await some first"
             await self._answer(request_id, error=_error("busy", message))
             return
+        size = _json_size(frame.get("params"))
+        if self._in_flight and self._in_flight_bytes + size > MAX_IN_FLIGHT_BYTES:
+            self.refused += 1
+            message = (
+                f"the host calls in flight already carry {self._in_flight_bytes:,} bytes of arguments; "
+                "await some first"
+            )
+            await self._answer(request_id, error=_error("busy", message))
+            return
         cell = frame.get("cell") if isinstance(frame.get("cell"), str) else None
-        call = _Call(request_id, cell)
+        call = _Call(request_id, cell, size)
         self._in_flight[request_id] = call
+        self._in_flight_bytes += size
         self._spawn(self._run, call, frame.get("method"), frame.get("params"))
 
     async def _run(self, call: _Call, method: object, params: object) -> None:
@@ -114,7 +138,8 @@ class RpcBroker:
                 log.exception("session %s: an rpc call failed", self.session)
                 error = _error("internal", "the host failed to answer this call (see the bridge's log)")
         finally:
-            self._in_flight.pop(call.request_id, None)
+            if self._in_flight.pop(call.request_id, None) is not None:
+                self._in_flight_bytes -= call.size
         if error is None:
             size = _json_size(result)
             if size > frames.MAX_RPC_BYTES - 1024:
@@ -138,6 +163,7 @@ class RpcBroker:
 
     def take_records(self, cell: str | None) -> list[dict[str, Any]]:
         """The recorded tool calls of ``cell`` (removed from the broker)."""
+        self._records_bytes.pop(cell, None)
         return self._records.pop(cell, [])
 
     def _record(
@@ -155,20 +181,29 @@ class RpcBroker:
             "error": f"{error['kind']}: {error['message']}" if error else None,
         }
         arguments = args.get("arguments")
-        if _json_size(arguments) <= MAX_RECORDED_BYTES:
+        if self._keep(call.cell, _json_size(arguments)):
             record["arguments"] = arguments
         else:
             record["arguments_truncated"] = True
         if error is None:
-            if _json_size(result) <= MAX_RECORDED_BYTES:
+            if self._keep(call.cell, _json_size(result)):
                 record["result"] = result
             else:
                 record["result_truncated"] = True
         records.append(record)
         # Keep the map small: records of cells nobody collects (an attached client's, a forged
         # cell id) must not pile up.
-        while len(self._records) > 64:
-            self._records.pop(next(iter(self._records)))
+        while len(self._records) > MAX_RECORDED_CELLS:
+            oldest = next(iter(self._records))
+            self._records.pop(oldest)
+            self._records_bytes.pop(oldest, None)
+
+    def _keep(self, cell: str | None, size: int) -> bool:
+        """Whether ``size`` more bytes may be recorded (per value and per session); counts them."""
+        if size > MAX_RECORDED_BYTES or sum(self._records_bytes.values()) + size > MAX_RECORDS_BYTES:
+            return False
+        self._records_bytes[cell] = self._records_bytes.get(cell, 0) + size
+        return True
 
 
 def _error(kind: str, message: str) -> dict[str, str]:
