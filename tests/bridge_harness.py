@@ -234,3 +234,9 @@ async def local_bridge(state_dir: Path, **env: str) -> AsyncIterator[Client]:
 
 def text_of(answer: Any) -> str:
     return "\n".join(b.text for b in answer.content if getattr(b, "type", None) == "text")
+
+
+def reset_peak(pid: int) -> None:
+    """Reset ``pid``'s VmHWM to its current RSS (``clear_refs`` 5, Linux >= 4.0, as root), so
+    that the next peak is one attack's own."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
