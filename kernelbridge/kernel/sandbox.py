@@ -453,7 +453,9 @@ class Sandbox:
         return answer.get("result")
 
     def _on_file_response(self, frame: frames.Frame) -> None:
-        waiter = self._file_waiters.get(frame.get("id"))  # type: ignore[arg-type]
+        request_id = frame.get("id")
+        # Untrusted (relayed from the sandbox): an unhashable id must not end the control pump.
+        waiter = self._file_waiters.get(request_id) if isinstance(request_id, int) else None
         if waiter is not None:
             waiter.reply = frame
             waiter.done.set()

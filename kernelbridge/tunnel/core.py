@@ -189,7 +189,9 @@ class Tunnel:
             self.exit_frame = {
                 "type": frames.EXIT,
                 "status": status if isinstance(status, int) and not isinstance(status, bool) else None,
-                "kind": kind_value if kind_value in frames.EXIT_KINDS else frames.EXIT_KERNEL_DIED,
+                "kind": kind_value
+                if isinstance(kind_value, str) and kind_value in frames.EXIT_KINDS
+                else frames.EXIT_KERNEL_DIED,
                 "reason": frames.clip(frame.get("reason") or "the kernel exited", 500),
             }
             log.info("session %s: sandbox exit: %s", self.session, self.exit_frame["reason"])
