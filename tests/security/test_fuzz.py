@@ -169,7 +169,7 @@ class _NullStream(anyio.abc.ByteStream):
         return None
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(tunnel_frames, min_size=1, max_size=30))
 def test_the_tunnel_handles_any_frame(batch: list[dict[str, Any]]) -> None:
     recorder = Recorder(200)

@@ -45,7 +45,7 @@ async def test_outputs_never_cross_sessions_under_concurrency(bridge: Bridge) ->
     results: dict[str, list] = {s: [] for s in sessions}
 
     async def chatter(session: str) -> None:
-        for i in range(15):
+        for i in range(10):
             code = f"import time\nfor j in range(20):\n    print('{session}', {i}, j, flush=True)\n"
             code += "    time.sleep(0.002)"
             results[session].append(await bridge.run(code, session))
