@@ -3,8 +3,13 @@ and from an attached Jupyter client: dropped or ignored, never a reason to disca
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import anyio
+import nbformat
 import pytest
-from bridge_harness import Bridge
+from bridge_harness import KERNELBRIDGE, Bridge
 from jupyter_client.blocking.client import BlockingKernelClient
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
@@ -44,3 +49,35 @@ async def test_headers_without_msg_id_do_not_discard_the_sandbox(bridge: Bridge)
     after = await bridge.run("kept", session)
     assert after.status == "ok" and after.data["result"] == "7", after.text
     assert await bridge.container(session) == container
+
+
+DEEP_DISPLAY = r"""
+from IPython.display import display
+metadata = current = {}
+for _ in range(900):
+    current["a"] = {}
+    current = current["a"]
+display({"text/plain": "deep"}, raw=True, metadata=metadata)
+print("done")
+"""
+
+
+async def test_a_display_nested_900_deep_leaves_the_notebook_exportable(
+    bridge: Bridge, tmp_path: Path
+) -> None:
+    session = "msg-deep"
+    result = await bridge.run(DEEP_DISPLAY, session)
+    assert result.status == "ok" and result.stdout == "done\n", result.text
+    failed, text = await bridge.call("export_notebook", session=session)
+    assert not failed, text
+    nbformat.validate(nbformat.reads(text, as_version=4))
+    resource = await bridge.client.read_resource(f"kernelbridge://sessions/{session}/notebook")
+    assert resource.contents
+    out = tmp_path / "deep.ipynb"
+    env = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(bridge.state_dir)}
+    with anyio.fail_after(60):
+        done = await anyio.run_process(
+            [str(KERNELBRIDGE), "export", session, "-o", str(out)], env=env, check=False
+        )
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    nbformat.validate(nbformat.read(str(out), as_version=4))
