@@ -41,6 +41,12 @@ MAX_HELD_BYTES = 16 * 1024 * 1024
 keep up to MAX_RECORDED_BYTES, but a loop of a thousand 1 MB results would otherwise hold a
 gigabyte in the bridge and write it to the journal; past this budget a call is recorded without
 its data (server, tool, duration, ok/error, and ``*_truncated`` marks)."""
+MAX_RECORDED_CELLS = 16
+"""Cells whose records wait to be collected; records of cells nobody collects (an attached
+client's, a forged cell id) are dropped oldest first."""
+MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
+"""Request bytes held by the calls of one session in flight: two maximal requests. A burst of
+64 maximal requests would otherwise pin 2 GiB in the bridge; past it a request is answered ``busy``."""
 
 Dispatch = Callable[[str, frozenset[str], str, Any], Awaitable[Any]]
 """(session, grants, method, params) -> result; raises an error with ``kind``/``message``."""
@@ -54,6 +60,8 @@ Spawn = Callable[..., None]
 class _Call:
     request_id: int
     cell: str | None
+    size: int = 0
+    """JSON bytes of the request's params (counted against MAX_IN_FLIGHT_BYTES)."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
@@ -74,6 +82,7 @@ class RpcBroker:
         self._spawn = spawn
         self._grants = grants
         self._in_flight: dict[int, _Call] = {}
+        self._in_flight_bytes = 0
         self._records: dict[str | None, list[dict[str, Any]]] = {}
         self._held: dict[str | None, int] = {}
         """Bytes of arguments and results kept in ``_records``, per cell."""
@@ -97,9 +106,19 @@ class RpcBroker:
             message = f"too many host calls in flight ({frames.MAX_RPC_IN_FLIGHT}); await some first"
             await self._answer(request_id, error=_error("busy", message))
             return
+        size = _json_size(frame.get("params"))
+        if self._in_flight and self._in_flight_bytes + size > MAX_IN_FLIGHT_BYTES:
+            self.refused += 1
+            message = (
+                f"the host calls in flight already carry {self._in_flight_bytes:,} bytes of arguments; "
+                "await some first"
+            )
+            await self._answer(request_id, error=_error("busy", message))
+            return
         cell = frame.get("cell") if isinstance(frame.get("cell"), str) else None
-        call = _Call(request_id, cell)
+        call = _Call(request_id, cell, size)
         self._in_flight[request_id] = call
+        self._in_flight_bytes += size
         self._spawn(self._run, call, frame.get("method"), frame.get("params"))
 
     async def _run(self, call: _Call, method: object, params: object) -> None:
@@ -121,7 +140,8 @@ class RpcBroker:
                 log.exception("session %s: an rpc call failed", self.session)
                 error = _error("internal", "the host failed to answer this call (see the bridge's log)")
         finally:
-            self._in_flight.pop(call.request_id, None)
+            if self._in_flight.pop(call.request_id, None) is not None:
+                self._in_flight_bytes -= call.size
         size = 0
         if error is None:
             size = _json_size(result)
@@ -195,7 +215,7 @@ class RpcBroker:
         records.append(record)
         # Keep the map small: records of cells nobody collects (an attached client's, a forged
         # cell id) must not pile up.
-        while len(self._records) > 64:
+        while len(self._records) > MAX_RECORDED_CELLS:
             oldest = next(iter(self._records))
             self._records.pop(oldest)
             self._held.pop(oldest, None)

@@ -7,6 +7,7 @@ A bad value raises :class:`ConfigError` naming the variable, the value and what 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shlex
@@ -108,6 +109,9 @@ class Settings:
     image_budget: int = 50_000
     """``KERNELBRIDGE_IMAGE_BUDGET``: base64 characters of one image sent to the model; a bigger
     image arrives downscaled, its original kept as a resource (see ``server/images.py``)."""
+    export_dir: Path | None = None
+    """``KERNELBRIDGE_EXPORT_DIR``: where ``export_notebook(path=...)`` may write (default
+    ``<state_dir>/exports``); a model's export never leaves this directory."""
     labels: tuple[tuple[str, str], ...] = ()
     """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
     container, e.g. to tell an operator's bridges apart on a shared engine."""
@@ -219,6 +223,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         )
     image = _lookup(env, "IMAGE")
     servers = _lookup(env, "SERVERS_CONFIG")
+    export_dir = _lookup(env, "EXPORT_DIR")
     defaults = SandboxLimits()
     limits = SandboxLimits(
         memory=_size(env, "MEMORY", defaults.memory),
@@ -250,6 +255,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         labels=_labels(env),
         engine=_engine_settings(env),
         image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
+        export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
     )
 
 
@@ -280,3 +286,28 @@ def _ssh_command(env: Mapping[str, str]) -> tuple[str, ...]:
     if not words:
         raise ConfigError(f"{var} is empty")
     return words
+
+
+def check_state_dir(settings: Settings) -> None:
+    """Create the state directory and its parts, and prove they can be written.
+
+    Raises ConfigError with one line when they cannot: the bridge would otherwise start and then
+    fail deep inside its first call (a file where the directory should be, a read-only mount).
+    A directory that is merely full is not refused: writes to it fail later, one at a time, and
+    each failure is reported where it happens.
+    """
+    root = settings.state_dir
+    try:
+        for directory in (root, settings.sessions_dir, settings.connections_dir):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = settings.sessions_dir / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            return
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"the state directory {root} cannot be used ({reason}: {exc.filename}); "
+            "set KERNELBRIDGE_STATE_DIR to a writable directory"
+        ) from None

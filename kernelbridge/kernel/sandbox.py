@@ -181,7 +181,10 @@ class Sandbox:
                     tunnel_done = anyio.Event()
                     await tg.start(self._run_tunnel, tunnel, tunnel_done)
                     assert tunnel.connection is not None
-                    write_connection_file(self.connection_file, tunnel.connection)
+                    try:
+                        write_connection_file(self.connection_file, tunnel.connection)
+                    except OSError as exc:  # e.g. a full state directory: only `attach` needs it
+                        log.warning("sandbox %s: no connection file: %s", self.name, exc.strerror or exc)
                     tg.start_soon(self._pump_control)
                     tg.start_soon(self._pump_outgoing)
                     await self._wait_ready(tunnel_done)
@@ -334,7 +337,8 @@ class Sandbox:
         wait: bool = True,
     ) -> str:
         """Send a request; with ``wait`` its reply can be awaited with :meth:`reply`. Returns the
-        msg_id. Raises SandboxError if the sandbox is not running."""
+        msg_id. Raises SandboxError if the sandbox is not running or does not take the request
+        within CONTROL_SEND_TIMEOUT."""
         if not self.alive or self._tunnel is None:
             raise SandboxError(f"the sandbox of {self.name!r} is not running")
         msg = self.new_message(msg_type, content)
@@ -343,7 +347,16 @@ class Sandbox:
         msg_id = msg["header"]["msg_id"]
         if wait:
             self._waiters[msg_id] = _Waiter(anyio.Event())
-        await self._tunnel.send_kernel(channel, msg)
+        # Bounded: a sandbox whose stdin nobody drains (a paused container, a stopped runtime
+        # client) would otherwise hold the caller forever, past any timeout it promised.
+        with anyio.move_on_after(CONTROL_SEND_TIMEOUT) as scope:
+            await self._tunnel.send_kernel(channel, msg)
+        if scope.cancelled_caught:
+            self._waiters.pop(msg_id, None)
+            raise SandboxError(
+                f"the sandbox did not take a request within {CONTROL_SEND_TIMEOUT:g} s "
+                "(it is stopped or wedged)"
+            )
         return msg_id
 
     async def execute(
@@ -472,7 +485,9 @@ class Sandbox:
         return answer.get("result")
 
     def _on_file_response(self, frame: frames.Frame) -> None:
-        waiter = self._file_waiters.get(frame.get("id"))  # type: ignore[arg-type]
+        request_id = frame.get("id")
+        # Untrusted (relayed from the sandbox): an unhashable id must not end the control pump.
+        waiter = self._file_waiters.get(request_id) if isinstance(request_id, int) else None
         if waiter is not None:
             waiter.reply = frame
             waiter.done.set()

@@ -18,6 +18,7 @@ import anyio.abc
 
 from kernelbridge.errors import ImageError, RuntimeUnavailable
 from kernelbridge.runtime.base import (
+    READ_ONLY_TMPFS,
     SESSION_LABEL,
     WORKDIR,
     ContainerInfo,
@@ -71,6 +72,11 @@ def container_flags(spec: ContainerSpec) -> list[str]:
     ]  # fmt: skip
     if lim.read_only:
         flags.append("--read-only")
+        # podman's --read-only also mounts *unsized* tmpfs on /run and /var/tmp
+        # (--read-only-tmpfs, on by default): writable space bounded by nothing but the memory
+        # limit, where nobody looks. Mounting them read-only ourselves replaces podman's mounts
+        # and says the same thing to docker (which adds none) and to the engine API (HostConfig.Tmpfs).
+        flags += ["--tmpfs", f"/var/tmp:{READ_ONLY_TMPFS}", "--tmpfs", f"/run:{READ_ONLY_TMPFS}"]
     for key, value in spec.all_labels().items():
         flags += ["--label", f"{key}={value}"]
     for key, value in spec.env:

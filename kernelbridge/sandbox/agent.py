@@ -96,7 +96,16 @@ class Agent:
     def send(self, frame: frames.Frame) -> None:
         """Queue a frame for the host. Outside the relay loop (start-up, a failed start) wait
         until it is written; inside, the loop writes it as stdout takes it (see outbox.py)."""
-        self.outbox.put(frames.encode(frame))
+        data = frames.encode(frame)
+        if len(data) > frames.MAX_FRAME_BYTES and frame["type"] == frames.KERNEL:
+            # The host drops a frame over its cap, and a dropped reply leaves a cell hanging until
+            # its timeout (e.g. an exception whose message is a 30 MiB repr): send it clipped.
+            shrunk = frames.encode(shrink_kernel_frame(frame))
+            if len(shrunk) > frames.MAX_FRAME_BYTES:
+                self.log(f"dropped a kernel message of {len(data):,} bytes: over the frame cap", "warning")
+                return
+            data = shrunk
+        self.outbox.put(data)
         if not self._relaying:
             self.outbox.drain(OUTPUT_DRAIN_TIMEOUT)
 
@@ -542,6 +551,29 @@ class Agent:
             self.stop_kernel()
 
 
+CLIP_STRING = 1024 * 1024
+"""Strings of a kernel message longer than this are cut when the message is over the frame cap."""
+
+
+def shrink_kernel_frame(frame: frames.Frame) -> frames.Frame:
+    """``frame`` with every string of its message cut to CLIP_STRING and its buffers dropped."""
+    return frames.kernel_frame(frame["channel"], _clipped(frame["msg"], 0))
+
+
+def _clipped(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        if len(value) <= CLIP_STRING:
+            return value
+        return value[:CLIP_STRING] + f"... [{len(value) - CLIP_STRING:,} characters cut by kernelbridge]"
+    if depth > frames.MAX_DEPTH:
+        return None
+    if isinstance(value, dict):
+        return {key: _clipped(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_clipped(item, depth + 1) for item in value]
+    return value
+
+
 def baked_agent_hash() -> str | None:
     """The agent hash the image builder wrote next to this file (None outside an image)."""
     return AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else None
@@ -608,11 +640,16 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _prepare_kernel_process() -> None:
-    """preexec_fn of the kernel: default SIGINT (the agent ignores it) and die with the agent."""
+    """preexec_fn of the kernel: default SIGINT (the agent ignores it), die with the agent, and be
+    the out-of-memory killer's first choice: when the sandbox's memory runs out, the kernel dies
+    and the agent lives to report it (``exit`` kind ``oom``). If the agent were chosen (it may
+    hold the kernel's queued output), the host would see the container end with status 137 and
+    no reason."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     init.die_with_parent()
+    init.prefer_for_oom_kill()
 
 
 def main() -> None:

@@ -28,12 +28,13 @@ from mcp_types import CallToolResult, TextContent
 
 from kernelbridge import __version__
 from kernelbridge.broker import Dispatch
-from kernelbridge.config import Settings
-from kernelbridge.errors import KernelBridgeError
+from kernelbridge.config import Settings, check_state_dir
+from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.hub import Hub, RpcCall
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
-from kernelbridge.server.exports import export_target, load_notebook
+from kernelbridge.runtime.unavailable import UnavailableRuntime
+from kernelbridge.server.exports import export_to_file, load_notebook
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.images import fit_images, register_output_resources
 from kernelbridge.server.manual import ServerLine, render_manual
@@ -81,8 +82,15 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         async with AsyncExitStack() as stack:
             backend = runtime
             if backend is None:
-                backend = await stack.enter_async_context(open_runtime(settings))
-                await _reap_orphans(backend)
+                try:
+                    backend = await stack.enter_async_context(open_runtime(settings))
+                except RuntimeUnavailable as exc:
+                    # Keep serving: tools/list and the manual still answer, and each call says
+                    # exactly what is missing instead of the client seeing the server die.
+                    log.warning("%s; serving without sandboxes", exc)
+                    backend = UnavailableRuntime(str(exc))
+                else:
+                    await _reap_orphans(backend)
             image, agent_hash = _sandbox_image(settings, testing=runtime is not None)
             hub = await stack.enter_async_context(Hub(settings))
             hubs.append(hub)
@@ -150,8 +158,7 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         nb_text = notebook_json(load_notebook(settings, _check_session(session)))
         if path is None:
             return nb_text
-        target = export_target(settings, path)
-        await anyio.Path(target).write_text(nb_text, encoding="utf-8")
+        await export_to_file(settings, path, nb_text)
         return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
 
     tools = [
@@ -227,6 +234,7 @@ def serve(settings: Settings, *, http: bool = False, host: str = "127.0.0.1", po
     ``http=True`` serves streamable HTTP on ``host:port`` (uvicorn handles the signals there);
     all HTTP clients share one session registry.
     """
+    check_state_dir(settings)  # one line and exit 1, not a traceback from inside the lifespan
     app = build_server(settings)
     if http:
         anyio.run(lambda: app.run_streamable_http_async(host=host, port=port))

@@ -214,7 +214,9 @@ class Tunnel:
             self.exit_frame = {
                 "type": frames.EXIT,
                 "status": status if isinstance(status, int) and not isinstance(status, bool) else None,
-                "kind": kind_value if kind_value in frames.EXIT_KINDS else frames.EXIT_KERNEL_DIED,
+                "kind": kind_value
+                if isinstance(kind_value, str) and kind_value in frames.EXIT_KINDS
+                else frames.EXIT_KERNEL_DIED,
                 "reason": frames.clip(frame.get("reason") or "the kernel exited", 500),
             }
             log.info("session %s: sandbox exit: %s", self.session, self.exit_frame["reason"])
@@ -235,7 +237,7 @@ class Tunnel:
             return
         if channel == "iopub":
             if self.peer is not None:
-                await self.peer(channel, msg, buffers)
+                await self.to_peer(channel, msg, buffers)
             if self.clients is not None:
                 await self.clients.publish(msg, buffers)
             return
@@ -247,9 +249,19 @@ class Tunnel:
         route = self.pending.get(parent_id) if channel == "stdin" else self.pending.pop(parent_id, None)
         if route == PEER:
             if self.peer is not None:
-                await self.peer(channel, msg, buffers)
+                await self.to_peer(channel, msg, buffers)
         elif isinstance(route, list) and self.clients is not None:
             await self.clients.reply(channel, route, msg, buffers)
+
+    async def to_peer(self, channel: str, msg: dict[str, Any], buffers: list[bytes]) -> None:
+        """Hand a message to the in-process peer. A message the peer cannot handle is dropped
+        like any other bad frame: one odd message from a sandbox must not end its tunnel."""
+        assert self.peer is not None
+        try:
+            await self.peer(channel, msg, buffers)
+        except Exception as exc:
+            log.debug("session %s: the peer failed on a %s message", self.session, channel, exc_info=True)
+            self.drop(f"the bridge could not handle a {channel} message ({type(exc).__name__}: {exc})")
 
     async def tell_owner(self, frame: frames.Frame) -> None:
         try:
