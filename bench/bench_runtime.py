@@ -32,6 +32,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+from bench_kernel import run_cell  # same directory: the same client code path in both benches
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from mcp.client.client import Client
@@ -49,30 +50,6 @@ CALL_TIMEOUT = 180.0
 
 
 # -- the reference: a local ipykernel through jupyter_client -------------------------------------
-async def run_cell(kc: AsyncKernelClient, code: str) -> None:
-    """Until both the shell reply and iopub idle for this request have arrived (two tasks wait on
-    the two channels at once, so the polling interval is not what is measured)."""
-    msg_id = kc.execute(code)
-
-    async def shell_reply() -> None:
-        while (await kc.get_shell_msg(timeout=30))["parent_header"].get("msg_id") != msg_id:
-            pass
-
-    async def iopub_idle() -> None:
-        while True:
-            msg = await kc.get_iopub_msg(timeout=30)
-            if (
-                msg["parent_header"].get("msg_id") == msg_id
-                and msg["msg_type"] == "status"
-                and msg["content"]["execution_state"] == "idle"
-            ):
-                return
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(shell_reply)
-        tg.start_soon(iopub_idle)
-
-
 async def round_trips(kc: AsyncKernelClient, count: int) -> list[float]:
     for _ in range(10):  # warm up
         await run_cell(kc, "1+1")
