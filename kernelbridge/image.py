@@ -239,13 +239,18 @@ def default_image(extras: ImageExtras = NO_EXTRAS) -> str:
 
 
 # -- labels ----------------------------------------------------------------------------------------------
-def check_labels(image: str, labels: dict[str, str] | None, expected_agent: str) -> None:
+def check_labels(
+    image: str, labels: dict[str, str] | None, expected_agent: str, *, explicit: bool = True
+) -> None:
     """Raise ImageError unless ``labels`` (of ``image``; None: no such image) describe a kernelbridge
-    sandbox image with the agent ``expected_agent``. One line each, with the fix."""
-    build = (
-        "build one with `kernelbridge image build` and unset KERNELBRIDGE_IMAGE"
-        " (or set it to the tag the build prints)"
-    )
+    sandbox image with the agent ``expected_agent``. One line each, with the fix; ``explicit``: the
+    image was named by ``KERNELBRIDGE_IMAGE`` (the fix then involves that setting)."""
+    build = "run `kernelbridge image build`"
+    if explicit:
+        build = (
+            "build one with `kernelbridge image build` and unset KERNELBRIDGE_IMAGE"
+            " (or set it to the tag the build prints)"
+        )
     if labels is None:
         raise ImageError(f"the sandbox image {image} is missing; {build}")
     found = labels.get(HASH_LABEL)

@@ -40,7 +40,7 @@ import zmq
 from kernelbridge import frames
 from kernelbridge.config import EngineSettings, SandboxLimits, Settings
 from kernelbridge.errors import ImageError, KernelBridgeError
-from kernelbridge.kernel.launch import started_container
+from kernelbridge.kernel.launch import checked_container
 from kernelbridge.runtime import ContainerSpec, open_runtime
 from kernelbridge.tunnel import FrameChannel, SocketFrameChannel, Tunnel, memory_channel_pair
 
@@ -77,13 +77,19 @@ async def serve(control: SocketFrameChannel) -> int:
         engine=EngineSettings(**engine),
         limits=SandboxLimits(**launch.get("limits") or {}),
         kernel_start_timeout=float(launch.get("start_timeout") or 60.0),
+        allow_unlimited=bool(launch.get("allow_unlimited")),
     )
     container = dict(launch["container"])
     labels = tuple((str(k), str(v)) for k, v in container.pop("labels", []))
     spec = ContainerSpec(**container, labels=labels, limits=settings.limits)
     connection = json.loads(await anyio.Path(str(launch["connection_file"])).read_text())
     try:
-        async with open_runtime(settings) as runtime, started_container(runtime, spec) as (_, stream):
+        # The checks a bridge makes first (limits enforced, a kernelbridge image), then the start.
+        agent = launch.get("agent_hash")
+        async with (
+            open_runtime(settings) as runtime,
+            checked_container(settings, runtime, spec, agent) as (_, stream),
+        ):
             owner_end, tunnel_end = memory_channel_pair()
             tunnel = Tunnel(
                 stream,

@@ -14,11 +14,14 @@ conversation. The manual lives in the capabilities resource instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,10 +34,13 @@ from kernelbridge.broker import Dispatch
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
 from kernelbridge.hub import Hub, RpcCall
+from kernelbridge.kernel.launch import SandboxGate, SandboxPolicy
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.server.exports import export_target, load_notebook
+from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
 from kernelbridge.server.manual import CAPABILITIES
+from kernelbridge.server.namespaces import Namespaces
 from kernelbridge.server.render import to_tool_result
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
@@ -51,13 +57,29 @@ class BridgeContext:
     """What the lifespan provides to every request."""
 
     settings: Settings
-    registry: SessionRegistry
+    namespaces: Namespaces
     hub: Hub
+    gate: SandboxGate | None = None
+    """What sandboxes this bridge may start (None: an injected test runtime, anything goes)."""
+
+    @property
+    def registry(self) -> SessionRegistry:
+        """The shared namespace's registry (stdio); HTTP clients with tokens use their own."""
+        return self.namespaces.registry("")
+
+
+def _bridge(ctx: Context) -> BridgeContext:
+    return ctx.request_context.lifespan_context  # type: ignore[no-any-return]
 
 
 def _registry(ctx: Context) -> SessionRegistry:
-    bridge: BridgeContext = ctx.request_context.lifespan_context
-    return bridge.registry
+    """The registry of the calling client's namespace (see kernelbridge.server.namespaces)."""
+    return _bridge(ctx).namespaces.registry(namespace_of(ctx))
+
+
+def _settings(ctx: Context) -> Settings:
+    """The settings of the calling client's namespace (its own state directory)."""
+    return _bridge(ctx).namespaces.settings(namespace_of(ctx))
 
 
 def _check_session(session: str) -> str:
@@ -67,35 +89,63 @@ def _check_session(session: str) -> str:
         raise ToolError(str(exc)) from None
 
 
-def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -> MCPServer[BridgeContext]:
-    """The kernelbridge MCP server. ``runtime`` is a test seam (default: the configured engine)."""
+def build_server(
+    settings: Settings,
+    *,
+    runtime: RuntimeBackend | None = None,
+    namespaces: list[str] | None = None,
+) -> MCPServer[BridgeContext]:
+    """The kernelbridge MCP server. ``runtime`` is a test seam (default: the configured engine).
+
+    ``namespaces``: the HTTP tokens' namespaces, each with sessions of its own; None serves one
+    shared namespace (stdio, or HTTP without authentication).
+    """
+    facts = HostFacts()
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[BridgeContext]) -> AsyncIterator[BridgeContext]:
         async with AsyncExitStack() as stack:
             backend = runtime
+            gate = None
             if backend is None:
                 backend = await stack.enter_async_context(open_runtime(settings))
                 await _reap_orphans(backend)
-            image, agent_hash = _sandbox_image(settings, testing=runtime is not None)
+                gate = await SandboxGate.open(settings, backend)
+                policy = gate.policy
+            else:
+                image, agent_hash = _sandbox_image(settings, testing=True)
+                policy = SandboxPolicy(image, agent_hash)
+            facts.policy = policy
             hub = await stack.enter_async_context(Hub(settings))
-            registry = SessionRegistry(
+
+            def make_registry(registry_settings: Settings) -> SessionRegistry:
+                if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
+                    registry_settings = dataclasses.replace(registry_settings, warm_pool=0)
+                return SessionRegistry(
+                    registry_settings,
+                    backend,
+                    image=policy.image,
+                    agent_hash=policy.agent_hash,
+                    dispatch=hub_dispatch(hub),
+                    check_grants=hub.validate_grants,
+                )
+
+            spaces = Namespaces(
                 settings,
-                backend,
-                image=image,
-                agent_hash=agent_hash,
-                dispatch=hub_dispatch(hub),
-                check_grants=hub.validate_grants,
+                namespaces if namespaces is not None else [""],
+                make_registry,
+                max_calls=settings.http.max_calls if namespaces is not None else None,
             )
-            await stack.enter_async_context(registry)
-            yield BridgeContext(settings, registry, hub)
+            await stack.enter_async_context(spaces)
+            yield BridgeContext(settings, spaces, hub, gate)
 
     async def run_python(
         code: str,
         ctx: Context,
         session: str = "default",
         servers: list[str] = [],  # noqa: B006 - the public signature; never mutated
-        timeout: int = 30,
+        # The configured default (KERNELBRIDGE_DEFAULT_TIMEOUT), so that the schema says it too.
+        timeout: int = math.ceil(settings.default_timeout),
     ) -> CallToolResult:
         if not code.strip():
             raise ToolError("code is empty: pass the Python source to run")
@@ -108,11 +158,20 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         async def progress(elapsed: float, tail: str) -> None:
             await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
 
-        registry = _registry(ctx)
+        bridge, namespace = _bridge(ctx), namespace_of(ctx)
         try:
-            result = await registry.run(session, code, timeout=timeout, servers=servers, on_progress=progress)
+            with bridge.namespaces.call(namespace):
+                policy = await bridge.gate.check() if bridge.gate is not None else facts.policy
+                facts.policy = policy
+                registry = bridge.namespaces.registry(namespace)
+                bridge.namespaces.check_new_session(namespace, session)
+                result = await registry.run(
+                    session, code, timeout=timeout, servers=servers, on_progress=progress
+                )
         except KernelBridgeError as exc:
             raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+        if policy is not None and policy.unlimited and result.execution_count == 1:
+            result.notes.append(UNLIMITED_NOTE)
         return to_tool_result(result)
 
     async def list_sessions(ctx: Context) -> str:
@@ -124,10 +183,13 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         return f"closed session {session!r}" if closed else f"no open session {session!r}"
 
     async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
-        nb_text = notebook_json(load_notebook(settings, _check_session(session)))
+        own = _settings(ctx)
+        nb_text = notebook_json(load_notebook(own, _check_session(session)))
         if path is None:
             return nb_text
-        target = export_target(settings, path)
+        target = export_target(own, path)
+        if own.namespace:
+            confine_export(own, path, target)
         await anyio.Path(target).write_text(nb_text, encoding="utf-8")
         return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
 
@@ -143,7 +205,7 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
 
     @app.resource("kernelbridge://capabilities", name="capabilities", mime_type="text/markdown")
     def capabilities() -> str:
-        return CAPABILITIES
+        return CAPABILITIES + facts.markdown(settings)
 
     @app.resource(
         "kernelbridge://sessions/{session}/notebook",
@@ -151,8 +213,8 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         description="A session's history as an .ipynb notebook",
         mime_type="application/x-ipynb+json",
     )
-    def session_notebook(session: str) -> str:
-        return notebook_json(load_notebook(settings, _check_session(session)))
+    def session_notebook(session: str, ctx: Context) -> str:
+        return notebook_json(load_notebook(_settings(ctx), _check_session(session)))
 
     return app
 
@@ -173,6 +235,7 @@ def hub_dispatch(hub: Hub) -> Dispatch:
 
 
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:
+    """The image and agent for an injected test runtime (the local double has no images)."""
     from kernelbridge.kernel.launch import expected_image
 
     if testing and not settings.image:
@@ -187,18 +250,65 @@ async def _reap_orphans(runtime: RuntimeBackend) -> None:
             removed = await reap_orphans(runtime)
         if removed:
             log.warning("removed %d sandbox container(s) left by a dead kernelbridge", removed)
+    except KernelBridgeError as exc:  # e.g. the daemon is down: said once more, per call, by the gate
+        log.warning("reaping orphaned sandboxes failed: %s", exc)
     except Exception:
         log.warning("reaping orphaned sandboxes failed", exc_info=True)
 
 
-def serve(settings: Settings, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
+def serve(settings: Settings, *, http: HttpOptions | None = None) -> None:
     """Run the MCP server until the client disconnects or a signal arrives.
 
-    ``http=True`` serves streamable HTTP on ``host:port`` (uvicorn handles the signals there);
-    all HTTP clients share one session registry.
+    ``http`` serves streamable HTTP (see :mod:`kernelbridge.server.http`): each token's clients get
+    a namespace of their own; without tokens (loopback only) all clients share one.
     """
-    app = build_server(settings)
-    if http:
-        anyio.run(lambda: app.run_streamable_http_async(host=host, port=port))
-    else:
-        anyio.run(serve_stdio, app)
+    if http is None:
+        anyio.run(serve_stdio, build_server(settings))
+        return
+    names = http.tokens.namespaces if http.tokens is not None else None
+    app = build_server(settings, namespaces=names)
+    anyio.run(serve_http, app, http)
+
+
+UNLIMITED_NOTE = (
+    "Note: this host's container runtime does not enforce memory or process limits; the operator"
+    " allowed that (KERNELBRIDGE_ALLOW_UNLIMITED), so keep memory use and process counts modest."
+)
+
+
+@dataclass(slots=True)
+class HostFacts:
+    """What the capabilities resource says about this host, beyond the manual: filled by the
+    lifespan from the bridge's :class:`SandboxPolicy`."""
+
+    policy: SandboxPolicy | None = None
+
+    def markdown(self, settings: Settings) -> str:
+        policy = self.policy
+        if policy is None:
+            return ""
+        limits = settings.limits
+        lines = ["", "## This host", ""]
+        if policy.packages:
+            lines.append(f"- Python packages in the sandbox image: {', '.join(policy.packages)}.")
+        if policy.refusal:
+            lines.append(f"- Sandboxes cannot start right now: {policy.refusal}.")
+        elif policy.unlimited:
+            lines.append(
+                "- Limits are NOT enforced here: the container runtime ignores memory and process"
+                " limits (the operator allowed it). A runaway cell can exhaust the host's memory."
+            )
+        else:
+            lines.append(
+                f"- Limits: memory {limits.memory}, {limits.pids} processes, {limits.cpus:g} CPU;"
+                f" /workspace {limits.workspace_size}, /tmp {limits.tmp_size}."
+            )
+        return "\n".join(lines) + "\n"
+
+
+def confine_export(settings: Settings, path: str, target: Path) -> None:
+    """An HTTP client may only write exports under its own namespace's ``exports`` directory: its
+    paths name files on someone else's host."""
+    exports = (settings.state_dir / "exports").resolve()
+    if Path(path).is_absolute() or not target.is_relative_to(exports):
+        raise ToolError(f"path must be relative and stay in your exports directory, got {path!r}")
