@@ -118,7 +118,13 @@ def cmd_image(args: argparse.Namespace, settings: Settings) -> int:
     runtime = cli_runtime(settings)
     extras = extras_from_settings(settings)
     if args.image_command == "status":
-        image = settings.image or default_image(extras)
+        if settings.image:  # used as given: only its agent matters (raises ImageError if wrong)
+            from kernelbridge.image import agent_hash, check_labels, image_labels
+
+            check_labels(settings.image, image_labels(runtime.executable, settings.image), agent_hash())
+            print(f"{settings.image}: usable (KERNELBRIDGE_IMAGE)")
+            return 0
+        image = default_image(extras)
         status = image_status(runtime.executable, image, extras)
         print(f"{image}: {status}")
         return 0 if status == "current" else 1

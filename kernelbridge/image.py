@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from kernelbridge.errors import ConfigError, ImageError
+from kernelbridge.errors import AgentMismatch, ConfigError, ImageError
 
 if TYPE_CHECKING:
     from kernelbridge.config import Settings
@@ -242,9 +242,10 @@ def default_image(extras: ImageExtras = NO_EXTRAS) -> str:
 def check_labels(
     image: str, labels: dict[str, str] | None, expected_agent: str, *, explicit: bool = True
 ) -> None:
-    """Raise ImageError unless ``labels`` (of ``image``; None: no such image) describe a kernelbridge
-    sandbox image with the agent ``expected_agent``. One line each, with the fix; ``explicit``: the
-    image was named by ``KERNELBRIDGE_IMAGE`` (the fix then involves that setting)."""
+    """Raise ImageError (AgentMismatch for another agent) unless ``labels`` (of ``image``; None: no
+    such image) describe a kernelbridge sandbox image with the agent ``expected_agent``. One line
+    each, with the fix; ``explicit``: the image was named by ``KERNELBRIDGE_IMAGE`` (the fix then
+    involves that setting)."""
     build = "run `kernelbridge image build`"
     if explicit:
         build = (
@@ -261,9 +262,12 @@ def check_labels(
         )
     if found != expected_agent:
         built_by = labels.get(VERSION_LABEL, "another version")
-        raise ImageError(
-            f"{image} holds the agent of kernelbridge {built_by} ({found[:12]}), not this one's"
-            f" ({expected_agent[:12]}), and they may not speak the same frames; {build}"
+        rebuild = "rebuild it with `kernelbridge image build`" + (
+            " and use the tag it prints" if explicit else ""
+        )
+        raise AgentMismatch(
+            f"{image} carries the agent of kernelbridge {built_by} ({found[:12]}) but this kernelbridge"
+            f" expects {expected_agent[:12]} (they may not speak the same frames); {rebuild}"
         )
 
 

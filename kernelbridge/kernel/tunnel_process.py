@@ -39,7 +39,7 @@ import zmq
 
 from kernelbridge import frames
 from kernelbridge.config import EngineSettings, SandboxLimits, Settings
-from kernelbridge.errors import ImageError, KernelBridgeError
+from kernelbridge.errors import AgentMismatch, ImageError, KernelBridgeError
 from kernelbridge.kernel.launch import checked_container
 from kernelbridge.runtime import ContainerSpec, open_runtime
 from kernelbridge.tunnel import FrameChannel, SocketFrameChannel, Tunnel, memory_channel_pair
@@ -114,6 +114,9 @@ async def serve(control: SocketFrameChannel) -> int:
             exit_frame = tunnel.exit_frame
     except ImageError as exc:
         await _send_exit(control, frames.EXIT_IMAGE_MISSING, str(exc))
+        return 1
+    except AgentMismatch as exc:  # seen on the image's label, before starting it
+        await _send_exit(control, frames.EXIT_AGENT_MISMATCH, str(exc))
         return 1
     except zmq.ZMQError as exc:
         await _send_exit(control, frames.EXIT_START_FAILED, f"cannot bind the kernel ports: {exc}")

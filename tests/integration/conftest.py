@@ -48,11 +48,17 @@ def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
         env={
             "KERNELBRIDGE_STATE_DIR": str(state_dir),
             "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
+            # The suite run as an unprivileged user on cgroup v1 (tests/install) allows unlimited
+            # sandboxes; the MCP client passes only a few variables on by itself.
+            **{k: v for k, v in os.environ.items() if k in PASSED_ON},
             **env,
         },
         cwd=str(REPO),
     )
 
+
+PASSED_ON = ("KERNELBRIDGE_ALLOW_UNLIMITED", "PYTHONPATH")
+"""Variables of the test process that the spawned bridges get too."""
 
 ClientFactory = Callable[..., AbstractAsyncContextManager[Client]]
 

@@ -90,13 +90,19 @@ def doctor(settings: Settings, **env: str) -> tuple[int, list[list[str]]]:
 
 def test_doctor_passes_every_check(settings: Settings) -> None:
     status, lines = doctor(settings)
-    assert lines == [["ok", "runtime"], ["ok", "image"], ["ok", "limits"], ["ok", "kernel"]]
+    assert lines == [["ok", "state"], ["ok", "runtime"], ["ok", "image"], ["ok", "limits"], ["ok", "kernel"]]
     assert status == 0
 
 
 def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings: Settings) -> None:
     status, lines = doctor(settings, KERNELBRIDGE_IMAGE="localhost/kernelbridge-sandbox:nope")
-    assert lines == [["ok", "runtime"], ["FAIL", "image"], ["skip", "limits"], ["skip", "kernel"]]
+    assert lines == [
+        ["ok", "state"],
+        ["ok", "runtime"],
+        ["FAIL", "image"],
+        ["skip", "limits"],
+        ["skip", "kernel"],
+    ]
     assert status == 1
 
 

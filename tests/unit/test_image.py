@@ -9,7 +9,7 @@ import pytest
 
 from kernelbridge import image, image_build
 from kernelbridge.config import load_settings
-from kernelbridge.errors import ConfigError, ImageError
+from kernelbridge.errors import AgentMismatch, ConfigError, ImageError
 
 REPO = Path(image.__file__).resolve().parent.parent
 
@@ -223,7 +223,7 @@ def test_check_labels_explains_a_plain_image() -> None:
 
 def test_check_labels_refuses_another_agent() -> None:
     labels = {image.HASH_LABEL: "b" * 64, image.VERSION_LABEL: "0.0.9"}
-    with pytest.raises(ImageError, match=r"agent of kernelbridge 0\.0\.9"):
+    with pytest.raises(AgentMismatch, match=r"agent of kernelbridge 0\.0\.9.*rebuild it with"):
         image.check_labels("old:tag", labels, "a" * 64)
     image.check_labels("ok:tag", {image.HASH_LABEL: "a" * 64}, "a" * 64)
     with pytest.raises(ImageError, match="missing"):
