@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,12 @@ class Dists:
     """Built from the sdist (as pipx or uv would build it), not from the tree."""
 
     def digest(self) -> str:
-        return hashlib.sha256(self.wheel.read_bytes()).hexdigest()[:12]
+        """A hash of the wheel's files (not of the archive, whose timestamps change every build)."""
+        digest = hashlib.sha256()
+        with zipfile.ZipFile(self.wheel) as wheel:
+            for name in sorted(wheel.namelist()):
+                digest.update(name.encode() + b"\0" + wheel.read(name))
+        return digest.hexdigest()[:12]
 
 
 # -- the unprivileged user ---------------------------------------------------------------------------
