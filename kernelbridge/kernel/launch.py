@@ -54,7 +54,8 @@ def container_spec(settings: Settings, session: str, image: str) -> ContainerSpe
     return ContainerSpec(
         image=image,
         name=f"{prefix}{session}-{secrets.token_hex(3)}",
-        session=session,
+        # The session label names the namespace too: two clients' "default" stay apart.
+        session=f"{settings.namespace}/{session}" if settings.namespace else session,
         owner_pid=os.getpid(),
         owner_host=socket.gethostname(),
         limits=settings.limits,

@@ -37,8 +37,11 @@ def sandbox_image() -> str:
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
     from kernelbridge import image
+    from kernelbridge.config import load_settings
 
-    return image.ensure_image("podman", log=lambda line: None)
+    # The image of the configured extra packages, if any (the bridges the tests start expect it).
+    extras = image.extras_from_settings(load_settings())
+    return image.ensure_image("podman", log=lambda line: None, extras=extras)
 
 
 def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
@@ -57,7 +60,7 @@ def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
     )
 
 
-PASSED_ON = ("KERNELBRIDGE_ALLOW_UNLIMITED", "PYTHONPATH")
+PASSED_ON = ("KERNELBRIDGE_ALLOW_UNLIMITED", "KERNELBRIDGE_IMAGE_PACKAGES", "PYTHONPATH")
 """Variables of the test process that the spawned bridges get too."""
 
 ClientFactory = Callable[..., AbstractAsyncContextManager[Client]]

@@ -206,8 +206,13 @@ async def test_two_tokens_never_share_sessions(tmp_path: Path, sandbox_image: st
             assert "closed" in closed.content[0].text
             still = await alice.call_tool("run_python", {"code": "secret"})
             assert still.structured_content["result"] == "'alice'"
-            labels = podman_labels("kernelbridge.namespace=alice")
-            assert labels and all(name.startswith("kernelbridge-alice-") for name in labels)
+            names = podman_names("kernelbridge.namespace=alice")
+            assert names and all(name.startswith("kernelbridge-alice-") for name in names)
+            assert podman_names("kernelbridge.session=alice/default")  # labels do not collide either
+            # The operator sees every namespace's sessions (Bob's is closed by now).
+            operator = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(state)}
+            listed = await anyio.run_process([str(KERNELBRIDGE), "sessions", "--json"], env=operator)
+            assert [r["name"] for r in json.loads(listed.stdout)] == ["alice/default"]
     # Journals live in each namespace's own directory; nothing in the shared one.
     alice_journal = (state / "http" / "alice" / "sessions" / "default.journal.jsonl").read_text()
     bob_journal = (state / "http" / "bob" / "sessions" / "default.journal.jsonl").read_text()
@@ -262,12 +267,8 @@ async def test_limits_per_token(tmp_path: Path, sandbox_image: str) -> None:
             assert not results["slow"].is_error
 
 
-def podman_labels(label: str) -> list[str]:
-    out = subprocess.run(
-        ["podman", "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    return out.split()
+def podman_names(label: str) -> list[str]:
+    """Names of this test run's containers that carry ``label``."""
+    run = f"label={os.environ['KERNELBRIDGE_LABELS']}"
+    argv = ["podman", "ps", "-a", "--filter", f"label={label}", "--filter", run, "--format", "{{.Names}}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.split()
