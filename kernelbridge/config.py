@@ -89,7 +89,7 @@ class HttpSettings:
     """``KERNELBRIDGE_HTTP_MAX_SESSIONS``: sessions one token may hold at once (the bridge's
     ``KERNELBRIDGE_MAX_SESSIONS`` still bounds them all together)."""
     max_calls: int = 4
-    """``KERNELBRIDGE_HTTP_MAX_CALLS``: tool calls of one token in flight at once."""
+    """``KERNELBRIDGE_HTTP_MAX_CALLS``: ``run_python`` calls of one token in flight at once."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ another's sessions: there is no lookup across namespaces to get wrong, and two c
 use a session called ``default``.
 
 Limits per token: ``KERNELBRIDGE_HTTP_MAX_SESSIONS`` sessions (and the bridge's
-``KERNELBRIDGE_MAX_SESSIONS`` over all of them), ``KERNELBRIDGE_HTTP_MAX_CALLS`` tool calls in
-flight. The registries are created when the bridge starts (tokens are known then) and closed
-together, in parallel, when it stops.
+``KERNELBRIDGE_MAX_SESSIONS`` over all of them), ``KERNELBRIDGE_HTTP_MAX_CALLS`` ``run_python``
+calls in flight. The registries are created when the bridge starts (tokens are known then) and
+closed together, in parallel, when it stops.
 """
 
 from __future__ import annotations

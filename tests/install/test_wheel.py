@@ -122,6 +122,19 @@ def test_kernelspec_install_locations(venv: Path, elsewhere: Path) -> None:
     assert (elsewhere / "p/share/jupyter/kernels/kernelbridge/kernel.json").is_file()
 
 
+def test_setup_as_root_finds_everything_in_place(venv: Path, elsewhere: Path, sandbox_image: str) -> None:
+    """`kernelbridge setup` of an installed package: nothing to install here, the image is current,
+    doctor passes, and the printed mcpServers entry names this installation."""
+    if os.geteuid() != 0:
+        pytest.skip("as a normal user, setup is tested in test_nonroot.py")
+    setup = kernelbridge(venv, "setup", cwd=elsewhere)
+    assert "running as root" in setup.stdout and "installing" not in setup.stdout
+    assert f"sandbox image {sandbox_image} is current" in setup.stdout
+    assert "FAIL" not in setup.stdout
+    entry = json.loads(setup.stdout[setup.stdout.index("{") :])
+    assert entry["mcpServers"]["python"]["command"] == str(venv / "bin" / "kernelbridge")
+
+
 def test_demo_runs_from_the_installed_package(venv: Path, elsewhere: Path, sandbox_image: str) -> None:
     # (The transcript itself shows a sandboxed Python traceback on purpose; the command must not.)
     demo = kernelbridge(venv, "demo", cwd=elsewhere, KERNELBRIDGE_WARM_POOL="0")

@@ -67,22 +67,47 @@ async def wait_listening(port: int, proc: Process) -> None:
             return
 
 
+class Bridge:
+    """A running `kernelbridge serve --http` of a test."""
+
+    def __init__(self, port: int, proc: Process) -> None:
+        self.port = port
+        self.proc = proc
+        self.stopped: tuple[int, str] | None = None
+
+    async def stop(self) -> tuple[int, str]:
+        """SIGTERM (once), then its exit status and everything it wrote on stderr.
+
+        Never signal a process that may have exited already: Popen.send_signal polls, which reaps
+        it behind asyncio's child watcher, and the status then reads 255.
+        """
+        if self.stopped is None:
+            self.proc.send_signal(signal.SIGTERM)
+            err = b""
+            assert self.proc.stderr is not None
+            with anyio.fail_after(STOP_TIMEOUT):
+                async for chunk in self.proc.stderr:
+                    err += chunk
+                status = await self.proc.wait()
+            self.stopped = (status, err.decode(errors="replace"))
+        return self.stopped
+
+
 @asynccontextmanager
-async def bridge(state: Path, *args: str, **env: str) -> AsyncIterator[tuple[int, Process]]:
-    """A `kernelbridge serve --http` on a free loopback port, stopped with SIGTERM afterwards."""
+async def bridge(state: Path, *args: str, **env: str) -> AsyncIterator[Bridge]:
+    """A `kernelbridge serve --http` on a free loopback port, stopped with SIGTERM afterwards
+    (it must then exit 0)."""
     port = free_port()
     environ = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(state), "KERNELBRIDGE_WARM_POOL": "0", **env}
     argv = [str(KERNELBRIDGE), "serve", "--http", "--port", str(port), *args]
     async with await anyio.open_process(argv, env=environ, stdin=None, stdout=None, stderr=-1) as proc:
+        running = Bridge(port, proc)
         try:
             await wait_listening(port, proc)
-            yield port, proc
+            yield running
         finally:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-            with anyio.fail_after(STOP_TIMEOUT):
-                status = await proc.wait()
-            assert status == 0, f"the bridge exited with {status}"
+            status, err = await running.stop()
+            assert status == 0, f"the bridge exited with {status}: {err[-2000:]}"
 
 
 def mcp_client(port: int, token: str | None) -> Client:
@@ -100,7 +125,8 @@ async def post(port: int, headers: dict[str, str], body: Any = INITIALIZE) -> ht
 
 # -- the door (no sandbox needed) ---------------------------------------------------------------------
 async def test_no_token_and_a_wrong_token_are_refused(tmp_path: Path) -> None:
-    async with bridge(tmp_path / "state", KERNELBRIDGE_HTTP_TOKENS=TOKENS) as (port, _):
+    async with bridge(tmp_path / "state", KERNELBRIDGE_HTTP_TOKENS=TOKENS) as running:
+        port = running.port
         missing = await post(port, {})
         wrong = await post(port, {"authorization": "Bearer alice-0123456789abcdef-secreT"})
         basic = await post(port, {"authorization": f"Basic {ALICE}"})
@@ -114,7 +140,8 @@ async def test_no_token_and_a_wrong_token_are_refused(tmp_path: Path) -> None:
 
 async def test_dns_rebinding_is_refused_with_a_valid_token(tmp_path: Path) -> None:
     token = {"authorization": f"Bearer {ALICE}"}
-    async with bridge(tmp_path / "state", KERNELBRIDGE_HTTP_TOKENS=TOKENS) as (port, _):
+    async with bridge(tmp_path / "state", KERNELBRIDGE_HTTP_TOKENS=TOKENS) as running:
+        port = running.port
         rebound = await post(port, {**token, "host": f"evil.example:{port}"})
         from_page = await post(port, {**token, "origin": "http://evil.example"})
         same_origin = await post(port, {**token, "origin": f"http://localhost:{port}"})
@@ -127,7 +154,8 @@ async def test_allowed_hosts_apply_to_a_loopback_bind_too(tmp_path: Path) -> Non
     """With an explicit list, only those names pass (a proxy's public name, say)."""
     token = {"authorization": f"Bearer {ALICE}"}
     state = tmp_path / "state"
-    async with bridge(state, "--allowed-host", "kb.example", KERNELBRIDGE_HTTP_TOKENS=TOKENS) as (port, _):
+    async with bridge(state, "--allowed-host", "kb.example", KERNELBRIDGE_HTTP_TOKENS=TOKENS) as running:
+        port = running.port
         proxied = await post(port, {**token, "host": "kb.example", "origin": "https://kb.example"})
         direct = await post(port, {**token, "host": f"127.0.0.1:{port}"})
     assert proxied.status_code == 200
@@ -154,31 +182,24 @@ def test_a_non_loopback_bind_without_auth_is_refused(tmp_path: Path) -> None:
 
 async def test_a_token_is_generated_once_and_kept_private(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    async with bridge(state) as (port, proc):
+    async with bridge(state) as first:
         token = (state / "http-token").read_text().strip()
         assert stat.S_IMODE((state / "http-token").stat().st_mode) == 0o600
-        assert (await post(port, {"authorization": f"Bearer {token}"})).status_code == 200
-        assert (await post(port, {})).status_code == 401
-        proc.send_signal(signal.SIGTERM)
-        assert proc.stderr is not None
-        first = (await proc.stderr.receive(1 << 16)).decode()
-    assert token in first
-    async with bridge(state) as (port, proc):
-        assert (await post(port, {"authorization": f"Bearer {token}"})).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        assert proc.stderr is not None
-        second = b""
-        with anyio.move_on_after(STOP_TIMEOUT):
-            async for chunk in proc.stderr:
-                second += chunk
-    assert token not in second.decode(), "the token is printed at its first start only"
+        assert (await post(first.port, {"authorization": f"Bearer {token}"})).status_code == 200
+        assert (await post(first.port, {})).status_code == 401
+    assert first.stopped is not None and token in first.stopped[1]
+    async with bridge(state) as second:
+        assert (await post(second.port, {"authorization": f"Bearer {token}"})).status_code == 200
+    assert second.stopped is not None
+    assert token not in second.stopped[1], "the token is printed at its first start only"
 
 
 # -- behind the door: real sessions ----------------------------------------------------------------
 @pytest.mark.podman
 async def test_two_tokens_never_share_sessions(tmp_path: Path, sandbox_image: str) -> None:
     state = tmp_path / "state"
-    async with bridge(state, KERNELBRIDGE_HTTP_TOKENS=TOKENS) as (port, _):
+    async with bridge(state, KERNELBRIDGE_HTTP_TOKENS=TOKENS) as running:
+        port = running.port
         async with mcp_client(port, ALICE) as alice, mcp_client(port, BOB) as bob:
             mine = await alice.call_tool("run_python", {"code": "secret = 'alice'; secret"})
             assert mine.structured_content["result"] == "'alice'"
@@ -223,7 +244,8 @@ async def test_two_tokens_never_share_sessions(tmp_path: Path, sandbox_image: st
 
 @pytest.mark.podman
 async def test_an_mcp_session_id_is_useless_with_another_token(tmp_path: Path, sandbox_image: str) -> None:
-    async with bridge(tmp_path / "state", KERNELBRIDGE_HTTP_TOKENS=TOKENS) as (port, _):
+    async with bridge(tmp_path / "state", KERNELBRIDGE_HTTP_TOKENS=TOKENS) as running:
+        port = running.port
         opened = await post(port, {"authorization": f"Bearer {ALICE}"})
         session_id = opened.headers["mcp-session-id"]
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
@@ -238,7 +260,8 @@ async def test_limits_per_token(tmp_path: Path, sandbox_image: str) -> None:
         "KERNELBRIDGE_HTTP_MAX_SESSIONS": "1",
         "KERNELBRIDGE_HTTP_MAX_CALLS": "1",
     }
-    async with bridge(tmp_path / "state", **env) as (port, _):
+    async with bridge(tmp_path / "state", **env) as running:
+        port = running.port
         async with mcp_client(port, ALICE) as alice, mcp_client(port, BOB) as bob:
             assert not (await alice.call_tool("run_python", {"code": "1"})).is_error
             second = await alice.call_tool("run_python", {"code": "1", "session": "other"})
