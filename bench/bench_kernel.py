@@ -1,4 +1,6 @@
-"""Cold start and `1+1` round trip: a sandboxed kernel beside a local ipykernel, measured in one run.
+"""Plain Jupyter clients: cold start and `1+1` round trip of a `kernelbridge` kernel (the
+provisioner and its tunnel process) beside a local ipykernel, measured in one run. The bridge's
+own sandboxes (tunnel in-process, engine API) are measured by `bench/bench_runtime.py`.
 
     .venv/bin/python bench/bench_kernel.py [--starts 5] [--round-trips 200]
 

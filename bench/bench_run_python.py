@@ -24,12 +24,13 @@ from mcp.client.stdio import StdioServerParameters
 
 from kernelbridge.config import load_settings
 from kernelbridge.image import default_image
-from kernelbridge.runtime import ContainerSpec, detect_runtime
+from kernelbridge.runtime import ContainerSpec, cli_runtime
+from kernelbridge.runtime.cli import container_flags
 
 
 def stateless_call(code: str) -> float:
     """One call the predecessor's way: runtime check, then a fresh container for the code."""
-    runtime = detect_runtime(load_settings())
+    runtime = cli_runtime(load_settings())
     spec = ContainerSpec(
         image=default_image(),
         name=f"kernelbridge-bench-{os.getpid()}-{time.monotonic_ns()}",
@@ -41,9 +42,8 @@ def stateless_call(code: str) -> float:
     subprocess.run(
         [runtime.executable, "info", "--format", "{{.Host.OCIRuntime.Name}}"], capture_output=True, check=True
     )
-    result = subprocess.run(
-        runtime.run_argv(spec), capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL
-    )
+    argv = [runtime.executable, "run", "--rm", "-i", *container_flags(spec), spec.image, *spec.command]
+    result = subprocess.run(argv, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
     elapsed = time.perf_counter() - began
     assert result.stdout.strip() == "2", result.stdout
     return elapsed

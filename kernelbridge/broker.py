@@ -36,6 +36,17 @@ MAX_RECORDED_BYTES = 1024 * 1024
 (and cannot be replayed from the recording)."""
 MAX_CALLS_PER_CELL = 1000
 """Tool calls recorded per cell; a loop of thousands keeps the first ones and a count."""
+MAX_HELD_BYTES = 16 * 1024 * 1024
+"""Arguments and results held in all, over every cell's records not yet collected. Each call may
+keep up to MAX_RECORDED_BYTES, but a loop of a thousand 1 MB results would otherwise hold a
+gigabyte in the bridge and write it to the journal; past this budget a call is recorded without
+its data (server, tool, duration, ok/error, and ``*_truncated`` marks)."""
+MAX_RECORDED_CELLS = 16
+"""Cells whose records wait to be collected; records of cells nobody collects (an attached
+client's, a forged cell id) are dropped oldest first."""
+MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
+"""Request bytes held by the calls of one session in flight: two maximal requests. A burst of
+64 maximal requests would otherwise pin 2 GiB in the bridge; past it a request is answered ``busy``."""
 
 Dispatch = Callable[[str, frozenset[str], str, Any], Awaitable[Any]]
 """(session, grants, method, params) -> result; raises an error with ``kind``/``message``."""
@@ -49,6 +60,8 @@ Spawn = Callable[..., None]
 class _Call:
     request_id: int
     cell: str | None
+    size: int = 0
+    """JSON bytes of the request's params (counted against MAX_IN_FLIGHT_BYTES)."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
@@ -69,7 +82,10 @@ class RpcBroker:
         self._spawn = spawn
         self._grants = grants
         self._in_flight: dict[int, _Call] = {}
+        self._in_flight_bytes = 0
         self._records: dict[str | None, list[dict[str, Any]]] = {}
+        self._held: dict[str | None, int] = {}
+        """Bytes of arguments and results kept in ``_records``, per cell."""
         self.refused = 0
 
     @property
@@ -90,9 +106,19 @@ class RpcBroker:
             message = f"too many host calls in flight ({frames.MAX_RPC_IN_FLIGHT}); await some first"
             await self._answer(request_id, error=_error("busy", message))
             return
+        size = _json_size(frame.get("params"))
+        if self._in_flight and self._in_flight_bytes + size > MAX_IN_FLIGHT_BYTES:
+            self.refused += 1
+            message = (
+                f"the host calls in flight already carry {self._in_flight_bytes:,} bytes of arguments; "
+                "await some first"
+            )
+            await self._answer(request_id, error=_error("busy", message))
+            return
         cell = frame.get("cell") if isinstance(frame.get("cell"), str) else None
-        call = _Call(request_id, cell)
+        call = _Call(request_id, cell, size)
         self._in_flight[request_id] = call
+        self._in_flight_bytes += size
         self._spawn(self._run, call, frame.get("method"), frame.get("params"))
 
     async def _run(self, call: _Call, method: object, params: object) -> None:
@@ -114,7 +140,9 @@ class RpcBroker:
                 log.exception("session %s: an rpc call failed", self.session)
                 error = _error("internal", "the host failed to answer this call (see the bridge's log)")
         finally:
-            self._in_flight.pop(call.request_id, None)
+            if self._in_flight.pop(call.request_id, None) is not None:
+                self._in_flight_bytes -= call.size
+        size = 0
         if error is None:
             size = _json_size(result)
             if size > frames.MAX_RPC_BYTES - 1024:
@@ -122,7 +150,8 @@ class RpcBroker:
                     "too_large", f"the result is {size:,} bytes; the limit is {frames.MAX_RPC_BYTES:,}"
                 )
         if method == "call_tool":
-            self._record(call, params, result if error is None else None, error, time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            self._record(call, params, result if error is None else None, size, error, elapsed)
         with anyio.CancelScope(shield=True):
             if error is not None:
                 await self._answer(call.request_id, error=error)
@@ -138,10 +167,29 @@ class RpcBroker:
 
     def take_records(self, cell: str | None) -> list[dict[str, Any]]:
         """The recorded tool calls of ``cell`` (removed from the broker)."""
+        self._held.pop(cell, None)
         return self._records.pop(cell, [])
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of recorded arguments and results not collected yet (bounded by MAX_HELD_BYTES)."""
+        return sum(self._held.values())
+
+    def _keep(self, cell: str | None, size: int) -> bool:
+        """Whether ``size`` more bytes of data may be recorded for ``cell``; counts them if so."""
+        if size > MAX_RECORDED_BYTES or self.held_bytes + size > MAX_HELD_BYTES:
+            return False
+        self._held[cell] = self._held.get(cell, 0) + size
+        return True
+
     def _record(
-        self, call: _Call, params: object, result: Any, error: dict[str, str] | None, seconds: float
+        self,
+        call: _Call,
+        params: object,
+        result: Any,
+        result_size: int,
+        error: dict[str, str] | None,
+        seconds: float,
     ) -> None:
         records = self._records.setdefault(call.cell, [])
         if len(records) >= MAX_CALLS_PER_CELL:
@@ -155,20 +203,22 @@ class RpcBroker:
             "error": f"{error['kind']}: {error['message']}" if error else None,
         }
         arguments = args.get("arguments")
-        if _json_size(arguments) <= MAX_RECORDED_BYTES:
+        if self._keep(call.cell, _json_size(arguments)):
             record["arguments"] = arguments
         else:
             record["arguments_truncated"] = True
         if error is None:
-            if _json_size(result) <= MAX_RECORDED_BYTES:
+            if self._keep(call.cell, result_size):
                 record["result"] = result
             else:
                 record["result_truncated"] = True
         records.append(record)
         # Keep the map small: records of cells nobody collects (an attached client's, a forged
         # cell id) must not pile up.
-        while len(self._records) > 64:
-            self._records.pop(next(iter(self._records)))
+        while len(self._records) > MAX_RECORDED_CELLS:
+            oldest = next(iter(self._records))
+            self._records.pop(oldest)
+            self._held.pop(oldest, None)
 
 
 def _error(kind: str, message: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 
 from kernelbridge import __version__
-from kernelbridge.config import Settings, ensure_state_dir, load_settings
+from kernelbridge.config import Settings, check_state_dir, load_settings
 from kernelbridge.errors import ConfigError, KernelBridgeError, SessionError
 
 
@@ -65,9 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("session")
     export.add_argument("-o", "--output", required=True, help="output .ipynb path")
 
-    replay = sub.add_parser("replay", help="re-run a notebook in a fresh sandbox")
+    replay = sub.add_parser("replay", help="re-run a notebook in a fresh sandbox and judge every cell")
     replay.add_argument("notebook")
-    replay.add_argument("-o", "--output", help="write the executed notebook here")
+    replay.add_argument("-o", "--output", help="write the replayed notebook here")
+    replay.add_argument("--strict", action="store_true", help="also fail when an output differs")
+    replay.add_argument("--recorded-tools", action="store_true",
+                        help="answer host tool calls from the recorded results (offline)")  # fmt: skip
 
     spec = sub.add_parser("kernelspec", help="manage the `kernelbridge` Jupyter kernelspec")
     spec_sub = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
@@ -80,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     setup = sub.add_parser("setup", help="check this machine, build the sandbox image, run doctor")
     setup.add_argument("--with", dest="packages", action="append", default=[], metavar="PACKAGE",
                        help="add a Python package to the image (repeatable)")  # fmt: skip
+
+    skills = sub.add_parser("skills", help="review the tools sandboxed code saved with save_tool()")
+    skills_sub = skills.add_subparsers(dest="skills_command", required=True, metavar="ACTION")
+    skills_list = skills_sub.add_parser("list", help="list the saved tools")
+    skills_list.add_argument("--json", action="store_true", help="machine-readable output")
+    skills_show = skills_sub.add_parser("show", help="print a saved tool's source")
+    skills_show.add_argument("name")
+    skills_rm = skills_sub.add_parser("rm", help="delete saved tools")
+    skills_rm.add_argument("names", nargs="+", metavar="NAME")
 
     sub.add_parser("demo", help="run a short scripted agent session and print it as a transcript")
     return parser
@@ -203,11 +215,24 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.replay import replay_notebook
+    """Exit status: 0 every cell behaved as recorded, 1 a cell raised that did not before (or,
+    with --strict, an output differs), 2 the input is not a notebook."""
+    from functools import partial
 
-    summary = anyio.run(replay_notebook, settings, args.notebook, args.output)
-    print(summary.line() + (f"; wrote {args.output}" if args.output else ""))
-    return 0
+    from kernelbridge.errors import ConfigError
+    from kernelbridge.replay import read_notebook, replay_notebook
+
+    try:
+        read_notebook(args.notebook)  # bad input is one line and status 2, before any sandbox
+    except ConfigError as exc:
+        print(f"kernelbridge: {exc}", file=sys.stderr)
+        return 2
+    run = partial(replay_notebook, recorded_tools=args.recorded_tools)
+    report = anyio.run(run, settings, args.notebook, args.output)
+    print(report.text())
+    if args.output:
+        print(f"wrote {args.output}")
+    return 1 if report.failed(strict=args.strict) else 0
 
 
 def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
@@ -218,6 +243,37 @@ def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
     print(f"installed the kernelbridge kernelspec in {path}")
     print("use it with: jupyter console --kernel kernelbridge (or pick it in JupyterLab)")
     print(visibility_note(path))
+    return 0
+
+
+def cmd_skills(args: argparse.Namespace, settings: Settings) -> int:
+    """Saved tools live in ``<state_dir>/skills``; sandboxes use them only by importing them, so a
+    person reviews them here (source as saved, byte for byte)."""
+    from kernelbridge.errors import SkillError
+    from kernelbridge.hub import list_skills, read_skill, remove_skill
+
+    if args.skills_command == "list":
+        infos = list_skills(settings.state_dir)
+        if args.json:
+            print(json.dumps([dataclasses.asdict(i) for i in infos], indent=2))
+        elif not infos:
+            print("no saved tools")
+        else:
+            print(f"{'NAME':<24} {'SAVED (UTC)':<21} DESCRIPTION")
+            for info in infos:
+                line = (info.description.strip().splitlines() or [""])[0][:80]
+                print(f"{info.name:<24} {info.saved_at:<21} {line}")
+        return 0
+    if args.skills_command == "show":
+        source = read_skill(settings.state_dir, args.name).source
+        print(source, end="" if source.endswith("\n") else "\n")
+        return 0
+    missing = [name for name in args.names if not remove_skill(settings.state_dir, name)]
+    for name in args.names:
+        if name not in missing:
+            print(f"removed {name}")
+    if missing:
+        raise SkillError(f"no saved tool named {missing[0]!r} (see `kernelbridge skills list`)")
     return 0
 
 
@@ -237,6 +293,7 @@ COMMANDS = {
     "replay": cmd_replay,
     "kernelspec": cmd_kernelspec,
     "setup": cmd_setup,
+    "skills": cmd_skills,
     "demo": cmd_demo,
 }
 
@@ -259,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
         if args.command in STATEFUL:
-            ensure_state_dir(settings)  # one line now, not a traceback from deep inside
+            check_state_dir(settings)  # one line now, not a traceback from deep inside
         return COMMANDS[args.command](args, settings)
     except KernelBridgeError as exc:
         print(f"kernelbridge: {exc}", file=sys.stderr)

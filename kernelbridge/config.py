@@ -7,6 +7,7 @@ A bad value raises :class:`ConfigError` naming the variable, the value and what 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shlex
@@ -125,6 +126,12 @@ class Settings:
     from every tool list and its calls answer ``denied``."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     kernel_start_timeout: float = 60.0
+    image_budget: int = 50_000
+    """``KERNELBRIDGE_IMAGE_BUDGET``: base64 characters of one image sent to the model; a bigger
+    image arrives downscaled, its original kept as a resource (see ``server/images.py``)."""
+    export_dir: Path | None = None
+    """``KERNELBRIDGE_EXPORT_DIR``: where ``export_notebook(path=...)`` may write (default
+    ``<state_dir>/exports``); a model's export never leaves this directory."""
     labels: tuple[tuple[str, str], ...] = ()
     """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
     container, e.g. to tell an operator's bridges apart on a shared engine."""
@@ -256,6 +263,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         )
     image = _lookup(env, "IMAGE")
     servers = _lookup(env, "SERVERS_CONFIG")
+    export_dir = _lookup(env, "EXPORT_DIR")
     defaults = SandboxLimits()
     limits = SandboxLimits(
         memory=_size(env, "MEMORY", defaults.memory),
@@ -291,6 +299,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         image_requirements=_path(env, "IMAGE_REQUIREMENTS"),
         allow_unlimited=_flag(env, "ALLOW_UNLIMITED"),
         http=_http_settings(env),
+        image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
+        export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
     )
 
 
@@ -336,27 +346,6 @@ def _http_settings(env: Mapping[str, str]) -> HttpSettings:
     )
 
 
-def ensure_state_dir(settings: Settings) -> Path:
-    """Create the state directory (0700) if needed and check that it is writable.
-
-    Raises ConfigError with the fix when it cannot be created or written: every command that keeps
-    state fails here with one line instead of deep inside a task group.
-    """
-    path = settings.state_dir
-    var = "KERNELBRIDGE_STATE_DIR"
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
-        raise ConfigError(
-            f"the state directory {path} is not usable ({why}); point {var} at a directory you can write"
-        ) from None
-    return path
-
-
 def _engine_settings(env: Mapping[str, str]) -> EngineSettings:
     urls = _lookup(env, "ENGINES")
     cert_path = (env.get("DOCKER_CERT_PATH") or "").strip()
@@ -384,3 +373,28 @@ def _ssh_command(env: Mapping[str, str]) -> tuple[str, ...]:
     if not words:
         raise ConfigError(f"{var} is empty")
     return words
+
+
+def check_state_dir(settings: Settings) -> None:
+    """Create the state directory and its parts, and prove they can be written.
+
+    Raises ConfigError with one line when they cannot: the bridge would otherwise start and then
+    fail deep inside its first call (a file where the directory should be, a read-only mount).
+    A directory that is merely full is not refused: writes to it fail later, one at a time, and
+    each failure is reported where it happens.
+    """
+    root = settings.state_dir
+    try:
+        for directory in (root, settings.sessions_dir, settings.connections_dir):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = settings.sessions_dir / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            return
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"the state directory {root} cannot be used ({reason}: {exc.filename}); "
+            "set KERNELBRIDGE_STATE_DIR to a writable directory"
+        ) from None

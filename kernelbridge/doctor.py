@@ -1,7 +1,8 @@
 """``kernelbridge doctor``: can this machine run sandboxes, and are their limits real?
 
 One line per check (``ok``, ``warn`` or ``FAIL``), and a non-zero exit status if any check
-failed. Checks that depend on an earlier failed one are reported as skipped, not run.
+failed. Checks that depend on an earlier failed one are reported as skipped, not run. The last
+line is the host MCP config (servers found, files or entries skipped), which needs no runtime.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import anyio
@@ -50,9 +51,13 @@ class Check:
 
 
 class Doctor:
-    def __init__(self, settings: Settings, out: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, settings: Settings, out: Callable[[str], None] = print, env: Mapping[str, str] | None = None
+    ) -> None:
         self.settings = settings
         self.out = out
+        self.env = env
+        """Supplies HOME for the host MCP config (default: os.environ)."""
         self.checks: list[Check] = []
         self.runtime: RuntimeBackend | None = None
         self.reason = ""
@@ -120,10 +125,10 @@ class Doctor:
         return "ok", f"{image} is current" + (f" ({', '.join(packages)})" if packages else "")
 
     async def state_check(self) -> tuple[str, str]:
-        from kernelbridge.config import ensure_state_dir
+        from kernelbridge.config import check_state_dir
 
-        path = ensure_state_dir(self.settings)
-        return "ok", f"{path} is writable"
+        check_state_dir(self.settings)
+        return "ok", f"{self.settings.state_dir} is writable"
 
     async def limits_check(self) -> tuple[str, str]:
         assert self.runtime is not None and self.image is not None
@@ -175,6 +180,27 @@ class Doctor:
             f"(python {versions.get('python')}, ipykernel {versions.get('ipykernel')})"
         )
 
+    async def hub_check(self) -> tuple[str, str]:
+        """Host MCP config: the servers found (after the operator's policy) and the problems.
+        Reads the files only; starts no server."""
+        from kernelbridge.hub import Policy, load_catalog
+
+        catalog = load_catalog(self.settings, self.env)
+        policy = Policy.from_settings(self.settings)
+        names = [name for name in catalog.servers if policy.server_allowed(name)]
+        denied = len(catalog.servers) - len(names)
+        if names:
+            shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+            detail = f"{len(names)} host MCP server{'s' * (len(names) != 1)} configured: {shown}"
+        else:
+            detail = "no host MCP servers configured (add them to ~/MCPs/*.json or use --servers-config)"
+        if denied:
+            detail += f"; {denied} denied by the operator's settings"
+        if catalog.problems:
+            more = f" (and {len(catalog.problems) - 1} more)" if len(catalog.problems) > 1 else ""
+            return "warn", f"{detail}; skipped: {catalog.problems[0]}{more}"
+        return "ok", detail
+
     async def run(self) -> int:
         await self.check("state", self.state_check)
         try:
@@ -195,6 +221,7 @@ class Doctor:
         else:
             await self.check("limits", self.limits_check)
             await self.check("kernel", self.kernel_check)
+        await self.check("hub", self.hub_check)
 
 
 PROBE_TIMEOUT = 60.0

@@ -18,6 +18,7 @@ are capped in number and size.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import deque
@@ -40,7 +41,16 @@ MAX_TRACEBACK_CHARS = 8_000
 MAX_CODE_CHARS = 1_000_000
 """Source of another client's cell kept for the journal (the bridge's own is capped on input)."""
 MAX_RICH_CHARS = 16 * 1024 * 1024
-"""Total characters of rich outputs kept per cell, whatever their number."""
+"""Total characters of rich outputs kept per cell, whatever their number. Values that are not
+strings (``application/json`` data, metadata) count :data:`JSON_WEIGHT` times their JSON length:
+parsed JSON costs the bridge several times its text in memory."""
+JSON_WEIGHT = 4
+MAX_METADATA_CHARS = 64 * 1024
+"""JSON characters of one output's metadata (honestly: image sizes, a few flags). More is an
+attack on the bridge's memory or the notebook's validity, and is replaced by a note."""
+MAX_ERROR_NAME = 200
+MAX_TRACEBACK_LINES = 200
+"""Lines of an error's traceback kept for the notebook (each cut to MAX_TRACEBACK_CHARS)."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
@@ -137,6 +147,64 @@ def compact_traceback(lines: list[Any]) -> str:
     return cut_middle(text.strip("\n"), MAX_TRACEBACK_CHARS, "traceback")[0]
 
 
+def json_chars(value: Any) -> int:
+    """Characters of ``value`` as JSON (values here came from JSON, at most 64 levels deep)."""
+    try:
+        return len(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError, RecursionError):
+        return MAX_RICH_CHARS
+
+
+def bounded_metadata(value: Any) -> dict[str, Any]:
+    """An output's metadata, or a note in its place when it is not a small JSON object."""
+    if not isinstance(value, dict) or not value:
+        return {}
+    chars = json_chars(value)
+    if chars > MAX_METADATA_CHARS:
+        return {
+            "kernelbridge": f"metadata of {chars:,} JSON characters dropped (limit {MAX_METADATA_CHARS:,})"
+        }
+    return value
+
+
+def bounded_error(content: dict[str, Any], limit: int) -> tuple[CellError, dict[str, Any]]:
+    """An ``error`` message's (or an error reply's) parts, each cut to a bound: an exception's
+    message may be megabytes (a repr of data), and a hostile kernel may send anything."""
+    raw_tb = content.get("traceback")
+    lines = [str(t)[:MAX_TRACEBACK_CHARS] for t in (raw_tb if isinstance(raw_tb, list) else [])]
+    if len(lines) > MAX_TRACEBACK_LINES:
+        half = MAX_TRACEBACK_LINES // 2
+        lines = [*lines[:half], f"... [{len(lines) - 2 * half} traceback lines cut] ...", *lines[-half:]]
+    ename = str(content.get("ename", ""))[:MAX_ERROR_NAME]
+    evalue = cut_middle(str(content.get("evalue", "")), limit, "error message")[0]
+    error = CellError(
+        ename=ename,
+        evalue=evalue,
+        traceback=_NO_STDIN if ename == "StdinNotImplementedError" else compact_traceback(lines),
+    )
+    raw = {
+        "output_type": "error",
+        "ename": ename,
+        "evalue": evalue,
+        "traceback": [strip_ansi(line) for line in lines],
+    }
+    return error, raw
+
+
+REPLY_KEYS = ("status", "execution_count", "ename", "evalue", "traceback")
+
+
+def bounded_reply(content: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The parts of an execute_reply the bridge uses, bounded (the rest is never kept)."""
+    reply = {key: content[key] for key in REPLY_KEYS if key in content}
+    if not isinstance(reply.get("status"), str):
+        reply.pop("status", None)
+    if reply.get("status") == "error" or "ename" in reply:
+        error, raw = bounded_error(content, limit)
+        reply.update(ename=error.ename, evalue=error.evalue, traceback=raw["traceback"])
+    return reply
+
+
 @dataclass
 class CellOutputs:
     """The outputs of one cell, gathered from its iopub messages, in bounded memory."""
@@ -169,19 +237,7 @@ class CellOutputs:
         elif msg_type in ("display_data", "execute_result"):
             self._add_display(msg_type, content)
         elif msg_type == "error":
-            tb = content.get("traceback") or []
-            ename = str(content.get("ename", ""))
-            self.error = CellError(
-                ename=ename,
-                evalue=str(content.get("evalue", "")),
-                traceback=_NO_STDIN if ename == "StdinNotImplementedError" else compact_traceback(tb),
-            )
-            self.raw_error = {
-                "output_type": "error",
-                "ename": self.error.ename,
-                "evalue": self.error.evalue,
-                "traceback": [strip_ansi(str(t)) for t in tb][:200],
-            }
+            self.error, self.raw_error = bounded_error(content, self.limit)
         elif msg_type == "execute_input":
             self.execution_count = content.get("execution_count", self.execution_count)
         elif msg_type == "clear_output":
@@ -193,7 +249,8 @@ class CellOutputs:
             self.rich_chars = 0
 
     def _add_display(self, msg_type: str, content: dict[str, Any]) -> None:
-        data = dict(content.get("data") or {})
+        raw = content.get("data")
+        data = dict(raw) if isinstance(raw, dict) else {}
         if msg_type == "execute_result":
             self.execution_count = content.get("execution_count", self.execution_count)
             text = str(data.get("text/plain", ""))
@@ -206,7 +263,9 @@ class CellOutputs:
         for key, value in data.items():
             if isinstance(value, str) and key != "image/png":
                 data[key] = cut_middle(value, self.limit, key)[0]
-        size = sum(len(v) for v in data.values() if isinstance(v, str))
+        size = sum(len(v) if isinstance(v, str) else JSON_WEIGHT * json_chars(v) for v in data.values())
+        metadata = bounded_metadata(content.get("metadata"))
+        size += JSON_WEIGHT * json_chars(metadata)
         if len(self.displays) >= MAX_DISPLAYS or self.rich_chars + size > MAX_RICH_CHARS:
             self.dropped_displays += 1
             return
@@ -214,7 +273,7 @@ class CellOutputs:
         output: dict[str, Any] = {
             "output_type": msg_type,
             "data": data,
-            "metadata": content.get("metadata") or {},
+            "metadata": metadata,
         }
         if msg_type == "execute_result":
             output["execution_count"] = self.execution_count
@@ -297,7 +356,7 @@ class Cell:
         self.notify()
 
     def on_reply(self, content: dict[str, Any]) -> None:
-        self.reply = content
+        self.reply = bounded_reply(content, self.outputs.limit)
         count = content.get("execution_count")
         if isinstance(count, int):
             self.outputs.execution_count = count

@@ -28,7 +28,7 @@ from pathlib import Path
 import anyio
 
 from kernelbridge import __version__
-from kernelbridge.config import Settings, ensure_state_dir
+from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError
 
 # command -> the Debian package that provides it
@@ -150,7 +150,8 @@ def run_setup(settings: Settings, packages: list[str]) -> int:
                 if switched
                 else VFS_WARNING
             )
-    say(f"state directory: {ensure_state_dir(settings)}")
+    check_state_dir(settings)
+    say(f"state directory: {settings.state_dir}")
     extras = extras_from_settings(settings).plus(packages)
     executable = "podman" if shutil.which("podman") else "docker"
     try:

@@ -10,10 +10,16 @@ Line kinds::
 
     {"type": "session", "session": ..., "created": ..., "owner_pid": ...}   first line of a journal
     {"type": "cell", "source": "mcp", "code": ..., "execution_count": ..., "outputs": [...],
-     "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ...,
+     "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ..., "timeout": ...,
      "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "arguments", "result"}]}
     {"type": "cell", "source": "client", "client": {"username", "session"}, "code": ...,
-     "execution_count": ..., "outputs": [...], "status": ..., "duration_ms": ..., "started": ...}
+     "execution_count": ..., "outputs": [...], "status": ..., "duration_ms": ..., "started": ...,
+     "tool_calls": [...]}
+
+Each line is written (one ``write``) as soon as its cell ends, so a bridge killed with SIGKILL
+loses at most the cell in flight. ``timeout`` is the seconds the call allowed (a replay gives the
+cell the same); ``tool_calls`` are what :mod:`kernelbridge.replay` answers from with
+``--recorded-tools``.
 
 ``source`` says who sent the cell: the bridge's own ``run_python`` (``mcp``), or another
 Jupyter client of the same kernel (``client``: a person in ``kernelbridge attach``, nbclient).
@@ -73,7 +79,7 @@ class Journal:
         }
         self._write(header, mode="w")
 
-    def append(self, code: str, result: CellResult, servers: list[str]) -> None:
+    def append(self, code: str, result: CellResult, servers: list[str], timeout: float | None = None) -> None:
         """Journal one of the bridge's own cells (``run_python``)."""
         entry = {
             "type": "cell",
@@ -88,11 +94,16 @@ class Journal:
             "started": time.time() - result.duration_ms / 1000,
             "tool_calls": result.tool_calls,
         }
+        if timeout is not None:
+            entry["timeout"] = timeout
         self._write(entry, mode="a")
         self.cells += 1
 
-    def append_client_cell(self, cell: Cell) -> None:
-        """Journal a cell another Jupyter client ran in the session's kernel."""
+    def append_client_cell(self, cell: Cell, tool_calls: list[dict[str, Any]] | None = None) -> None:
+        """Journal a cell another Jupyter client ran in the session's kernel. A silent request
+        (no ``execute_input``: a client's own bookkeeping, e.g. a completer's setup) is no cell."""
+        if cell.code is None:
+            return
         outputs = cell.outputs
         status = "error" if outputs.error is not None else "ok"
         entry = {
@@ -108,6 +119,8 @@ class Journal:
             "state": "kept",
             "started": cell.queued_wall,
         }
+        if tool_calls:
+            entry["tool_calls"] = tool_calls
         self._write(entry, mode="a")
         self.cells += 1
 
@@ -145,6 +158,11 @@ def _clean_output(output: dict[str, Any], count: int | None) -> nbformat.Noteboo
     return nbformat.from_dict(out)
 
 
+def notebook_outputs(outputs: list[Any], count: int | None) -> list[nbformat.NotebookNode]:
+    """nbformat output nodes from journal (or :class:`CellResult`) outputs."""
+    return [_clean_output(o, count) for o in outputs if isinstance(o, dict)]
+
+
 def journal_to_notebook(entries: list[dict[str, Any]], session: str) -> nbformat.NotebookNode:
     """Build a notebook with one code cell per executed request, valid under nbformat.validate."""
     nb = v4.new_notebook()
@@ -158,7 +176,7 @@ def journal_to_notebook(entries: list[dict[str, Any]], session: str) -> nbformat
         cell = v4.new_code_cell(
             source=str(entry.get("code", "")),
             execution_count=count,
-            outputs=[_clean_output(o, count) for o in entry.get("outputs") or [] if isinstance(o, dict)],
+            outputs=notebook_outputs(entry.get("outputs") or [], count),
         )
         meta: dict[str, Any] = {
             "source": entry.get("source") or "mcp",
@@ -171,13 +189,15 @@ def journal_to_notebook(entries: list[dict[str, Any]], session: str) -> nbformat
             meta["client"] = entry["client"]
         if entry.get("tool_calls"):
             meta["tool_calls"] = entry["tool_calls"]
+        if isinstance(entry.get("timeout"), int | float):
+            meta["timeout"] = entry["timeout"]
         cell.metadata["kernelbridge"] = meta
-        nb.cells.append(_valid_cell(cell))
+        nb.cells.append(valid_cell(cell))
     nbformat.validate(nb)
     return nb
 
 
-def _valid_cell(cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
+def valid_cell(cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """``cell`` if nbformat accepts it; else the same cell with each unacceptable output replaced
     by a note, so one odd output (e.g. metadata nested too deeply) never makes a whole session
     unexportable."""

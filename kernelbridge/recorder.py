@@ -9,7 +9,8 @@ so the notebook is a record of everything that ran; the bridge's own cells are f
 journalled by the session layer, which knows their status, timeouts and tool calls.
 
 Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.execution.CellOutputs`); at
-most :data:`MAX_OPEN_CELLS` cells are tracked at once (the oldest is dropped); output whose
+most :data:`MAX_OPEN_CELLS` other clients' cells are tracked at once (the oldest is dropped; the
+bridge's own cells never are); output whose
 parent is no known cell (a background thread printing after its cell ended, a forged parent) goes
 into one bounded buffer, reported once with the next result. Nothing is queued: each message is
 folded into this state as it arrives, so the host never holds more than these bounds, however
@@ -27,8 +28,10 @@ from kernelbridge.execution import BoundedText, Cell
 
 log = logging.getLogger(__name__)
 
-MAX_OPEN_CELLS = 16
-"""Cells tracked at once (ours and other clients' in flight); ipykernel runs one at a time."""
+MAX_OPEN_CELLS = 4
+"""Other clients' cells tracked at once: ipykernel runs one cell at a time and a console sends one
+at a time, so more are forged (any code can publish a ``status: busy`` with a new parent) and
+each open cell may hold up to its output bounds. The bridge's own cells are never dropped."""
 BACKGROUND_CHARS = 4000
 """Characters of background output kept (head and tail) until the next result reports them."""
 OUTPUT_TYPES = frozenset(
@@ -107,6 +110,11 @@ class Recorder:
         if cell is not None and isinstance(content, dict):
             cell.on_reply(content)
 
+    def busy_elsewhere(self, cell: Cell) -> bool:
+        """Whether the kernel is running another cell (another client's) that began and has not
+        ended: ``cell`` may wait behind it without its own clock running."""
+        return any(c is not cell and c.started is not None and not c.idle for c in self.cells.values())
+
     def wake_all(self) -> None:
         """Wake every waiter (the sandbox ended: no more messages will come)."""
         for cell in self.cells.values():
@@ -136,8 +144,9 @@ class Recorder:
 
     def _track(self, cell: Cell) -> None:
         self.cells[cell.msg_id] = cell
-        while len(self.cells) > MAX_OPEN_CELLS:
-            _, dropped = self.cells.popitem(last=False)
+        others = [c for c in self.cells.values() if c.source != "mcp"]
+        for dropped in others[: max(len(others) - MAX_OPEN_CELLS, 0)]:  # the oldest first
+            del self.cells[dropped.msg_id]
             log.warning("recorder: stopped tracking cell %s (too many open cells)", dropped.msg_id[:8])
 
     def _background(self, msg_type: str, content: dict[str, Any]) -> None:

@@ -45,7 +45,7 @@ import anyio.abc
 from kernelbridge import frames
 from kernelbridge.broker import Dispatch, RpcBroker
 from kernelbridge.config import Settings
-from kernelbridge.errors import SessionError
+from kernelbridge.errors import SandboxError, SessionError
 from kernelbridge.execution import Cell, CellResult, State, Status, finish_cell
 from kernelbridge.kernel.sandbox import Sandbox
 from kernelbridge.notebook import Journal, journal_path
@@ -106,6 +106,8 @@ class Session:
     """Why the sandbox died, until the next call starts a fresh one."""
     closed: bool = False
     busy: bool = False
+    journal_failed: bool = False
+    """A journal write failed and the session was told so (once)."""
     notes: list[str] = field(default_factory=list)
     """Sentences for the next result (e.g. that the kernel was replaced)."""
 
@@ -223,15 +225,29 @@ class SessionRegistry:
                 session.busy = True
                 try:
                     await self._ensure_sandbox(session)
+                    began = time.monotonic()  # waits from here on count against the timeout
                     if not granted <= session.grants:
                         session.grants |= granted
                         session.needs_refresh = True
                     if session.needs_refresh:
-                        await self._refresh_proxies(session)
-                    return await self._execute(session, code, timeout, on_progress)
+                        await self._refresh_proxies(session, timeout)
+                    return await self._execute(session, code, timeout, on_progress, began)
                 finally:
                     session.busy = False
                     session.last_used = time.monotonic()
+
+    async def sandbox(self, name: str) -> Sandbox:
+        """The live sandbox of session ``name`` (created on first use, replaced if it died), e.g.
+        to place files before a call. Raises as :meth:`run` does."""
+        validate_session_name(name)
+        while True:
+            session = self._session_for(name)
+            async with session.lock:
+                if session.closed:
+                    continue
+                await self._ensure_sandbox(session)
+                assert session.sandbox is not None
+                return session.sandbox
 
     def _grants_for(self, servers: list[str]) -> frozenset[str]:
         if not servers:
@@ -271,7 +287,10 @@ class SessionRegistry:
                 session.closed = True
                 raise
             session.journal = Journal(self.journal_file(session.name), session.name)
-            await anyio.to_thread.run_sync(session.journal.start)
+            try:
+                await anyio.to_thread.run_sync(session.journal.start)
+            except OSError as exc:
+                self._journal_failed(session, exc)
             self._write_record(session)
             return
         reason, session.dead = session.dead, None
@@ -302,13 +321,18 @@ class SessionRegistry:
         session.sandbox, session.recorder, session.broker = sandbox, recorder, broker
         session.needs_refresh = bool(session.grants)
 
-    async def _refresh_proxies(self, session: Session) -> None:
-        """Rebind the kernel's host-MCP proxies to the session's grants (a silent request)."""
+    async def _refresh_proxies(self, session: Session, timeout: float = REFRESH_TIMEOUT) -> None:
+        """Rebind the kernel's host-MCP proxies to the session's grants (a silent request), waiting
+        at most ``timeout`` (the call's own: a wedged sandbox must not add REFRESH_TIMEOUT to it)."""
         assert session.sandbox is not None and session.recorder is not None
         msg_id = uuid.uuid4().hex
         session.recorder.ignore(msg_id)
-        await session.sandbox.execute(REFRESH_CODE, msg_id=msg_id, silent=True)
-        reply = await session.sandbox.reply(msg_id, REFRESH_TIMEOUT)
+        try:
+            await session.sandbox.execute(REFRESH_CODE, msg_id=msg_id, silent=True)
+            reply = await session.sandbox.reply(msg_id, min(REFRESH_TIMEOUT, timeout))
+        except SandboxError as exc:  # the call itself will meet the same sandbox and say so
+            log.warning("session %s: refreshing the mcp proxies failed: %s", session.name, exc)
+            return
         content = (reply or {}).get("content") or {}
         if content.get("status") == "ok":
             session.needs_refresh = False
@@ -321,7 +345,12 @@ class SessionRegistry:
         )
 
     async def _execute(
-        self, session: Session, code: str, timeout: float, on_progress: ProgressCallback | None
+        self,
+        session: Session,
+        code: str,
+        timeout: float,
+        on_progress: ProgressCallback | None,
+        began: float | None = None,
     ) -> CellResult:
         sandbox, recorder, broker = session.sandbox, session.recorder, session.broker
         assert sandbox is not None and recorder is not None and broker is not None
@@ -332,8 +361,12 @@ class SessionRegistry:
         status: Status = "ok"
         state: State = "kept"
         try:
-            await sandbox.execute(code, msg_id=cell.msg_id, wait=False)
-            status, state = await self._follow(session, cell, timeout, notes, on_progress)
+            try:
+                await sandbox.execute(code, msg_id=cell.msg_id, wait=False)
+            except SandboxError as exc:
+                status, state = self._unreachable(session, str(exc), notes)
+            else:
+                status, state = await self._follow(session, cell, timeout, notes, on_progress, began)
         except BaseException:
             # Cancelled (the client gave up) or crashed: never leave the cell running behind the
             # lock, or the next call would silently queue behind it.
@@ -341,12 +374,12 @@ class SessionRegistry:
                 if not cell.done and not session.closed and sandbox.alive:
                     state = await self._stop_overrun(session, cell)
                 result = self._finish(session, cell, "cancelled", state, notes)
-                await self._journal(session, code, result)
+                await self._journal(session, code, result, timeout)
             raise
         finally:
             recorder.forget(cell)
         result = self._finish(session, cell, status, state, notes)
-        await self._journal(session, code, result)
+        await self._journal(session, code, result, timeout)
         return result
 
     async def _follow(
@@ -356,12 +389,20 @@ class SessionRegistry:
         timeout: float,
         notes: list[str],
         on_progress: ProgressCallback | None,
+        began: float | None = None,
     ) -> tuple[Status, State]:
-        """Wait for the cell, reporting progress; apply the timeout policy. Returns (status, state)."""
-        sandbox = session.sandbox
-        assert sandbox is not None
+        """Wait for the cell, reporting progress; apply the timeout policy. Returns (status, state).
+
+        The clock of a cell starts when the kernel begins it. Before that it may wait behind
+        another client's cell (up to ``max_timeout``); but if it has not begun within ``timeout``
+        while no other cell was running, the sandbox is not responding (paused, stopped, wedged)
+        and the cell is treated as overrun, so the call still answers within timeout + grace.
+        """
+        sandbox, recorder = session.sandbox, session.recorder
+        assert sandbox is not None and recorder is not None
         queue_deadline = cell.queued + self.settings.max_timeout
         last_progress = time.monotonic()
+        other_busy_until = began if began is not None else cell.queued
         while not cell.done:
             now = time.monotonic()
             if session.closed:
@@ -375,8 +416,18 @@ class SessionRegistry:
                     "the next call on this session starts a fresh sandbox."
                 )
                 return "kernel_died", "lost"
-            deadline = cell.started + timeout if cell.started is not None else queue_deadline
+            if cell.started is not None:
+                deadline = cell.started + timeout
+            else:
+                if recorder.busy_elsewhere(cell):
+                    other_busy_until = now
+                deadline = min(queue_deadline, other_busy_until + timeout)
             if now >= deadline:
+                if cell.started is None and deadline < queue_deadline:
+                    state = await self._stop_overrun(session, cell)
+                    kept = session.sandbox is sandbox and sandbox.alive
+                    notes.append(_unresponsive_note(timeout, state, files_kept=kept))
+                    return "timeout", state
                 if cell.started is None:
                     notes.append(
                         f"The kernel was busy with another client's cell for "
@@ -420,6 +471,20 @@ class SessionRegistry:
         self._discard(session)
         return "lost"
 
+    def _unreachable(self, session: Session, reason: str, notes: list[str]) -> tuple[Status, State]:
+        """The sandbox did not take the cell (it died, or its stdin is not drained): discard it."""
+        sandbox = session.sandbox
+        if sandbox is not None and not sandbox.alive:
+            reason = sandbox.death.reason if sandbox.death else reason
+            session.dead = reason
+        else:
+            self._discard(session)
+        notes.append(
+            f"The cell could not be sent: {reason}. The sandbox was discarded: its variables and its "
+            "files in /workspace are lost; the next call on this session starts a fresh sandbox."
+        )
+        return "kernel_died", "lost"
+
     def _discard(self, session: Session) -> None:
         """Drop the session's sandbox now; it is closed in the background (bounded)."""
         sandbox, session.sandbox = session.sandbox, None
@@ -449,21 +514,36 @@ class SessionRegistry:
             raise
         self._write_record(session)
 
-    async def _journal(self, session: Session, code: str, result: CellResult) -> None:
+    async def _journal(self, session: Session, code: str, result: CellResult, timeout: float) -> None:
         if session.journal is None:
             return
         try:
-            await anyio.to_thread.run_sync(session.journal.append, code, result, sorted(session.grants))
-        except OSError:
-            log.exception("writing the journal of session %s failed", session.name)
+            await anyio.to_thread.run_sync(
+                session.journal.append, code, result, sorted(session.grants), timeout
+            )
+        except OSError as exc:
+            self._journal_failed(session, exc)
 
     async def _journal_client(self, session: Session, cell: Cell) -> None:
         if session.journal is None:
             return
+        calls = session.broker.take_records(cell.msg_id) if session.broker is not None else []
         try:
-            await anyio.to_thread.run_sync(session.journal.append_client_cell, cell)
-        except OSError:
-            log.exception("writing the journal of session %s failed", session.name)
+            await anyio.to_thread.run_sync(session.journal.append_client_cell, cell, calls)
+        except OSError as exc:
+            self._journal_failed(session, exc)
+
+    def _journal_failed(self, session: Session, exc: OSError) -> None:
+        """A journal write failed (the state directory is full, or went away): the call goes on,
+        and the session is told once that its notebook misses cells."""
+        reason = exc.strerror or str(exc)
+        log.warning("writing the journal of session %s failed: %s", session.name, reason)
+        if not session.journal_failed:
+            session.journal_failed = True
+            session.notes.append(
+                f"The session's journal could not be written ({reason}): its notebook "
+                "(export_notebook) misses cells from here on."
+            )
 
     # -- closing -----------------------------------------------------------------------------
 
@@ -516,8 +596,11 @@ class SessionRegistry:
         }
         path = self._record_path(session)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(record, indent=1))
+            os.replace(tmp, path)
+        except OSError as exc:  # only `kernelbridge sessions` and `attach` miss it
+            log.warning("writing the record of session %s failed: %s", session.name, exc.strerror or exc)
 
     def _remove_record(self, session: Session) -> None:
         path = self._record_path(session)
@@ -548,6 +631,23 @@ def _timeout_note(timeout: float, state: State, files_kept: bool = False) -> str
     return (
         f"Timed out after {timeout:g} s and ignored the interrupt, so the kernel was restarted: "
         f"all variables and imports are lost.{files}"
+    )
+
+
+def _unresponsive_note(timeout: float, state: State, files_kept: bool) -> str:
+    if state == "kept":
+        return (
+            f"The kernel did not begin this cell within {timeout:g} s; it was interrupted and "
+            "the session's variables are kept."
+        )
+    files = (
+        " Files in /workspace are kept (same sandbox)."
+        if files_kept
+        else (" It was discarded: files in /workspace are gone too; the next call starts a fresh sandbox.")
+    )
+    return (
+        f"The sandbox did not respond: the kernel did not begin this cell within {timeout:g} s, so "
+        f"it was replaced; all variables and imports are lost.{files}"
     )
 
 

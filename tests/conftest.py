@@ -25,6 +25,10 @@ os.environ["KERNELBRIDGE_LABELS"] = f"{TEST_RUN_LABEL}={TEST_RUN}"
 LEFTOVER_GRACE = 20.0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", help="also run the long soak tests (tests/load)")
+
+
 def leftover_containers() -> list[str]:
     """Sandbox containers started by this test run (by the test process or a bridge it spawned)."""
     runtime = cli_runtime(load_settings())

@@ -494,7 +494,9 @@ def sandbox_kernel(workdir: Path, with_host: bool = True) -> Iterator[SandboxKer
         "ipykernel_launcher",
         "-f",
         str(connection_file),
-        "--HistoryManager.enabled=False",
+        "--HistoryManager.hist_file=:memory:",
+        "--HistoryManager.db_log_output=False",
+        "--IPKernelApp.kernel_class=kernelbridge.sandbox.kernel.SandboxKernel",
         "--IPKernelApp.outstream_class=kernelbridge.sandbox.outstream.CappedOutStream",
         f"--IPKernelApp.extensions={json.dumps(EXTENSIONS)}",
     ]

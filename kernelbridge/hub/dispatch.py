@@ -106,6 +106,14 @@ class Hub(RpcHandler):
         """Configured servers the operator allows, in configuration order."""
         return [name for name in self._catalog.servers if self._policy.server_allowed(name)]
 
+    def summaries(self) -> list[dict[str, Any]]:
+        """ServerSummary records of the allowed servers (name, alias, description, transport;
+        never a command, environment, URL or header), for the manual. Starts nothing."""
+        return [
+            docs.server_summary(name, self._aliases[name], self._catalog.servers[name], granted=False)
+            for name in self.server_names()
+        ]
+
     def problems(self) -> list[str]:
         """One line per config file or entry that was skipped (paths shown with ``~``)."""
         return list(self._catalog.problems)

@@ -31,6 +31,7 @@ Settings come from the parent manager's ``settings`` attribute when it has one
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -233,7 +234,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         if self.spec is not None:
             try:
                 with anyio.fail_after(REMOVE_TIMEOUT):
-                    async with open_runtime(self.settings) as runtime:
+                    async with open_runtime(single_use(self.settings)) as runtime:
                         await runtime.remove([self.spec.name])
             except (TimeoutError, KernelBridgeError, OSError) as exc:
                 self.log.warning("could not remove container %s: %s", self.spec.name, exc)
@@ -276,6 +277,12 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         if self.exit_event is None:
             return None
         return str(self.exit_event.get("reason") or "the sandbox exited")
+
+
+def single_use(settings: Settings) -> Settings:
+    """Settings for one runtime call from this process: a system socket or the CLI, never a
+    podman service started (and stopped) just for it."""
+    return dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, start_service=False))
 
 
 def absolute(path: str) -> str:

@@ -23,6 +23,7 @@ message) and :attr:`Sandbox.rpc_handler` (every ``rpc_request`` of the sandbox's
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import itertools
@@ -57,6 +58,9 @@ SHUTDOWN_GRACE = 2.0
 """Seconds a closing sandbox gets to stop its kernel cleanly before the container is removed."""
 CONTROL_SEND_TIMEOUT = 5.0
 """Bound on handing one frame to the tunnel (it is in-process; only a wedged sandbox is slower)."""
+MAX_OUTGOING_FRAMES = 10_000
+"""Frames queued for a sandbox that is not reading its stdin; past this, new ones are dropped
+(an rpc flood's refusals, say). Big answers are few: calls in flight are capped per session."""
 FILE_TIMEOUT = 60.0
 PROTOCOL_VERSION = "5.3"
 
@@ -138,6 +142,9 @@ class Sandbox:
         self._waiters: dict[str, _Waiter] = {}
         self._file_waiters: dict[int, _Waiter] = {}
         self._file_ids = itertools.count(1)
+        self._outgoing: collections.deque[frames.Frame] = collections.deque()
+        self._outgoing_wakeup = anyio.Event()
+        self._outgoing_dropped = 0
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.name!r} {self.state.value}>"
@@ -174,8 +181,12 @@ class Sandbox:
                     tunnel_done = anyio.Event()
                     await tg.start(self._run_tunnel, tunnel, tunnel_done)
                     assert tunnel.connection is not None
-                    write_connection_file(self.connection_file, tunnel.connection)
+                    try:
+                        write_connection_file(self.connection_file, tunnel.connection)
+                    except OSError as exc:  # e.g. a full state directory: only `attach` needs it
+                        log.warning("sandbox %s: no connection file: %s", self.name, exc.strerror or exc)
                     tg.start_soon(self._pump_control)
+                    tg.start_soon(self._pump_outgoing)
                     await self._wait_ready(tunnel_done)
                     self.state = SandboxState.READY
                     started = True
@@ -221,7 +232,7 @@ class Sandbox:
     async def _stop_gracefully(self, tunnel_done: anyio.Event) -> None:
         """Ask the agent to stop its kernel and leave; the container is removed afterwards anyway."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_GRACE):
-            await self._send_control({"type": frames.SHUTDOWN})
+            self._send_control({"type": frames.SHUTDOWN})
             await tunnel_done.wait()
 
     async def close(self) -> None:
@@ -326,7 +337,8 @@ class Sandbox:
         wait: bool = True,
     ) -> str:
         """Send a request; with ``wait`` its reply can be awaited with :meth:`reply`. Returns the
-        msg_id. Raises SandboxError if the sandbox is not running."""
+        msg_id. Raises SandboxError if the sandbox is not running or does not take the request
+        within CONTROL_SEND_TIMEOUT."""
         if not self.alive or self._tunnel is None:
             raise SandboxError(f"the sandbox of {self.name!r} is not running")
         msg = self.new_message(msg_type, content)
@@ -335,7 +347,16 @@ class Sandbox:
         msg_id = msg["header"]["msg_id"]
         if wait:
             self._waiters[msg_id] = _Waiter(anyio.Event())
-        await self._tunnel.send_kernel(channel, msg)
+        # Bounded: a sandbox whose stdin nobody drains (a paused container, a stopped runtime
+        # client) would otherwise hold the caller forever, past any timeout it promised.
+        with anyio.move_on_after(CONTROL_SEND_TIMEOUT) as scope:
+            await self._tunnel.send_kernel(channel, msg)
+        if scope.cancelled_caught:
+            self._waiters.pop(msg_id, None)
+            raise SandboxError(
+                f"the sandbox did not take a request within {CONTROL_SEND_TIMEOUT:g} s "
+                "(it is stopped or wedged)"
+            )
         return msg_id
 
     async def execute(
@@ -377,7 +398,7 @@ class Sandbox:
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel's process group (through the agent). Bounded."""
-        await self._send_control({"type": frames.INTERRUPT})
+        self._send_control({"type": frames.INTERRUPT})
 
     async def restart(self, timeout: float) -> bool:
         """A new kernel in the same container (files in /workspace stay); True once it proved
@@ -387,7 +408,7 @@ class Sandbox:
         self._ready = anyio.Event()
         self.state = SandboxState.RESTARTING
         with anyio.move_on_after(timeout):
-            await self._send_control({"type": frames.RESTART}, timeout)
+            self._send_control({"type": frames.RESTART})
             await _first(self._ready.wait, self.ended.wait)
         return self._ready.is_set() and self.state is SandboxState.READY
 
@@ -399,18 +420,42 @@ class Sandbox:
             frame["error"] = error
         else:
             frame["result"] = result
-        await self._send_control(frame)
+        self._send_control(frame)
 
-    async def _send_control(self, frame: frames.Frame, timeout: float = CONTROL_SEND_TIMEOUT) -> None:
+    def _send_control(self, frame: frames.Frame) -> None:
+        """Queue a frame for the tunnel; it never waits for the sandbox to read it.
+
+        Why a queue: this runs on the event pump that reads the sandbox's stdout (rpc answers are
+        sent from there). If sending waited for the sandbox's stdin, and the runtime's relay of
+        stdin waited for us to read stdout (conmon does: it blocks on one direction), neither side
+        would move again. So the pump only queues, and :meth:`_pump_outgoing` writes.
+        """
         if self._control is None or self.ended.is_set():
             return
-        with anyio.move_on_after(timeout) as scope:
-            try:
-                await self._control.send(frame)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
-        if scope.cancelled_caught:
-            log.warning("sandbox %s did not take a %s frame within %.0f s", self.name, frame["type"], timeout)
+        if len(self._outgoing) >= MAX_OUTGOING_FRAMES:
+            self._outgoing_dropped += 1
+            if self._outgoing_dropped in (1, 100) or self._outgoing_dropped % 10_000 == 0:
+                log.warning(
+                    "sandbox %s does not read its stdin: dropped %d %s frame(s)",
+                    self.name, self._outgoing_dropped, frame["type"],
+                )  # fmt: skip
+            return
+        self._outgoing.append(frame)
+        self._outgoing_wakeup.set()
+
+    async def _pump_outgoing(self) -> None:
+        """Owner -> tunnel, in order, as fast as the tunnel takes frames."""
+        assert self._control is not None
+        while True:
+            while self._outgoing:
+                frame = self._outgoing.popleft()
+                try:
+                    await self._control.send(frame)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return
+            self._outgoing_wakeup = anyio.Event()
+            if not self._outgoing:
+                await self._outgoing_wakeup.wait()
 
     # -- files in /workspace ------------------------------------------------------------------------
     async def files(
@@ -427,7 +472,7 @@ class Sandbox:
             frame["data"] = data
         try:
             with anyio.move_on_after(timeout):
-                await self._send_control(frame, timeout)
+                self._send_control(frame)
                 await waiter.done.wait()
         finally:
             self._file_waiters.pop(request_id, None)
@@ -440,7 +485,9 @@ class Sandbox:
         return answer.get("result")
 
     def _on_file_response(self, frame: frames.Frame) -> None:
-        waiter = self._file_waiters.get(frame.get("id"))  # type: ignore[arg-type]
+        request_id = frame.get("id")
+        # Untrusted (relayed from the sandbox): an unhashable id must not end the control pump.
+        waiter = self._file_waiters.get(request_id) if isinstance(request_id, int) else None
         if waiter is not None:
             waiter.reply = frame
             waiter.done.set()

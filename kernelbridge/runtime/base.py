@@ -43,6 +43,8 @@ HOST_LABEL = "kernelbridge.host"
 """Label holding the host name of the owning bridge: an engine shared by several machines must
 not let one bridge reap another machine's containers because a pid happens to be unused here."""
 WORKDIR = "/workspace"
+READ_ONLY_TMPFS = "ro,size=64k,mode=755,nosuid,nodev,noexec"
+"""Options of the empty, read-only tmpfs mounted over /run and /var/tmp of a read-only sandbox."""
 
 
 @dataclass(frozen=True, slots=True)

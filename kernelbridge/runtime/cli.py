@@ -18,6 +18,7 @@ import anyio.abc
 
 from kernelbridge.errors import ImageError, RuntimeUnavailable
 from kernelbridge.runtime.base import (
+    READ_ONLY_TMPFS,
     SESSION_LABEL,
     WORKDIR,
     ContainerInfo,
@@ -34,6 +35,9 @@ from kernelbridge.runtime.streams import ProcessStream
 CLI_TIMEOUT = 30.0
 IMPORT_TIMEOUT = 600.0
 """An image import copies hundreds of MB."""
+ATTACH_TIMEOUT = 10.0
+ATTACH_POLL = 0.02
+"""How often a freshly attached container is checked until its client has started it."""
 REMOVE_ATTEMPTS = 3
 REMOVE_RETRY_DELAY = 0.5
 _MISSING_IMAGE = ("image not known", "no such image", "unable to find image", "not found: image")
@@ -68,6 +72,11 @@ def container_flags(spec: ContainerSpec) -> list[str]:
     ]  # fmt: skip
     if lim.read_only:
         flags.append("--read-only")
+        # podman's --read-only also mounts *unsized* tmpfs on /run and /var/tmp
+        # (--read-only-tmpfs, on by default): writable space bounded by nothing but the memory
+        # limit, where nobody looks. Mounting them read-only ourselves replaces podman's mounts
+        # and says the same thing to docker (which adds none) and to the engine API (HostConfig.Tmpfs).
+        flags += ["--tmpfs", f"/var/tmp:{READ_ONLY_TMPFS}", "--tmpfs", f"/run:{READ_ONLY_TMPFS}"]
     for key, value in spec.all_labels().items():
         flags += ["--label", f"{key}={value}"]
     for key, value in spec.env:
@@ -134,7 +143,19 @@ class CliRuntime(RuntimeBackend):
             raise RuntimeUnavailable(f"cannot run {self.executable}: {exc.strerror}") from None
         stream = ProcessStream(process)
         self._tg.start_soon(stream.drain_stderr)
+        await self._wait_started(container, process)
         return stream
+
+    async def _wait_started(self, container: str, process: anyio.abc.Process) -> None:
+        """Return once the client has really started the container (or given up). ``start -ai``
+        attaches before it starts: a ``stop`` landing in between finds a created container, and
+        the client would then start it anyway (a race seen with both podman and docker)."""
+        with anyio.move_on_after(ATTACH_TIMEOUT):
+            while process.returncode is None:
+                info = await self.inspect(container)
+                if info is None or info.state is not ContainerState.CREATED:
+                    return
+                await anyio.sleep(ATTACH_POLL)
 
     async def stop(self, container: str, timeout: float = 0) -> None:
         try:

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from kernelbridge.config import SandboxLimits
-from kernelbridge.runtime.base import WORKDIR, ContainerSpec
+from kernelbridge.runtime.base import READ_ONLY_TMPFS, WORKDIR, ContainerSpec
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([bkmg]?)$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -61,6 +61,9 @@ def host_config(limits: SandboxLimits) -> dict[str, Any]:
         "Tmpfs": {
             "/tmp": tmpfs_options(limits.tmp_size),
             WORKDIR: tmpfs_options(limits.workspace_size),
+            # podman's read-only root also puts *unsized*, writable tmpfs on /run and /var/tmp:
+            # empty read-only ones instead (the CLI backend does the same).
+            **({"/var/tmp": READ_ONLY_TMPFS, "/run": READ_ONLY_TMPFS} if limits.read_only else {}),
         },
         # Explicit ulimits: the engine's defaults would be raised past what may be set without
         # CAP_SYS_RESOURCE on these machines, and the container would fail to start.

@@ -42,6 +42,7 @@ import zmq
 
 from kernelbridge import frames
 from kernelbridge.sandbox import files, init
+from kernelbridge.sandbox.outbox import Outbox
 from kernelbridge.sandbox.rpc_relay import RpcRelay, kernel_env
 
 AGENT_HASH_FILE = Path(__file__).with_name("AGENT_HASH")
@@ -63,14 +64,17 @@ REAP_EVERY = 1.0
 PYTHONPATH_DIR = Path(__file__).with_name("pythonpath")
 """Put on the kernel's PYTHONPATH: the ``mcp`` package that sandbox code imports."""
 KERNEL_EXTENSIONS = ("kernelbridge.sandbox.shell_setup", "mcp._ipython")
+OUTPUT_DRAIN_TIMEOUT = 10.0
+"""Bound on waiting for the host to read a frame outside the relay loop (start-up, exit)."""
 RESTARTED = -1
 """handle_host_frames' answer after a restart frame replaced the kernel (not an exit status)."""
 CHANNEL_OF_PORT = {"shell": "shell_port", "control": "control_port", "stdin": "stdin_port"}
 
 
 class Agent:
-    def __init__(self, out: Any = None) -> None:
-        self._out = out or sys.stdout.buffer
+    def __init__(self, out_fd: int | None = None) -> None:
+        self.outbox = Outbox(sys.stdout.fileno() if out_fd is None else out_fd)
+        self._relaying = False
         self._stdin = sys.stdin.fileno()
         self._decoder = frames.FrameDecoder()
         self._incoming: collections.deque[frames.Frame] = collections.deque()
@@ -90,8 +94,20 @@ class Agent:
 
     # -- output ---------------------------------------------------------------------------
     def send(self, frame: frames.Frame) -> None:
-        self._out.write(frames.encode(frame))
-        self._out.flush()
+        """Queue a frame for the host. Outside the relay loop (start-up, a failed start) wait
+        until it is written; inside, the loop writes it as stdout takes it (see outbox.py)."""
+        data = frames.encode(frame)
+        if len(data) > frames.MAX_FRAME_BYTES and frame["type"] == frames.KERNEL:
+            # The host drops a frame over its cap, and a dropped reply leaves a cell hanging until
+            # its timeout (e.g. an exception whose message is a 30 MiB repr): send it clipped.
+            shrunk = frames.encode(shrink_kernel_frame(frame))
+            if len(shrunk) > frames.MAX_FRAME_BYTES:
+                self.log(f"dropped a kernel message of {len(data):,} bytes: over the frame cap", "warning")
+                return
+            data = shrunk
+        self.outbox.put(data)
+        if not self._relaying:
+            self.outbox.drain(OUTPUT_DRAIN_TIMEOUT)
 
     def log(self, message: str, level: str = "info") -> None:
         """A log frame for the host, rate-limited: past LOG_BURST lines in a window the rest are
@@ -177,8 +193,12 @@ class Agent:
             "ipykernel_launcher",
             "-f",
             info["path"],
-            # The journal is kept by the host; IPython's sqlite history would only cost I/O.
-            "--HistoryManager.enabled=False",
+            # Input history answers history_request (%history, a console's up-arrow) from an
+            # in-memory database without outputs; shell_setup bounds what it keeps.
+            "--HistoryManager.hist_file=:memory:",
+            "--HistoryManager.db_log_output=False",
+            # history_reply with real session numbers: see kernelbridge/sandbox/kernel.py.
+            "--IPKernelApp.kernel_class=kernelbridge.sandbox.kernel.SandboxKernel",
             # Bounded output messages and a per-cell cap: see kernelbridge/sandbox/outstream.py.
             "--IPKernelApp.outstream_class=kernelbridge.sandbox.outstream.CappedOutStream",
             # shell_setup stops IPython 9 from keeping every printed byte for the kernel's
@@ -296,7 +316,11 @@ class Agent:
         """Relay until the kernel exits or the host leaves. Returns the agent's exit status."""
         os.set_blocking(self._stdin, False)
         while True:  # once per kernel: a restart replaces the kernel and its sockets
-            status = self.relay_kernel()
+            self._relaying = True
+            try:
+                status = self.relay_kernel()
+            finally:
+                self._relaying = False
             if status is not None:
                 return status
 
@@ -315,6 +339,8 @@ class Agent:
         rpc = self.rpc
         rpc_fd = rpc.fd  # kept: a closed socket's fileno() is -1, but the poller knows this number
         rpc_events = 0
+        out_fd = self.outbox.fd
+        writing = paused = False
         while True:
             if self.terminating:
                 self.stop_kernel()
@@ -323,7 +349,20 @@ class Agent:
             status = self.handle_host_frames()  # frames queued behind the hello come first
             if status is not None:
                 return None if status == RESTARTED else status
-            wanted = 0 if rpc.closed else zmq.POLLIN | (zmq.POLLOUT if rpc.wants_write else 0)
+            # The host has a backlog: stop taking the kernel's output until it drains (stdin is
+            # still read, so the host never waits on us).
+            if self.outbox.full != paused:
+                paused = self.outbox.full
+                for source in (*channel_of, kernel_out):
+                    poller.modify(source, 0 if paused else zmq.POLLIN)
+            if bool(self.outbox.pending) != writing:
+                writing = bool(self.outbox.pending)
+                if writing:
+                    poller.register(out_fd, zmq.POLLOUT)
+                else:
+                    poller.unregister(out_fd)
+            reading = 0 if paused else zmq.POLLIN
+            wanted = 0 if rpc.closed else reading | (zmq.POLLOUT if rpc.wants_write else 0)
             if wanted != rpc_events:
                 if rpc_events:
                     poller.unregister(rpc_fd)
@@ -333,6 +372,8 @@ class Agent:
             for sock, event in poller.poll(200):
                 if sock == self._stdin:
                     self.read_stdin()
+                elif sock == out_fd:
+                    self.outbox.flush()
                 elif sock == kernel_out:
                     self.forward_kernel_output(kernel_out)
                 elif rpc_events and sock == rpc_fd:
@@ -510,6 +551,29 @@ class Agent:
             self.stop_kernel()
 
 
+CLIP_STRING = 1024 * 1024
+"""Strings of a kernel message longer than this are cut when the message is over the frame cap."""
+
+
+def shrink_kernel_frame(frame: frames.Frame) -> frames.Frame:
+    """``frame`` with every string of its message cut to CLIP_STRING and its buffers dropped."""
+    return frames.kernel_frame(frame["channel"], _clipped(frame["msg"], 0))
+
+
+def _clipped(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        if len(value) <= CLIP_STRING:
+            return value
+        return value[:CLIP_STRING] + f"... [{len(value) - CLIP_STRING:,} characters cut by kernelbridge]"
+    if depth > frames.MAX_DEPTH:
+        return None
+    if isinstance(value, dict):
+        return {key: _clipped(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_clipped(item, depth + 1) for item in value]
+    return value
+
+
 def baked_agent_hash() -> str | None:
     """The agent hash the image builder wrote next to this file (None outside an image)."""
     return AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else None
@@ -576,11 +640,16 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _prepare_kernel_process() -> None:
-    """preexec_fn of the kernel: default SIGINT (the agent ignores it) and die with the agent."""
+    """preexec_fn of the kernel: default SIGINT (the agent ignores it), die with the agent, and be
+    the out-of-memory killer's first choice: when the sandbox's memory runs out, the kernel dies
+    and the agent lives to report it (``exit`` kind ``oom``). If the agent were chosen (it may
+    hold the kernel's queued output), the host would see the container end with status 137 and
+    no reason."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     init.die_with_parent()
+    init.prefer_for_oom_kill()
 
 
 def main() -> None:
@@ -593,10 +662,11 @@ def main() -> None:
     except BrokenPipeError:
         agent.stop_kernel()
         status = 0
-    # os._exit, not sys.exit: the stdin reader thread may sit in a blocking read, and the
-    # interpreter's shutdown would then stall on its lock (and abort) before the container ends.
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
+    # Whatever is still queued (the exit frame) goes out, bounded: the host may be gone.
+    with contextlib.suppress(OSError):
+        agent.outbox.drain(OUTPUT_DRAIN_TIMEOUT)
+    # os._exit, not sys.exit: nothing must run after this (the interpreter's shutdown could
+    # stall), and the container ends with us.
     os._exit(status)
 
 

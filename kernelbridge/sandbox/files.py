@@ -26,7 +26,6 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 MAX_FILE_BYTES = 24 * 1024 * 1024
@@ -36,10 +35,15 @@ MAX_PATH_CHARS = 1024
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-@dataclass(frozen=True, slots=True)
 class FsError(Exception):
-    kind: str
-    message: str
+    """A refused or failed file operation. A plain class, not a frozen dataclass: contextlib sets
+    ``__traceback__`` on an exception leaving a ``with`` block, which a frozen dataclass refuses
+    (every error raised inside ``_open_dir`` became a TypeError)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(kind, message)
+        self.kind = kind
+        self.message = message
 
 
 def handle(root: str, op: object, params: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,13 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
+def prefer_for_oom_kill() -> None:
+    """oom_score_adj=1000 for this process (raising it needs no privilege): under memory pressure
+    in the container, the kernel is OOM-killed before the agent."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/oom_score_adj").write_text("1000")
+
+
 def is_init() -> bool:
     return os.getpid() == 1
 

@@ -4,7 +4,8 @@ The kernel inherits one end (its fd number in ``KERNELBRIDGE_RPC_FD``); the ``mc
 the kernel writes ``rpc_request`` lines on it and reads ``rpc_response`` lines. The agent relays
 requests to the host as frames and responses back, checking only what it must to stay safe:
 
-- a request line is decoded with a bounded decoder (``frames.MAX_RPC_BYTES``); anything that is
+- a request line is decoded with a bounded decoder (``frames.MAX_RPC_BYTES``); a longer line is
+  dropped and answered ``too_large`` (its id read from its first bytes); anything that is
   not an ``rpc_request`` with an integer id is dropped, so kernel code cannot use this socket to
   inject other frame types (``ready``, ``exit``, ``kernel``...) into the host's stream;
 - responses wait in an outgoing buffer bounded in bytes: a kernel that stops reading its socket
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import socket
 from collections.abc import Callable
 
@@ -76,6 +78,18 @@ class RpcRelay:
         for item in self._decoder.feed(chunk):
             if isinstance(item, frames.FrameError):
                 self._log(f"dropped an rpc line from the kernel: {item.reason}", "warning")
+                if (request_id := _oversized_request_id(item)) is not None:
+                    self.deliver(
+                        {
+                            "type": frames.RPC_RESPONSE,
+                            "id": request_id,
+                            "error": {
+                                "kind": "too_large",
+                                "message": f"the request is {item.size:,} bytes, over the "
+                                f"{frames.MAX_RPC_BYTES:,} byte limit of a host MCP call",
+                            },
+                        }
+                    )
             elif item["type"] != frames.RPC_REQUEST or not _valid_id(item.get("id")):
                 self._log(f"dropped a {frames.clip(item['type'], 40)} line on the rpc socket", "warning")
             else:
@@ -131,6 +145,19 @@ class RpcRelay:
             self._agent_end.close()
         with contextlib.suppress(OSError):
             self._kernel_end.close()
+
+
+_ID = re.compile(rb'^\{"type":"rpc_request","id":(\d{1,15})[,}]')
+
+
+def _oversized_request_id(error: frames.FrameError) -> int | None:
+    """The id of the request an oversized line was, read from its first bytes (the kernel side
+    writes ``type`` and ``id`` first), so that it can be answered ``too_large``."""
+    match = _ID.match(error.head)
+    if match is None:
+        return None
+    request_id = int(match.group(1))
+    return request_id if _valid_id(request_id) else None
 
 
 def _valid_id(value: object) -> bool:

@@ -21,27 +21,30 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, TextContent
 
 from kernelbridge import __version__
 from kernelbridge.broker import Dispatch
-from kernelbridge.config import Settings
-from kernelbridge.errors import KernelBridgeError
+from kernelbridge.config import Settings, check_state_dir
+from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.hub import Hub, RpcCall
 from kernelbridge.kernel.launch import SandboxGate, SandboxPolicy
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
-from kernelbridge.server.exports import export_target, load_notebook
+from kernelbridge.runtime.unavailable import UnavailableRuntime
+from kernelbridge.server.exports import export_to_file, load_notebook
+from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
-from kernelbridge.server.manual import CAPABILITIES
+from kernelbridge.server.images import fit_images, register_output_resources
+from kernelbridge.server.manual import ServerLine, render_manual
 from kernelbridge.server.namespaces import Namespaces
 from kernelbridge.server.render import to_tool_result
+from kernelbridge.server.restore import report_result, report_text, restore_session
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
 from kernelbridge.sessions import SessionRegistry, validate_session_name
@@ -100,6 +103,9 @@ def build_server(
     ``namespaces``: the HTTP tokens' namespaces, each with sessions of its own; None serves one
     shared namespace (stdio, or HTTP without authentication).
     """
+
+    # The running lifespan's hub, for the capabilities resource: static resources get no Context.
+    hubs: list[Hub] = []
     facts = HostFacts()
 
     @asynccontextmanager
@@ -108,8 +114,17 @@ def build_server(
             backend = runtime
             gate = None
             if backend is None:
-                backend = await stack.enter_async_context(open_runtime(settings))
-                await _reap_orphans(backend)
+                try:
+                    backend = await stack.enter_async_context(open_runtime(settings))
+                except RuntimeUnavailable as exc:
+                    # Keep serving: tools/list and the manual still answer, and each call says
+                    # exactly what is missing instead of the client seeing the server die.
+                    log.warning("%s; serving without sandboxes", exc)
+                    backend = UnavailableRuntime(str(exc))
+                else:
+                    await _reap_orphans(backend)
+                # Limits enforced (or allowed not to be), a kernelbridge image: decided now, and
+                # again at each call while it can still change (a daemon started, an image built).
                 gate = await SandboxGate.open(settings, backend)
                 policy = gate.policy
             else:
@@ -117,6 +132,8 @@ def build_server(
                 policy = SandboxPolicy(image, agent_hash)
             facts.policy = policy
             hub = await stack.enter_async_context(Hub(settings))
+            hubs.append(hub)
+            stack.callback(hubs.remove, hub)
 
             def make_registry(registry_settings: Settings) -> SessionRegistry:
                 if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
@@ -146,8 +163,10 @@ def build_server(
         servers: list[str] = [],  # noqa: B006 - the public signature; never mutated
         # The configured default (KERNELBRIDGE_DEFAULT_TIMEOUT), so that the schema says it too.
         timeout: int = math.ceil(settings.default_timeout),
+        files: dict[str, str] | None = None,
+        restore: str | None = None,
     ) -> CallToolResult:
-        if not code.strip():
+        if not code.strip() and not files and not restore:
             raise ToolError("code is empty: pass the Python source to run")
         if len(code) > MAX_CODE_CHARS:
             raise ToolError(f"code is {len(code):,} characters; the limit is {MAX_CODE_CHARS:,}")
@@ -159,20 +178,33 @@ def build_server(
             await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
 
         bridge, namespace = _bridge(ctx), namespace_of(ctx)
+        placed = decode_files(files or {})
         try:
-            with bridge.namespaces.call(namespace):
+            with bridge.namespaces.call(namespace):  # per-token calls in flight (HTTP)
                 policy = await bridge.gate.check() if bridge.gate is not None else facts.policy
                 facts.policy = policy
-                registry = bridge.namespaces.registry(namespace)
+                registry, own = bridge.namespaces.registry(namespace), bridge.namespaces.settings(namespace)
                 bridge.namespaces.check_new_session(namespace, session)
+                # In order: rebuild from a notebook, place files, run the code; each step optional.
+                restored = await restore_session(own, registry, session, restore) if restore else None
+                notes = [await place_files(await registry.sandbox(session), placed)] if placed else []
+                if not code.strip():
+                    if restored is not None:
+                        return report_result(session, restored, notes)
+                    return CallToolResult(content=[TextContent(type="text", text=notes[0])])
                 result = await registry.run(
                     session, code, timeout=timeout, servers=servers, on_progress=progress
                 )
         except KernelBridgeError as exc:
             raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
         if policy is not None and policy.unlimited and result.execution_count == 1:
-            result.notes.append(UNLIMITED_NOTE)
-        return to_tool_result(result)
+            notes.append(UNLIMITED_NOTE)
+        if restored is not None:
+            notes.insert(0, report_text(session, restored))
+        result.notes[:0] = notes
+        fitted = await fit_images(result.images, session, settings.image_budget)
+        result.notes.extend(fitted.notes)
+        return to_tool_result(result, media=fitted.blocks)
 
     async def list_sessions(ctx: Context) -> str:
         registry = _registry(ctx)
@@ -183,14 +215,11 @@ def build_server(
         return f"closed session {session!r}" if closed else f"no open session {session!r}"
 
     async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
-        own = _settings(ctx)
+        own = _settings(ctx)  # an HTTP client's journals and exports are its namespace's
         nb_text = notebook_json(load_notebook(own, _check_session(session)))
         if path is None:
             return nb_text
-        target = export_target(own, path)
-        if own.namespace:
-            confine_export(own, path, target)
-        await anyio.Path(target).write_text(nb_text, encoding="utf-8")
+        await export_to_file(own, path, nb_text)
         return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
 
     tools = [
@@ -205,7 +234,11 @@ def build_server(
 
     @app.resource("kernelbridge://capabilities", name="capabilities", mime_type="text/markdown")
     def capabilities() -> str:
-        return CAPABILITIES + facts.markdown(settings)
+        if not hubs:
+            return render_manual() + facts.markdown(settings)
+        hub = hubs[-1]
+        servers = [ServerLine(s["name"], s["alias"], s["description"]) for s in hub.summaries()]
+        return render_manual(servers, hub.problems()) + facts.markdown(settings)
 
     @app.resource(
         "kernelbridge://sessions/{session}/notebook",
@@ -215,6 +248,9 @@ def build_server(
     )
     def session_notebook(session: str, ctx: Context) -> str:
         return notebook_json(load_notebook(_settings(ctx), _check_session(session)))
+
+    register_file_resources(app, _registry)
+    register_output_resources(app, lambda ctx: _settings(ctx).sessions_dir)
 
     return app
 
@@ -235,9 +271,9 @@ def hub_dispatch(hub: Hub) -> Dispatch:
 
 
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:
-    """The image and agent for an injected test runtime (the local double has no images)."""
     from kernelbridge.kernel.launch import expected_image
 
+    """The image and agent for an injected test runtime (the local double has no images)."""
     if testing and not settings.image:
         return "test-double", None  # an injected runtime (the local test double) has no images
     return expected_image(settings)
@@ -262,6 +298,7 @@ def serve(settings: Settings, *, http: HttpOptions | None = None) -> None:
     ``http`` serves streamable HTTP (see :mod:`kernelbridge.server.http`): each token's clients get
     a namespace of their own; without tokens (loopback only) all clients share one.
     """
+    check_state_dir(settings)  # one line and exit 1, not a traceback from inside the lifespan
     if http is None:
         anyio.run(serve_stdio, build_server(settings))
         return
@@ -304,11 +341,3 @@ class HostFacts:
                 f" /workspace {limits.workspace_size}, /tmp {limits.tmp_size}."
             )
         return "\n".join(lines) + "\n"
-
-
-def confine_export(settings: Settings, path: str, target: Path) -> None:
-    """An HTTP client may only write exports under its own namespace's ``exports`` directory: its
-    paths name files on someone else's host."""
-    exports = (settings.state_dir / "exports").resolve()
-    if Path(path).is_absolute() or not target.is_relative_to(exports):
-        raise ToolError(f"path must be relative and stay in your exports directory, got {path!r}")

@@ -1,15 +1,38 @@
-"""Notebook exports requested by a model: what may be read, and where a file may be written."""
+"""Notebook exports requested by a model: what may be read, and where a file may be written.
+
+``export_notebook(path=...)`` takes its path from the model, which may be prompt-injected: the
+path must never become a way to write arbitrary host files. So a model's export is confined:
+
+- to one directory: ``<state_dir>/exports``, or ``KERNELBRIDGE_EXPORT_DIR`` when the operator set
+  one (the human's own CLI, ``kernelbridge export -o``, is not confined: it writes where asked);
+- the path is relative to that directory (an absolute path is accepted only if it names a place
+  inside it), ends in ``.ipynb``, and has no ``..`` or empty component;
+- no symlink is followed below the directory: each component is opened with ``O_NOFOLLOW``
+  relative to its parent's descriptor (``openat``), so a link planted anywhere on the way (even
+  one created after a check) cannot redirect the write; missing directories are created 0700;
+- the notebook is written to a fresh 0600 file next to the target and renamed over it, so an
+  existing link or hard link at the target is replaced, never written through.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import contextlib
+import errno
+import os
+import secrets
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
 from kernelbridge.notebook import load_session_notebook
+
+MAX_EXPORT_PATH = 512
+"""Characters of a requested export path; longer is a mistake or an attack."""
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def load_notebook(settings: Settings, session: str) -> Any:
@@ -19,20 +42,75 @@ def load_notebook(settings: Settings, session: str) -> Any:
         raise ToolError(str(exc)) from None
 
 
-def export_target(settings: Settings, path: str) -> Path:
-    """Where export_notebook may write: only ``.ipynb`` files, relative paths under the state dir.
+def export_root(settings: Settings) -> Path:
+    """The one directory a model's exports may go to."""
+    return settings.export_dir or settings.state_dir / "exports"
 
-    The path comes from the model, so it must not become a way to write arbitrary host files.
-    """
-    target = Path(path).expanduser()
-    if target.suffix != ".ipynb":
+
+def export_parts(root: Path, path: str) -> list[str]:
+    """The components of ``path`` below ``root``. Raises ToolError saying why a path is refused."""
+    if not isinstance(path, str) or not path or len(path) > MAX_EXPORT_PATH or "\0" in path:
+        raise ToolError("path must be a relative file name ending in .ipynb, e.g. 'analysis.ipynb'")
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        # An absolute path is fine only when it already names a place inside the export root.
+        try:
+            pure = pure.relative_to(PurePosixPath(root))
+        except ValueError:
+            raise ToolError(
+                f"path {path!r} is outside the export directory; give a relative name such as "
+                "'analysis.ipynb' (notebooks are written under the bridge's export directory)"
+            ) from None
+    parts = list(pure.parts)  # "." and empty components are gone; ".." stays and is refused
+    if not parts or ".." in parts:
+        raise ToolError(f"path {path!r} may not contain '..'")
+    if pure.suffix != ".ipynb" or parts[-1].startswith("."):
         raise ToolError(f"path must end in .ipynb, got {path!r}")
-    if not target.is_absolute():
-        target = settings.state_dir / "exports" / target
-    target = target.resolve()
-    if not target.parent.is_dir():
-        if target.parent.is_relative_to(settings.state_dir.resolve()):
-            target.parent.mkdir(parents=True, exist_ok=True)
-        else:
-            raise ToolError(f"directory {str(target.parent)!r} does not exist")
-    return target
+    return parts
+
+
+def write_confined(root: Path, parts: list[str], text: str) -> None:
+    """Write ``text`` to ``root/parts...`` without following any symlink below ``root``.
+
+    Raises ToolError (a component is a symlink or not a directory) or OSError (no space, ...).
+    """
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(root, DIR_FLAGS & ~os.O_NOFOLLOW)  # the root itself is the operator's choice
+    try:
+        for part in parts[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=fd)
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink, or a file
+                    raise ToolError(f"{part!r} in the export path is not a directory") from None
+                raise
+            os.close(fd)
+            fd = child
+        name = parts[-1]
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        out = os.open(tmp, flags, 0o600, dir_fd=fd)
+        try:
+            with os.fdopen(out, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
+
+
+async def export_to_file(settings: Settings, path: str, text: str) -> None:
+    """Write a model's export under the export root. Raises ToolError with a one-line reason."""
+    root = export_root(settings)
+    parts = export_parts(root, path)
+    try:
+        await anyio.to_thread.run_sync(write_confined, root, parts, text)
+    except IsADirectoryError:
+        raise ToolError(f"{path!r} is a directory") from None
+    except OSError as exc:
+        raise ToolError(f"the notebook could not be written: {exc.strerror or exc}") from None

@@ -3,10 +3,11 @@
 Over stdio (and HTTP without authentication) there is one namespace, ``""``, with the bridge's own
 settings. With bearer tokens each token's namespace gets a registry of its own, with its own
 state directory ``<state dir>/http/<namespace>/`` (journals, session records, connection files,
-exports), container names ``kernelbridge-<namespace>-<session>-<random>`` and the label
-``kernelbridge.namespace``. A client therefore never sees, lists, closes, exports or attaches to
-another's sessions: there is no lookup across namespaces to get wrong, and two clients may both
-use a session called ``default``.
+exports; ``KERNELBRIDGE_EXPORT_DIR/<namespace>`` when the operator set an export directory),
+container names ``kernelbridge-<namespace>-<session>-<random>``, the session label
+``<namespace>/<session>`` and the label ``kernelbridge.namespace``. A client therefore never sees,
+lists, closes, exports or attaches to another's sessions: there is no lookup across namespaces to
+get wrong, and two clients may both use a session called ``default``.
 
 Limits per token: ``KERNELBRIDGE_HTTP_MAX_SESSIONS`` sessions (and the bridge's
 ``KERNELBRIDGE_MAX_SESSIONS`` over all of them), ``KERNELBRIDGE_HTTP_MAX_CALLS`` ``run_python``
@@ -39,6 +40,8 @@ def namespace_settings(base: Settings, namespace: str) -> Settings:
         state_dir=base.state_dir / HTTP_DIR / namespace,
         namespace=namespace,
         max_sessions=min(base.http.max_sessions, base.max_sessions),
+        # An operator's export directory is shared by the clients: each writes below its own name.
+        export_dir=base.export_dir / namespace if base.export_dir else None,
     )
 
 

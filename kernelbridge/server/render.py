@@ -32,9 +32,13 @@ def render_text(result: CellResult) -> str:
     return "".join(parts) + line
 
 
-def to_tool_result(result: CellResult) -> CallToolResult:
+def to_tool_result(result: CellResult, media: list[ContentBlock] | None = None) -> CallToolResult:
+    """``media``: the images as they should be sent (``server/images.py`` fits them to the
+    budget); by default the cell's images as they are."""
     content: list[ContentBlock] = [TextContent(type="text", text=render_text(result))]
-    for png in result.images[:MAX_IMAGES]:
+    if media is not None:
+        content.extend(media)
+    for png in result.images[:MAX_IMAGES] if media is None else []:
         content.append(ImageContent(type="image", data=png, mime_type="image/png"))
     return CallToolResult(
         content=content, structured_content=result.structured(), is_error=result.status != "ok"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import re
 import signal
 import stat
 from collections.abc import Iterator
@@ -14,6 +16,9 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
+from mcp_types import jsonrpc_message_adapter
+
+from kernelbridge.frames import clip
 
 log = logging.getLogger("kernelbridge.server")
 
@@ -49,7 +54,58 @@ class _PipeLines:
         line = bytes(self._buf[:end])
         del self._buf[: end + 1]
         self._scanned = 0
-        return line.decode("utf-8", errors="replace")
+        return checked_line(line.decode("utf-8", errors="replace"))
+
+
+def checked_line(line: str) -> str:
+    """``line``, or a repaired copy, so that a request is not silently lost.
+
+    The SDK validates each line with pydantic, which rejects JSON that Python's own parser accepts:
+    a lone surrogate escape (``"\\ud800"``) in any string. The SDK then drops the line with a
+    debug log only, and the client waits forever for its answer. A line with such an escape is
+    re-encoded with each lone surrogate replaced by U+FFFD (and a warning logged), so the request
+    is answered. Lines without one are passed on untouched (no second parse).
+    """
+    if not _SURROGATE_ESCAPE.search(line):
+        return line
+    try:
+        jsonrpc_message_adapter.validate_json(line, by_name=False)
+        return line  # escaped pairs only: fine as it is
+    except ValueError:
+        pass
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        log.warning("dropped a line from the MCP client that is not JSON: %s", clip(str(exc), 200))
+        return line
+    fixed = _without_lone_surrogates(value)
+    if fixed == value:
+        return line  # invalid for another reason: the SDK answers or drops it as usual
+    log.warning("replaced invalid unicode escapes (lone surrogates) in a request from the MCP client")
+    return json.dumps(fixed, ensure_ascii=False)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _without_lone_surrogates(value: Any, depth: int = 0) -> Any:
+    if depth > MAX_REPAIR_DEPTH:
+        return None
+    if isinstance(value, str):
+        # UTF-16 round trip: valid pairs join, lone halves become U+FFFD.
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_without_lone_surrogates(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        return {
+            _without_lone_surrogates(k, depth + 1): _without_lone_surrogates(v, depth + 1)
+            for k, v in value.items()
+        }
+    return value
+
+
+MAX_REPAIR_DEPTH = 200
+"""Deeper values are not repaired (dropped); the SDK rejects them anyway."""
 
 
 READ_CHUNK = 1 << 16

@@ -42,6 +42,10 @@ class FrameChannel(Protocol):
         """The next frame. Raises anyio.EndOfStream when the other end closed."""
         ...
 
+    def receive_nowait(self) -> frames.Frame | None:
+        """A frame that is already there, else None (also once the other end closed)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -57,6 +61,12 @@ class MemoryFrameChannel(FrameChannel):
 
     async def receive(self) -> frames.Frame:
         return await self._receive.receive()
+
+    def receive_nowait(self) -> frames.Frame | None:
+        try:
+            return self._receive.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
 
     async def aclose(self) -> None:
         await self._send.aclose()

@@ -45,6 +45,12 @@ MAX_PENDING = 10_000
 LOG_BURST = 100
 LOG_WINDOW = 10.0
 """Sandbox log lines logged per window; the rest are counted (a sandbox can send without end)."""
+OWNER_FRAME_TYPES = frozenset(
+    {frames.RPC_RESPONSE, frames.FS_REQUEST, frames.INTERRUPT, frames.RESTART, frames.SHUTDOWN}
+)
+"""What an owner may send to the sandbox through the tunnel."""
+BATCH_BYTES = 1 << 20
+"""Owner frames gathered into one write to the sandbox's stdin."""
 PEER = "peer"
 """Route of a request sent by the in-process peer (instead of ZMQ identities)."""
 
@@ -146,25 +152,44 @@ class Tunnel:
             log.info("session %s: the sandbox's stdout closed", self.session)
 
     async def pump_control(self) -> None:
-        """Owner -> sandbox until the owner closes the channel."""
+        """Owner -> sandbox until the owner closes the channel. Frames that are already waiting
+        go out in one write (a burst of rpc answers would otherwise cost a write, and a wake-up
+        of every relay on the way, per frame)."""
         while True:
             try:
                 frame = await self.control.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return
-            kind = frame.get("type")
-            if kind == frames.RESTART:
-                self.state = TunnelState.RESTARTING
-            if kind in (
-                frames.RPC_RESPONSE,
-                frames.FS_REQUEST,
-                frames.INTERRUPT,
-                frames.RESTART,
-                frames.SHUTDOWN,
-            ):
-                await self.send_frame(frame)
-            else:
-                log.warning("session %s: ignored a %s frame from the owner", self.session, kind)
+            batch: list[bytes] = []
+            size = 0
+            while frame is not None:
+                data = self.from_owner(frame)
+                if data:
+                    batch.append(data)
+                    size += len(data)
+                frame = self.control.receive_nowait() if size < BATCH_BYTES else None
+            if batch:
+                await self.send_bytes(b"".join(batch), f"{len(batch)} frame(s) from the owner")
+
+    def from_owner(self, frame: frames.Frame) -> bytes | None:
+        """The encoded frame if it is one the owner may send to the sandbox, else None (logged)."""
+        kind = frame.get("type")
+        if kind == frames.RESTART:
+            self.state = TunnelState.RESTARTING
+        if kind not in (
+            frames.RPC_RESPONSE,
+            frames.FS_REQUEST,
+            frames.INTERRUPT,
+            frames.RESTART,
+            frames.SHUTDOWN,
+        ):
+            log.warning("session %s: ignored a %s frame from the owner", self.session, kind)
+            return None
+        try:
+            return frames.encode(frame)
+        except (TypeError, ValueError) as exc:
+            log.warning("session %s: dropped an unencodable %s frame: %s", self.session, kind, exc)
+            return None
 
     # -- sandbox -> host ------------------------------------------------------------------------
     async def handle(self, frame: frames.Frame) -> None:
@@ -189,7 +214,9 @@ class Tunnel:
             self.exit_frame = {
                 "type": frames.EXIT,
                 "status": status if isinstance(status, int) and not isinstance(status, bool) else None,
-                "kind": kind_value if kind_value in frames.EXIT_KINDS else frames.EXIT_KERNEL_DIED,
+                "kind": kind_value
+                if isinstance(kind_value, str) and kind_value in frames.EXIT_KINDS
+                else frames.EXIT_KERNEL_DIED,
                 "reason": frames.clip(frame.get("reason") or "the kernel exited", 500),
             }
             log.info("session %s: sandbox exit: %s", self.session, self.exit_frame["reason"])
@@ -210,7 +237,7 @@ class Tunnel:
             return
         if channel == "iopub":
             if self.peer is not None:
-                await self.peer(channel, msg, buffers)
+                await self.to_peer(channel, msg, buffers)
             if self.clients is not None:
                 await self.clients.publish(msg, buffers)
             return
@@ -222,9 +249,19 @@ class Tunnel:
         route = self.pending.get(parent_id) if channel == "stdin" else self.pending.pop(parent_id, None)
         if route == PEER:
             if self.peer is not None:
-                await self.peer(channel, msg, buffers)
+                await self.to_peer(channel, msg, buffers)
         elif isinstance(route, list) and self.clients is not None:
             await self.clients.reply(channel, route, msg, buffers)
+
+    async def to_peer(self, channel: str, msg: dict[str, Any], buffers: list[bytes]) -> None:
+        """Hand a message to the in-process peer. A message the peer cannot handle is dropped
+        like any other bad frame: one odd message from a sandbox must not end its tunnel."""
+        assert self.peer is not None
+        try:
+            await self.peer(channel, msg, buffers)
+        except Exception as exc:
+            log.debug("session %s: the peer failed on a %s message", self.session, channel, exc_info=True)
+            self.drop(f"the bridge could not handle a {channel} message ({type(exc).__name__}: {exc})")
 
     async def tell_owner(self, frame: frames.Frame) -> None:
         try:
@@ -277,16 +314,14 @@ class Tunnel:
 
     async def send_frame(self, frame: frames.Frame) -> None:
         """Write one frame to the sandbox's stdin. A sandbox that is gone drops it (logged)."""
-        data = frames.encode(frame)
+        await self.send_bytes(frames.encode(frame), f"a {frame['type']} frame")
+
+    async def send_bytes(self, data: bytes, what: str) -> None:
         async with self._send_lock:
             try:
                 await self.stream.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                log.info(
-                    "session %s: the sandbox's stdin is closed; dropped a %s frame",
-                    self.session,
-                    frame["type"],
-                )
+                log.info("session %s: the sandbox's stdin is closed; dropped %s", self.session, what)
 
 
 def _container_exited() -> frames.Frame:

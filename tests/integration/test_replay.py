@@ -1,7 +1,12 @@
-"""`kernelbridge replay`: a notebook re-run cell by cell in a fresh sandbox."""
+"""`kernelbridge replay`: a notebook re-run cell by cell in a fresh sandbox, each cell judged.
+
+Real parts: the console script, a real sandbox container per replay, notebooks written by hand
+with nbformat (what a person would commit).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbformat import v4
 
 pytestmark = pytest.mark.podman
 
@@ -26,31 +32,105 @@ def replay(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_replay_runs_every_cell_in_a_sandbox(tmp_path: Path, sandbox_image: str) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("# a journal"),
-        nbformat.v4.new_code_cell("import os\nstate = 'carried over'"),
-        nbformat.v4.new_code_cell("1 / 0"),
-        nbformat.v4.new_code_cell("print(state, os.getuid())"),
+def stdout(text: str) -> nbformat.NotebookNode:
+    return v4.new_output("stream", name="stdout", text=text)
+
+
+def write(tmp_path: Path, cells: list[nbformat.NotebookNode], name: str = "in.ipynb") -> Path:
+    nb = v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "kernelbridge", "display_name": "kernelbridge", "language": "python"}
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    return path
+
+
+def verdicts(output: str) -> list[str]:
+    return [line.split()[2] for line in output.splitlines() if line.startswith("cell ")]
+
+
+def test_a_hand_written_notebook_replays_the_same(tmp_path: Path, sandbox_image: str) -> None:
+    cells = [
+        v4.new_markdown_cell("# by hand"),
+        v4.new_code_cell("import os\nstate = 'carried over'"),
+        v4.new_code_cell(
+            "1 / 0",
+            outputs=[
+                v4.new_output("error", ename="ZeroDivisionError", evalue="division by zero", traceback=[])
+            ],
+        ),
+        v4.new_code_cell("print(state, os.getuid())", outputs=[stdout("carried over 65534\n")]),
+        v4.new_code_cell(
+            "class Thing: pass\nThing()",
+            execution_count=4,
+            outputs=[
+                v4.new_output(
+                    "execute_result",
+                    data={"text/plain": "<__main__.Thing at 0x7f0000000000>"},
+                    execution_count=4,
+                )
+            ],
+        ),
+        v4.new_code_cell(
+            "import time, datetime\nprint('at', datetime.datetime.now(), time.time_ns())",
+            outputs=[stdout("at 2020-01-01 00:00:00.000001 1577836800000000001\n")],
+        ),
     ]
-    source, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
-    nbformat.write(nb, source)
-    result = replay(tmp_path, str(source), "-o", str(out))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == (
-        f"replayed 3 code cells in a fresh sandbox: 1 raised (0 had raised in the original); wrote {out}"
+    source, out = write(tmp_path, cells), tmp_path / "out.ipynb"
+    result = replay(tmp_path, str(source), "-o", str(out), "--strict")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert verdicts(result.stdout) == ["same"] * 5
+    assert result.stdout.splitlines()[-2] == (
+        "replayed 5 code cells in a fresh sandbox: 5 same, 0 different, 0 error, 0 skipped"
     )
     done = nbformat.read(out, as_version=4)
     nbformat.validate(done)
     assert done.cells[2].outputs[0]["ename"] == "ZeroDivisionError"
     assert done.cells[3].outputs[0]["text"] == "carried over 65534\n"
+    assert done.cells[3].metadata["kernelbridge"]["replay"] == {"verdict": "same", "why": ""}
+    # The scratch session of the replay leaves no journal behind.
+    assert list((tmp_path / "state" / "sessions").glob("*.journal.jsonl*")) == []
 
 
-def test_replay_of_a_file_that_is_not_a_notebook_is_one_line(tmp_path: Path) -> None:
-    bogus = tmp_path / "bogus.ipynb"
-    bogus.write_text("{not json")
-    result = replay(tmp_path, str(bogus))
-    assert result.returncode == 1
-    assert result.stderr.startswith(f"kernelbridge: {bogus} is not a valid notebook")
+def test_a_cell_that_raises_now_fails_the_replay(tmp_path: Path, sandbox_image: str) -> None:
+    cells = [
+        v4.new_code_cell("data = {'a': 1}"),
+        v4.new_code_cell("print(data['b'])", outputs=[stdout("2\n")]),
+        v4.new_code_cell("print('still runs')", outputs=[stdout("still runs\n")]),
+    ]
+    result = replay(tmp_path, str(write(tmp_path, cells)))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert verdicts(result.stdout) == ["same", "error", "same"]
+    assert "cell   2  error      KeyError: 'b' (the original did not raise)" in result.stdout
+
+
+def test_strict_fails_on_a_changed_output(tmp_path: Path, sandbox_image: str) -> None:
+    cells = [v4.new_code_cell("print(6 * 7)", outputs=[stdout("41\n")])]
+    path = write(tmp_path, cells)
+    lenient = replay(tmp_path, str(path))
+    strict = replay(tmp_path, str(path), "--strict")
+    assert lenient.returncode == 0, lenient.stdout + lenient.stderr
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    assert "cell   1  different  stdout differs: '41' -> '42'" in strict.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("{not json", "is not a valid notebook: not JSON"),
+        (json.dumps({"name": "a package.json, say"}), "is not a valid notebook: no 'cells' and 'nbformat'"),
+        (
+            json.dumps({"cells": "no", "nbformat": 4, "nbformat_minor": 5, "metadata": {}}),
+            "is not a valid notebook",
+        ),
+        (None, "no such notebook"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(tmp_path: Path, content: str | None, why: str) -> None:
+    path = tmp_path / "bogus.ipynb"
+    if content is not None:
+        path.write_text(content)
+    result = replay(tmp_path, str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("kernelbridge: ") and why in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1
+    assert result.stdout == ""

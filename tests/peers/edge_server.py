@@ -10,18 +10,22 @@ Options: ``--name NAME`` (the server's reported name, default ``edge``), ``--std
 
 Tools (every one is deterministic and needs no network):
 
-===================  ==============================================================================
-``echo(text)``       returns ``text`` unchanged
-``length(text)``     returns ``len(text)``: a big argument without a big result
-``slow(seconds)``    sleeps (asynchronously, so calls overlap), then returns ``"slept <seconds>"``
-``huge(n_bytes)``    returns a text of ``n_bytes`` ASCII characters (``"x"`` repeated)
-``crash()``          the process exits with status 3 in the middle of the call (no answer ever comes)
-``add_tool(name)``   registers a tool ``name`` (returning its own name) and announces
-                     ``tools/list_changed`` on both protocol eras
-``env(name)``        whether the environment variable ``name`` is set (never its value)
-``fail()``           a tool error: the result has ``isError: true``
-``pid()``            the server's process id (to kill it from a test)
-===================  ==============================================================================
+=======================  ==========================================================================
+``echo(text)``           returns ``text`` unchanged
+``length(text)``         returns ``len(text)``: a big argument without a big result
+``slow(seconds)``        sleeps (asynchronously, so calls overlap), then returns ``"slept <seconds>"``
+``huge(n_bytes)``        returns a text of ``n_bytes`` ASCII characters (``"x"`` repeated)
+``crash()``              the process exits with status 3 in the middle of the call (no answer comes)
+``add_tool(name)``       registers a tool ``name`` (returning its own name) and announces
+                         ``tools/list_changed`` on both protocol eras
+``env(name)``            whether the environment variable ``name`` is set (never its value)
+``fail()``               a tool error: the result has ``isError: true``
+``pid()``                the server's process id (to kill it from a test)
+``wait(key, seconds)``   like ``slow``, answering ``"<key> waited <seconds>"``; records the call's
+                         fate in ``$EDGE_STATE_DIR/<key>`` (``started <pid>``, then ``done`` or
+                         ``cancelled``), so a test sees from outside that the call reached the
+                         server and whether the host cancelled it
+=======================  ==========================================================================
 
 The HTTP mode accepts request bodies up to 64 MiB so that 10 MB arguments pass.
 """
@@ -105,7 +109,31 @@ def build_server(name: str = "edge") -> MCPServer:
         """The server's process id."""
         return os.getpid()
 
+    @app.tool()
+    async def wait(key: str, seconds: float) -> str:
+        """Sleep like slow, recording in $EDGE_STATE_DIR/<key> whether the call started, finished
+        or was cancelled."""
+        record(key, f"started {os.getpid()}")
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            record(key, "cancelled")
+            raise
+        record(key, "done")
+        return f"{key} waited {seconds:g}"
+
     return app
+
+
+def record(key: str, state: str) -> None:
+    """Write ``state`` to ``$EDGE_STATE_DIR/<key>`` (atomically: a reader never sees half a line)."""
+    directory = os.environ.get("EDGE_STATE_DIR")
+    if not directory or not key.isidentifier():
+        return
+    tmp = os.path.join(directory, f".{key}.tmp")
+    with open(tmp, "w") as f:
+        f.write(state)
+    os.replace(tmp, os.path.join(directory, key))
 
 
 def main(argv: list[str] | None = None) -> None:

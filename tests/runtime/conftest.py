@@ -127,12 +127,6 @@ KNOWN_GAPS = {
         "podman 4.3 never sets OOMKilled with Debian's conmon (its 'oom' marker lands in conmon's "
         "working directory, podman looks in the bundle); the API backend infers it, the CLI does not yet",
     ),
-    ("test_stop_and_remove_are_idempotent", "docker-cli"): (
-        "skip",
-        "CliRuntime.attach returns before `docker start -ai` has started the container, so a stop "
-        "right after attach can land on a created container and the client then starts it (a race; "
-        "it hangs until the step's bound instead of failing fast)",
-    ),
 }
 """(test, backend) pairs that fail for a known reason outside this suite: deterministic ones are
 strict xfails (a fix is noticed), racy ones are skipped (they would hang until the step's bound)."""

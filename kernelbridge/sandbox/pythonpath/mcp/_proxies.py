@@ -146,6 +146,8 @@ class ServerProxy:
     _kb_alias = ""
     _kb_record: dict[str, Any] = {}
     _kb_tools: dict[str, ToolFunction] = {}
+    _kb_error = ""
+    """Why the host could not list the server's tools when it was granted ("" if it could)."""
 
     def __getattr__(self, attribute: str) -> ToolFunction:
         if attribute.startswith("_"):
@@ -153,6 +155,10 @@ class ServerProxy:
         for function in self._kb_tools.values():
             if getattr(function, "tool", None) == attribute:
                 return function
+        if self._kb_error:
+            # Its tools are unknown, not absent: let the host answer (it restarts the server, or
+            # says why it still cannot, instead of a misleading "no tool").
+            return unlisted_tool(self._kb_name, self._kb_alias, attribute, self._kb_error)
         tools = ", ".join(self._kb_tools) or "none"
         raise AttributeError(
             f"host MCP server {self._kb_name!r} has no tool {attribute!r} (its tools: {tools});"
@@ -165,6 +171,8 @@ class ServerProxy:
     def __repr__(self) -> str:
         count = len(self._kb_tools)
         tools = f"{count} tool{'s' * (count != 1)}: {', '.join(self._kb_tools)}"
+        if self._kb_error:
+            tools = f"tools unknown, the host could not list them ({self._kb_error[:300]})"
         return f"<mcp server {self._kb_name!r} as mcp_{self._kb_alias}: {tools}>"
 
     async def list_tools(self) -> list[dict[str, Any]]:
@@ -181,12 +189,33 @@ def _tool_records(result: object) -> list[dict[str, Any]]:
     return [t for t in tools if isinstance(t, dict)]
 
 
+def unlisted_tool(server: str, server_alias: str, tool: str, error: str) -> ToolFunction:
+    """A proxy for a tool of a server whose tool list the host could not give (any arguments)."""
+    record = {
+        "name": tool,
+        "alias": tool if _valid_alias(tool) else "unlisted_tool",
+        "description": f"A tool of {server!r}, whose tools are unknown: the host could not list"
+        f" them when the server was granted ({error[:300]}).",
+        "input_schema": {"type": "object", "additionalProperties": True},
+    }
+    function = make_tool_function(server, server_alias, record)
+    assert function is not None  # a valid alias and a string name always make one
+    return function
+
+
 def server_doc(record: dict[str, Any], functions: dict[str, ToolFunction]) -> str:
     name, alias = record["name"], record["alias"]
     description = record.get("description")
     lines = [f"Host MCP server {name!r}, granted to this session as mcp_{alias}."]
     if isinstance(description, str) and description.strip():
         lines += ["", " ".join(description.split())[:MAX_DESCRIPTION_CHARS]]
+    error = record.get("error")
+    if isinstance(error, str) and error:
+        lines += [
+            "",
+            f"The host could not list its tools when it was granted: {error[:300]}",
+            f"Calling mcp_{alias}.<tool>(...) asks the host again.",
+        ]
     lines += ["", f"Tools (await mcp_{alias}.<tool>(...), or <tool>.sync(...) in plain code):"]
     for alias_, function in functions.items():
         first = (function.__doc__ or "").strip().splitlines()[0:1]
@@ -216,6 +245,8 @@ def build_server(record: dict[str, Any]) -> tuple[ServerProxy, types.ModuleType]
         if function is not None and function.__name__ not in functions:
             functions[function.__name__] = function
     record = {**record, "tools": [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []}
+    error = record.get("error")
+    error = " ".join(error.split())[:1000] if isinstance(error, str) and not functions else ""
     doc = server_doc(record, functions)
     namespace: dict[str, Any] = {
         "__doc__": doc,
@@ -225,6 +256,7 @@ def build_server(record: dict[str, Any]) -> tuple[ServerProxy, types.ModuleType]
         "_kb_alias": alias,
         "_kb_record": record,
         "_kb_tools": functions,
+        "_kb_error": error,
     }
     namespace.update({a: staticmethod(f) for a, f in functions.items() if a not in _RESERVED_ATTRIBUTES})
     proxy_class = type(f"mcp_{alias}", (ServerProxy,), namespace)
@@ -240,4 +272,13 @@ def build_server(record: dict[str, Any]) -> tuple[ServerProxy, types.ModuleType]
             "TOOL_MAP": {t.get("alias"): t for t in record["tools"] if isinstance(t.get("alias"), str)},
         }
     )
+    if error:
+
+        def module_getattr(attribute: str) -> ToolFunction:
+            # PEP 562: `from mcp.servers.<alias> import <tool>` of a server whose tools are unknown
+            if attribute.startswith("_"):
+                raise AttributeError(f"module {module.__name__!r} has no attribute {attribute!r}")
+            return unlisted_tool(name, alias, attribute, error)
+
+        module.__dict__["__getattr__"] = module_getattr
     return proxy, module

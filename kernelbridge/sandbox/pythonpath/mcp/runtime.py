@@ -257,6 +257,8 @@ def capability_summary() -> str:
         for name, proxy in REGISTRY.servers.items():
             tools = list(proxy._kb_tools)
             shown = ", ".join(tools[:8]) + (", ..." if len(tools) > 8 else "")
+            if proxy._kb_error:
+                shown = f"tools unknown: {proxy._kb_error[:200]}"
             described.append(f"mcp_{proxy._kb_alias} ({name!r}: {shown})")
         lines.append("Host MCP servers granted to this session: " + "; ".join(described) + ".")
         lines.append(

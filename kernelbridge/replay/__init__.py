@@ -1,0 +1,26 @@
+"""Replay a notebook into a fresh sandbox (or a session) and judge every cell against the original.
+
+- :mod:`~kernelbridge.replay.judge`: normalized outputs, verdicts (``same`` / ``different`` /
+  ``error`` / ``skipped``), the report; no I/O;
+- :mod:`~kernelbridge.replay.recorded`: host tool calls answered from the notebook's recording;
+- :mod:`~kernelbridge.replay.runner`: cells through a ``SessionRegistry``, and the CLI's entry.
+"""
+
+from kernelbridge.replay.judge import CellVerdict, ReplayReport, Verdict, behaviour, judge, normalize_text
+from kernelbridge.replay.recorded import RecordedTools, recorded_in_full
+from kernelbridge.replay.runner import parse_notebook, read_notebook, replay_cells, replay_notebook
+
+__all__ = [
+    "CellVerdict",
+    "RecordedTools",
+    "ReplayReport",
+    "Verdict",
+    "behaviour",
+    "judge",
+    "normalize_text",
+    "parse_notebook",
+    "read_notebook",
+    "recorded_in_full",
+    "replay_cells",
+    "replay_notebook",
+]

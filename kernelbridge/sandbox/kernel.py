@@ -1,0 +1,31 @@
+"""The sandbox's kernel class: ipykernel's IPythonKernel with protocol-exact history replies.
+
+Started by the agent with ``--IPKernelApp.kernel_class=kernelbridge.sandbox.kernel.SandboxKernel``
+(a configurable class: no monkeypatching). Runs inside the container, in the kernel process.
+
+IPython numbers the *current* session 0 in what ``get_range`` returns (so ``%history -n`` can
+print bare line numbers), and ipykernel passes that through to ``history_reply``. The messaging
+protocol's entries are ``(session, line, input)`` with real session numbers: a client that asks
+for a range of the session a ``tail`` reply named (jupyter_kernel_test does, so does a console
+restoring its history) must get that session back, not 0. ``%history`` is unaffected: only the
+reply is renumbered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+
+
+class SandboxKernel(IPythonKernel):
+    """IPythonKernel whose ``history_reply`` names the current session by its number."""
+
+    def do_history(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        reply: dict[str, Any] = super().do_history(*args, **kwargs)
+        current = getattr(getattr(self.shell, "history_manager", None), "session_number", None)
+        if isinstance(current, int) and isinstance(reply.get("history"), list):
+            reply["history"] = [
+                (current, *entry[1:]) if entry and entry[0] == 0 else entry for entry in reply["history"]
+            ]
+        return reply

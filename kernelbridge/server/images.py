@@ -1,0 +1,198 @@
+"""Images that fit a model's context: downscaled past a budget, the original kept as a resource.
+
+A matplotlib figure is typically 70-100k characters of base64, which some clients cut or refuse
+and every client pays for in context. Each image of a result is handled so:
+
+- identical images are sent once (a figure shown by ``display`` and again as the cell's last
+  expression has the same bytes);
+- an image within ``Settings.image_budget`` base64 characters is sent as it is;
+- a bigger one is re-encoded smaller (aspect kept) until it fits, and sent with a
+  ``ResourceLink`` to its full-size original, the resource
+  ``kernelbridge://sessions/<session>/outputs/<digest>.png``; the result's text says so. The
+  original needs no second copy: the session's journal holds every output (see
+  :func:`find_output`), so the link works as long as the journal does, across bridge restarts.
+
+Where the downscaling happens: on the host, with Pillow, in a worker thread. Not in the sandbox
+(which has Pillow too), because an image must still be rendered when the kernel is busy with the
+next cell, timed out, or dead, and a request of the bridge's own would appear in the kernel's
+history. The image data comes from sandboxed code, so the host decodes only PNG (one decoder),
+only within :data:`MAX_PIXELS` (checked from the header before any pixel is decoded) and
+``execution.MAX_IMAGE_BYTES`` of input.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import ContentBlock, ImageContent, ResourceLink
+
+log = logging.getLogger(__name__)
+
+MAX_IMAGES = 10
+"""Images sent per result; more would flood the model's context."""
+MAX_PIXELS = 16_000_000
+"""Largest image decoded on the host (64 MiB as RGBA): a PNG of a few KB can claim gigapixels."""
+ATTEMPTS = 4
+"""Re-encodings tried before giving up on fitting the budget (each aims lower than the last)."""
+DIGEST_CHARS = 24
+
+
+def digest(data: str) -> str:
+    """The name of an image output: a hash of its base64 text."""
+    return hashlib.sha256(data.encode("ascii", errors="replace")).hexdigest()[:DIGEST_CHARS]
+
+
+def output_uri(session: str, data: str) -> str:
+    return f"kernelbridge://sessions/{session}/outputs/{digest(data)}.png"
+
+
+@dataclass(slots=True)
+class Fitted:
+    """What a result sends for its images, and the sentences that explain it."""
+
+    blocks: list[ContentBlock] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Smaller:
+    data: str
+    size: tuple[int, int]
+    original: tuple[int, int]
+
+
+def downscale(data: str, budget: int) -> Smaller | None:
+    """A PNG of ``data`` (base64 PNG) re-encoded within ``budget`` base64 characters, or None if
+    it is not a PNG, too many pixels, or cannot be made to fit. Blocking: run it in a thread."""
+    from PIL import Image
+
+    try:
+        raw = base64.b64decode(data, validate=True)
+        with Image.open(io.BytesIO(raw), formats=["PNG"]) as image:
+            width, height = image.size
+            if width * height > MAX_PIXELS or width < 1 or height < 1:
+                return None
+            image.load()
+            mode = "RGBA" if "A" in image.getbands() or "transparency" in image.info else "RGB"
+            pixels = image.convert(mode)
+    except (OSError, ValueError, binascii.Error, SyntaxError, Image.DecompressionBombError):
+        return None
+    scale = min(1.0, math.sqrt(budget / max(len(data), 1)) * 0.9)
+    for _ in range(ATTEMPTS):
+        size = (max(1, int(width * scale)), max(1, int(height * scale)))
+        buffer = io.BytesIO()
+        pixels.resize(size, Image.Resampling.LANCZOS).save(buffer, "PNG", optimize=True)
+        encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
+        if len(encoded) <= budget:
+            return Smaller(encoded, size, (width, height))
+        scale *= math.sqrt(budget / len(encoded)) * 0.9
+    return None
+
+
+async def fit_images(images: list[str], session: str, budget: int) -> Fitted:
+    """Content blocks for a result's images (see the module docstring)."""
+    fitted = Fitted()
+    unique = list(dict.fromkeys(images))
+    if len(unique) > MAX_IMAGES:
+        fitted.notes.append(f"{len(unique) - MAX_IMAGES} more image(s) were not sent (limit {MAX_IMAGES}).")
+    for n, data in enumerate(unique[:MAX_IMAGES], 1):
+        if len(data) <= budget:
+            fitted.blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
+            continue
+        uri = output_uri(session, data)
+        link = ResourceLink(
+            type="resource_link",
+            name=f"image-{n}-full-size",
+            uri=uri,
+            mime_type="image/png",
+            size=len(data) * 3 // 4,
+            description="The full-size original of a downscaled image output",
+        )
+        smaller = await anyio.to_thread.run_sync(downscale, data, budget)
+        kb = len(data) * 3 // 4 // 1024
+        if smaller is None:
+            fitted.blocks.append(link)
+            fitted.notes.append(
+                f"Image {n} ({kb:,} KB) is over the {budget:,}-character image budget and could not be "
+                f"downscaled; the original is the resource {uri}."
+            )
+            continue
+        fitted.blocks.append(ImageContent(type="image", data=smaller.data, mime_type="image/png"))
+        fitted.blocks.append(link)
+        (w, h), (sw, sh) = smaller.original, smaller.size
+        fitted.notes.append(
+            f"Image {n} was {w}x{h} ({kb:,} KB): sent downscaled to {sw}x{sh} to fit the image budget; "
+            f"the full-size original is the resource {uri}."
+        )
+    return fitted
+
+
+def find_output(journal: Path, name: str) -> bytes | None:
+    """The PNG bytes of the image output called ``name`` (``<digest>.png``) in a journal, or None.
+    Blocking: run it in a thread. Reads line by line (a journal line is bounded)."""
+    wanted = name.removesuffix(".png")
+    if len(wanted) != DIGEST_CHARS or not all(c in "0123456789abcdef" for c in wanted):
+        return None
+    try:
+        with open(journal, encoding="utf-8") as lines:
+            for line in lines:
+                if '"image/png"' not in line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                for data in _pngs(entry):
+                    if digest(data) == wanted:
+                        return base64.b64decode(data)
+    except OSError:
+        return None
+    return None
+
+
+def _pngs(entry: Any) -> list[str]:
+    outputs = entry.get("outputs") if isinstance(entry, dict) else None
+    found = []
+    for output in outputs if isinstance(outputs, list) else []:
+        data = output.get("data") if isinstance(output, dict) else None
+        png = data.get("image/png") if isinstance(data, dict) else None
+        if isinstance(png, str):
+            found.append(png)
+    return found
+
+
+def register_output_resources(app: MCPServer[Any], sessions_dir_of: Callable[[Context], Path]) -> None:
+    """Add the full-size image outputs resource to ``app`` (an MCPServer); ``sessions_dir_of(ctx)``
+    is the sessions directory of a request's client (HTTP clients each have their own)."""
+    from mcp.server.mcpserver.exceptions import ResourceError
+
+    from kernelbridge.notebook import journal_path
+    from kernelbridge.sessions import validate_session_name
+
+    @app.resource(
+        "kernelbridge://sessions/{session}/outputs/{name}",
+        name="session-output",
+        description="A full-size image output of a session (linked from downscaled images)",
+        mime_type="image/png",
+    )
+    async def output_image(session: str, name: str, ctx: Context) -> bytes:
+        try:
+            journal = journal_path(sessions_dir_of(ctx), validate_session_name(session))
+        except Exception as exc:
+            raise ResourceError(str(exc)) from None
+        data = await anyio.to_thread.run_sync(find_output, journal, name)
+        if data is None:
+            raise ResourceError(f"no image output {name!r} in session {session!r}")
+        return data

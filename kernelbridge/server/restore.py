@@ -1,0 +1,94 @@
+"""``run_python(restore=...)``: rebuild a session from a notebook, cell by cell, with the replay's
+report (per cell: same / different / error / skipped) as the result.
+
+Where the notebook may come from (the argument is chosen by a model, so it must not become a
+way to read host files):
+
+- ``kernelbridge://sessions/<name>/notebook``: the journal of a session of this state directory,
+  open or closed, of this bridge or another one using the same state directory;
+- a relative path ending in ``.ipynb``, resolved under ``<state_dir>/exports/``: where
+  ``export_notebook(path=...)`` writes, and where a person can drop a notebook to be restored.
+  Absolute paths, ``..`` and symlinks leading out of that directory are refused.
+
+The cells run through the bridge's own session registry (the servers recorded in each cell are
+granted, host tools are called live), so the restored session is an ordinary session whose own
+journal records the rebuild. A session that is open and has run cells is not overwritten: the
+model closes it first or picks another name. An option of ``run_python`` rather than a tool of
+its own: every tool costs ``tools/list`` bytes in every conversation, an argument far fewer.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+import nbformat
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent
+
+from kernelbridge.config import Settings
+from kernelbridge.errors import KernelBridgeError
+from kernelbridge.notebook import load_session_notebook
+from kernelbridge.replay import ReplayReport, read_notebook, replay_cells
+from kernelbridge.sessions import SessionRegistry, validate_session_name
+
+_SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
+
+
+def exports_dir(settings: Settings) -> Path:
+    return settings.state_dir / "exports"
+
+
+async def load_source(settings: Settings, notebook: str) -> nbformat.NotebookNode:
+    """The notebook named by ``notebook`` (see the module docstring). Raises ToolError."""
+    try:
+        if match := _SESSION_NOTEBOOK.fullmatch(notebook):
+            name = validate_session_name(match[1])
+            return await anyio.to_thread.run_sync(load_session_notebook, settings.sessions_dir, name)
+        relative = Path(notebook)
+        if relative.is_absolute() or ".." in relative.parts or relative.suffix != ".ipynb":
+            raise ToolError(
+                "notebook must be kernelbridge://sessions/<name>/notebook or a relative path ending "
+                f"in .ipynb under the exports directory (export_notebook writes there): {notebook[:200]!r}"
+            )
+        root = exports_dir(settings).resolve()
+        target = (root / relative).resolve()
+        if not target.is_relative_to(root):
+            raise ToolError(f"{notebook!r} leads out of the exports directory")
+        return await anyio.to_thread.run_sync(read_notebook, target)
+    except KernelBridgeError as exc:
+        message = str(exc).replace(str(settings.state_dir), "<state>")  # no host paths for the model
+        raise ToolError(message.splitlines()[0]) from None
+
+
+async def restore_session(
+    settings: Settings, registry: SessionRegistry, session: str, notebook: str
+) -> ReplayReport:
+    """Run the notebook's code cells into ``session``; returns the per-cell report. Raises
+    ToolError (a bad source, an open session, no sandbox)."""
+    current = registry.session(session)
+    if current is not None and current.journal is not None and current.journal.cells:
+        raise ToolError(
+            f"session {session!r} is open and has run {current.journal.cells} cell(s); "
+            "close_session it first or restore into a new session name"
+        )
+    nb = await load_source(settings, notebook)
+    try:
+        return await replay_cells(registry, session, nb, default_timeout=settings.max_timeout)
+    except KernelBridgeError as exc:
+        raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+
+
+def report_text(session: str, report: ReplayReport) -> str:
+    return f"{report.text()}\nSession {session!r} now holds the state the notebook built."
+
+
+def report_result(session: str, report: ReplayReport, notes: list[str]) -> CallToolResult:
+    """The result of a ``run_python`` call that only restored (and maybe placed files)."""
+    text = "\n".join([report_text(session, report), *notes])
+    status = "error" if report.failed() else "ok"
+    structured = {"status": status, "session": session, "restore": report.as_dict()}
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=structured, is_error=report.failed()
+    )

@@ -1,0 +1,242 @@
+"""A real bridge for the security, fault and load suites: ``kernelbridge serve`` over stdio.
+
+The bridge runs as its own process, exactly as an MCP host starts it, so that its memory (VmRSS,
+VmHWM) can be measured apart from the test process, and so that it can be killed. Every wait is
+bounded; helpers return plain data a test can assert on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters
+
+REPO = Path(__file__).resolve().parents[1]
+KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
+CLIENT_TIMEOUT = 180.0
+"""Bound on one MCP request (a cold sandbox start on a loaded 2-core machine takes seconds)."""
+VERDICT = "@@verdict@@"
+"""Marks the line of JSON a probe prints as its last act (see :meth:`Bridge.probe`)."""
+
+
+def ensure_image() -> str:
+    """The current sandbox image (built once if missing or stale); skips without podman."""
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed")
+    from kernelbridge import image
+
+    return image.ensure_image("podman", log=lambda line: None)
+
+
+def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
+    base = {
+        "KERNELBRIDGE_STATE_DIR": str(state_dir),
+        "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    }
+    return StdioServerParameters(
+        command=str(KERNELBRIDGE), args=["serve"], env={**base, **env}, cwd=str(REPO)
+    )
+
+
+def serve_pids(state_dir: Path) -> list[int]:
+    """PIDs of ``kernelbridge serve`` processes using ``state_dir`` (found via /proc environ)."""
+    marker = f"KERNELBRIDGE_STATE_DIR={state_dir}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and b"serve" in cmdline.split(b"\0"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def status_kib(pid: int, key: str) -> int:
+    """A ``/proc/<pid>/status`` figure in KiB (``VmRSS``, ``VmHWM``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {key} for {pid}")
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def podman(*args: str, timeout: float = 60) -> str:
+    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    return result.stdout
+
+
+async def container_gone(container: str, timeout: float = 60.0) -> bool:
+    """Wait (bounded) until ``container`` no longer exists; False if it still does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if container not in podman("ps", "-a", "--format", "{{.Names}}").split():
+            return True
+        await anyio.sleep(0.5)
+    return False
+
+
+def fill(path: Path) -> None:
+    """Write zeros to ``path`` until its file system is full."""
+    with contextlib.suppress(OSError), open(path, "wb") as filler:
+        while True:
+            filler.write(b"\0" * 65536)
+
+
+@dataclass
+class Result:
+    """One ``run_python`` answer, flattened for assertions."""
+
+    is_error: bool
+    text: str
+    data: dict[str, Any]
+    seconds: float
+
+    @property
+    def status(self) -> str | None:
+        return self.data.get("status")
+
+    @property
+    def stdout(self) -> str:
+        return str(self.data.get("stdout") or "")
+
+    @property
+    def notes(self) -> str:
+        return " ".join(self.data.get("notes") or [])
+
+    def verdict(self) -> Any:
+        """The JSON a probe printed after :data:`VERDICT`."""
+        for line in reversed(self.stdout.splitlines()):
+            if line.startswith(VERDICT):
+                return json.loads(line[len(VERDICT) :])
+        raise AssertionError(f"no verdict in the output: {self.text[-2000:]}")
+
+
+@dataclass
+class Bridge:
+    client: Client
+    state_dir: Path
+    pid: int
+    sessions: set[str] = field(default_factory=set)
+
+    async def run(self, code: str, session: str, timeout: int = 30, **extra: Any) -> Result:
+        self.sessions.add(session)
+        start = time.monotonic()
+        with anyio.fail_after(CLIENT_TIMEOUT):
+            answer = await self.client.call_tool(
+                "run_python", {"code": code, "session": session, "timeout": timeout, **extra}
+            )
+        text = "\n".join(b.text for b in answer.content if getattr(b, "type", None) == "text")
+        return Result(bool(answer.is_error), text, answer.structured_content or {}, time.monotonic() - start)
+
+    async def probe(self, code: str, session: str, timeout: int = 60) -> Any:
+        """Run ``code``, which must leave its findings in a variable ``verdict``; return them."""
+        tail = f"\nimport json as _j\nprint({VERDICT!r} + _j.dumps(verdict))"
+        result = await self.run(code + tail, session, timeout)
+        assert result.status == "ok", result.text[-3000:]
+        return result.verdict()
+
+    async def call(self, tool: str, **args: Any) -> tuple[bool, str]:
+        with anyio.fail_after(CLIENT_TIMEOUT):
+            answer = await self.client.call_tool(tool, args)
+        text = "\n".join(b.text for b in answer.content if getattr(b, "type", None) == "text")
+        return bool(answer.is_error), text
+
+    async def listed(self) -> dict[str, dict[str, Any]]:
+        _, text = await self.call("list_sessions")
+        return {s["session"]: s for s in json.loads(text)["sessions"]}
+
+    async def container(self, session: str) -> str:
+        return str((await self.listed())[session]["container"])
+
+    async def close(self, session: str) -> None:
+        await self.call("close_session", session=session)
+        self.sessions.discard(session)
+
+    def rss_kib(self) -> int:
+        return status_kib(self.pid, "VmRSS")
+
+    def peak_kib(self) -> int:
+        return status_kib(self.pid, "VmHWM")
+
+    def connection(self, session: str) -> dict[str, Any]:
+        record = json.loads((self.state_dir / "sessions" / f"{session}.session.json").read_text())
+        return json.loads(Path(record["connection_file"]).read_text())
+
+
+@asynccontextmanager
+async def open_bridge(state_dir: Path, **env: str) -> AsyncIterator[Bridge]:
+    """A fresh ``kernelbridge serve`` over stdio with its state in ``state_dir``."""
+    await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
+    async with Client(serve_params(state_dir, **env), read_timeout_seconds=CLIENT_TIMEOUT) as client:
+        pids = serve_pids(state_dir)
+        assert len(pids) == 1, pids
+        yield Bridge(client, state_dir, pids[0])
+
+
+def stop_process_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants (processes this test started)."""
+    for child in children(pid):
+        stop_process_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@asynccontextmanager
+async def local_bridge(state_dir: Path, **env: str) -> AsyncIterator[Client]:
+    """The MCP server in this process over the local test-double runtime (no container, no
+    isolation: for the bridge's own logic only), with an in-memory MCP client."""
+    from kernelbridge.config import load_settings
+    from kernelbridge.runtime.local import LocalProcessRuntime
+    from kernelbridge.server import build_server
+
+    settings = load_settings({"KERNELBRIDGE_STATE_DIR": str(state_dir), "KERNELBRIDGE_WARM_POOL": "0", **env})
+    async with LocalProcessRuntime() as runtime:
+        app = build_server(settings, runtime=runtime)
+        async with Client(app, read_timeout_seconds=CLIENT_TIMEOUT) as client:
+            yield client
+
+
+def text_of(answer: Any) -> str:
+    return "\n".join(b.text for b in answer.content if getattr(b, "type", None) == "text")
+
+
+def reset_peak(pid: int) -> None:
+    """Reset ``pid``'s VmHWM to its current RSS (``clear_refs`` 5, Linux >= 4.0, as root), so
+    that the next peak is one attack's own."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")

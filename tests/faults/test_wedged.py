@@ -1,0 +1,189 @@
+"""Faults from outside the sandbox while a call runs or waits: the container paused or stopped,
+its runtime client (``podman start -ai``) stopped or killed, the container killed. The contract: a
+``timeout=8`` call answers within 8 s + ``TIMEOUT_GRACE``, tells the truth about what survived,
+and the session's next call works (in a fresh sandbox when the old one had to go)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+from bridge_harness import Bridge, children, container_gone, podman
+
+from kernelbridge.sessions import TIMEOUT_GRACE
+
+pytestmark = [pytest.mark.anyio, pytest.mark.podman]
+
+TIMEOUT = 8
+SLACK = 4.0
+"""Scheduling slack on a loaded 2-core machine, on top of the contract's bound."""
+BOUND = TIMEOUT + TIMEOUT_GRACE + SLACK
+LONG_CELL = "import time\nfor i in range(200):\n    print(i, flush=True)\n    time.sleep(0.1)"
+
+
+def container_pids(container: str) -> list[int]:
+    """Host pids of every process in the container (PID 1 and its descendants)."""
+    info = json.loads(podman("container", "inspect", container))[0]
+    found, todo = [], [int(info["State"]["Pid"])]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children(pid))
+    return found
+
+
+def runtime_client(bridge: Bridge, container: str) -> int:
+    """The bridge's ``podman start --attach`` process for ``container``."""
+    cid = json.loads(podman("container", "inspect", container))[0]["Id"]
+    for pid in children(bridge.pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"start" in argv and cid.encode() in argv:
+            return pid
+    raise AssertionError(f"no runtime client for {container}")
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+async def wedge_during_call(
+    bridge: Bridge, session: str, wedge: Callable[[str], None], unwedge: Callable[[str], None], *, idle: bool
+) -> tuple[float, str, str]:
+    """Run a cell with timeout=8 while ``wedge`` is applied (before the call when ``idle``, else
+    once the cell printed). Returns (seconds, status, notes); ``unwedge`` runs in any case."""
+    await bridge.run("open('/workspace/kept.txt', 'w').write('x')", session)
+    container = await bridge.container(session)
+    try:
+        if idle:
+            wedge(container)
+            # A 300 KB cell does not fit a pipe's buffer: the write itself must be bounded.
+            result = await bridge.run("x = '" + "y" * 300_000 + "'\n" + LONG_CELL, session, timeout=TIMEOUT)
+        else:
+            async with anyio.create_task_group() as tg:
+
+                async def later() -> None:
+                    await anyio.sleep(2)
+                    wedge(container)
+
+                tg.start_soon(later)
+                result = await bridge.run(LONG_CELL, session, timeout=TIMEOUT)
+    finally:
+        unwedge(container)
+    return result.seconds, str(result.status), result.notes
+
+
+async def assert_recovers(bridge: Bridge, session: str, container: str) -> None:
+    after = await bridge.run("import os; os.listdir('/workspace')", session)
+    assert after.status == "ok", after.text
+    assert await container_gone(container), f"{container} was not removed"
+
+
+def pause(container: str) -> None:
+    podman("pause", container)
+
+
+def unpause(container: str) -> None:
+    podman("unpause", container)
+
+
+@pytest.mark.parametrize("idle", [False, True], ids=["mid-call", "while-idle"])
+async def test_a_paused_container(bridge: Bridge, idle: bool) -> None:
+    session = f"wedge-pause-{idle}"
+    container_of: dict[str, str] = {}
+
+    def wedge(container: str) -> None:
+        container_of["c"] = container
+        pause(container)
+
+    seconds, status, notes = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=idle)
+    assert seconds < BOUND, (seconds, notes)
+    assert status in ("timeout", "kernel_died"), notes
+    assert "lost" in notes or "gone" in notes or "discarded" in notes, notes
+    # Left paused on purpose: the bridge must remove a paused container by itself.
+    await assert_recovers(bridge, session, container_of["c"])
+
+
+@pytest.mark.parametrize("idle", [False, True], ids=["mid-call", "while-idle"])
+async def test_a_stopped_runtime_client(bridge: Bridge, idle: bool) -> None:
+    session = f"wedge-client-{idle}"
+    stopped: list[int] = []
+
+    def wedge(container: str) -> None:
+        stopped.append(runtime_client(bridge, container))
+        signal_all(stopped, signal.SIGSTOP)
+
+    def unwedge(container: str) -> None:
+        signal_all(stopped, signal.SIGCONT)
+
+    container_box: dict[str, str] = {}
+
+    def remember_then_wedge(container: str) -> None:
+        container_box["c"] = container
+        wedge(container)
+
+    seconds, status, notes = await wedge_during_call(bridge, session, remember_then_wedge, unwedge, idle=idle)
+    assert seconds < BOUND, (seconds, notes)
+    assert status in ("timeout", "kernel_died"), notes
+    await assert_recovers(bridge, session, container_box["c"])
+
+
+async def test_sigstop_of_every_process_in_the_container(bridge: Bridge) -> None:
+    session = "wedge-sigstop"
+    stopped: list[int] = []
+    container_box: dict[str, str] = {}
+
+    def wedge(container: str) -> None:
+        container_box["c"] = container
+        stopped.extend(container_pids(container))
+        signal_all(stopped, signal.SIGSTOP)
+
+    seconds, status, notes = await wedge_during_call(
+        bridge, session, wedge, lambda c: signal_all(stopped, signal.SIGCONT), idle=False
+    )
+    assert seconds < BOUND, (seconds, notes)
+    assert status == "timeout", notes
+    await assert_recovers(bridge, session, container_box["c"])
+
+
+async def test_a_killed_runtime_client(bridge: Bridge) -> None:
+    session = "fault-client-killed"
+    container_box: dict[str, str] = {}
+
+    def wedge(container: str) -> None:
+        container_box["c"] = container
+        signal_all([runtime_client(bridge, container)], signal.SIGKILL)
+
+    seconds, status, notes = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=False)
+    assert seconds < BOUND
+    assert status == "kernel_died", notes
+    assert "/workspace" in notes and "lost" in notes, notes
+    await assert_recovers(bridge, session, container_box["c"])
+
+
+async def test_a_killed_container(bridge: Bridge) -> None:
+    session = "fault-container-killed"
+    container_box: dict[str, str] = {}
+
+    def wedge(container: str) -> None:
+        container_box["c"] = container
+        podman("kill", container)
+
+    seconds, status, notes = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=False)
+    assert seconds < BOUND
+    assert status == "kernel_died", notes
+    assert "/workspace" in notes and "lost" in notes, notes
+    await assert_recovers(bridge, session, container_box["c"])
+    fresh = await bridge.run("1", session)
+    assert fresh.status == "ok"

@@ -1,0 +1,135 @@
+"""RpcBroker (one session's host calls) with a scripted dispatch at its seam: admission, answers,
+cancellation per cell, and the bounds on what it records."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from kernelbridge import frames
+from kernelbridge.broker import MAX_HELD_BYTES, MAX_RECORDED_BYTES, RpcBroker
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 10.0
+
+
+class Host:
+    """A dispatch that answers ``echo`` at once and holds ``block`` until released."""
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+        self.cancelled = 0
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.answered = anyio.Event()
+        self.expected = 0
+        self._each: dict[int, anyio.Event] = {}
+
+    async def dispatch(self, session: str, grants: frozenset[str], method: str, params: Any) -> Any:
+        if params.get("tool") == "block":
+            try:
+                await self.release.wait()
+            except anyio.get_cancelled_exc_class():
+                self.cancelled += 1
+                raise
+        return params.get("arguments", {}).get("result", {"session": session})
+
+    async def answer(self, request_id: int, **answer: Any) -> None:
+        self.answers[request_id] = answer
+        self._each.setdefault(request_id, anyio.Event()).set()
+        if len(self.answers) >= self.expected:
+            self.answered.set()
+
+    async def answer_of(self, request_id: int) -> dict[str, Any]:
+        await self._each.setdefault(request_id, anyio.Event()).wait()
+        return self.answers[request_id]
+
+
+@pytest.fixture
+async def task_group() -> AsyncIterator[anyio.abc.TaskGroup]:
+    async with anyio.create_task_group() as tg:
+        yield tg
+        tg.cancel_scope.cancel()
+
+
+def broker_for(host: Host, tg: anyio.abc.TaskGroup, session: str = "s") -> RpcBroker:
+    return RpcBroker(session, host.dispatch, host.answer, tg.start_soon, lambda: frozenset({"edge"}))
+
+
+def request(request_id: int, tool: str = "echo", cell: str = "cell-1", **arguments: Any) -> frames.Frame:
+    params = {"server": "edge", "tool": tool, "arguments": arguments}
+    return {"type": "rpc_request", "id": request_id, "method": "call_tool", "params": params, "cell": cell}
+
+
+async def test_a_burst_is_answered_or_refused_at_once(task_group: anyio.abc.TaskGroup) -> None:
+    host = Host()
+    host.expected = 5000
+    broker = broker_for(host, task_group)
+    with anyio.fail_after(TIMEOUT):
+        for i in range(1, 5001):
+            await broker.on_request(request(i, "block"))
+        assert broker.in_flight == frames.MAX_RPC_IN_FLIGHT
+        busy = [i for i, a in host.answers.items() if a.get("error", {}).get("kind") == "busy"]
+        assert len(busy) == 5000 - frames.MAX_RPC_IN_FLIGHT  # refused before any call finished
+        host.release.set()
+        await host.answered.wait()
+    assert sum("result" in a for a in host.answers.values()) == frames.MAX_RPC_IN_FLIGHT
+    assert broker.in_flight == 0
+
+
+async def test_a_cells_calls_are_cancelled_and_answered_cancelled(task_group: anyio.abc.TaskGroup) -> None:
+    host = Host()
+    host.expected = 3
+    broker = broker_for(host, task_group)
+    await broker.on_request(request(1, "block", cell="slow"))
+    await broker.on_request(request(2, "block", cell="other"))
+    await broker.on_request(request(3, "echo", cell="slow"))
+    with anyio.fail_after(TIMEOUT):
+        await host.answer_of(3)
+        assert broker.cancel("slow") == 1
+        cancelled = await host.answer_of(1)
+    assert cancelled["error"]["kind"] == "cancelled" and host.cancelled == 1
+    assert 2 not in host.answers and broker.in_flight == 1
+    records = broker.take_records("slow")
+    outcomes = [(r["ok"], (r["error"] or "").split(":")[0]) for r in records]
+    assert outcomes == [(True, ""), (False, "cancelled")]
+    broker.cancel()
+    with anyio.fail_after(TIMEOUT):
+        await host.answered.wait()
+
+
+async def test_recorded_data_is_bounded_in_all(task_group: anyio.abc.TaskGroup) -> None:
+    host = Host()
+    calls = 3 * MAX_HELD_BYTES // MAX_RECORDED_BYTES
+    host.expected = calls
+    broker = broker_for(host, task_group)
+    big = {"text": "x" * (MAX_RECORDED_BYTES - 100)}
+    with anyio.fail_after(TIMEOUT):
+        for i in range(1, calls + 1):
+            await broker.on_request(request(i, result=big))
+            await host.answer_of(i)
+    assert broker.held_bytes <= MAX_HELD_BYTES
+    records = broker.take_records("cell-1")
+    assert len(records) == calls and all(r["ok"] for r in records)  # every call is still recorded
+    kept = sum("result" in r for r in records) + sum("arguments" in r for r in records)
+    assert 0 < kept < 2 * calls and records[-1].get("result_truncated") is True
+    assert broker.held_bytes == 0  # collected
+
+
+async def test_two_sessions_with_the_same_ids_get_their_own_answers(task_group: anyio.abc.TaskGroup) -> None:
+    hosts = [Host(), Host()]
+    brokers = [broker_for(host, task_group, session) for host, session in zip(hosts, ("a", "b"), strict=True)]
+    for host in hosts:
+        host.expected = 50
+    with anyio.fail_after(TIMEOUT):
+        for i in range(1, 51):
+            for broker in brokers:
+                await broker.on_request(request(i))
+        for host in hosts:
+            await host.answered.wait()
+    for host, session in zip(hosts, ("a", "b"), strict=True):
+        assert {a["result"]["session"] for a in host.answers.values()} == {session}

@@ -1,0 +1,73 @@
+"""``kernelbridge skills list|show|rm``: the command line over the skills store (in process, and
+once through the installed console script)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelbridge.cli import main
+from kernelbridge.hub import save_skill
+
+KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
+SOURCE = 'def total(rows):\n    """Sum the rows.\n\n    Second line."""\n    return sum(rows)\n'
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KERNELBRIDGE_STATE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = main(["skills", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_list_show_rm(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(capsys, "list") == (0, "no saved tools\n", "")
+    save_skill(state, "total", SOURCE, "Sum the rows.\n\nSecond line.")
+    save_skill(state, "alpha", "def alpha():\n    return 1\n")
+    status, out, _ = cli(capsys, "list")
+    assert status == 0
+    header, first, second = out.splitlines()
+    assert header.split() == ["NAME", "SAVED", "(UTC)", "DESCRIPTION"]
+    assert first.split()[0] == "alpha" and second.split()[0] == "total"
+    assert second.endswith("Sum the rows.")  # first line of the description
+    infos = json.loads(cli(capsys, "list", "--json")[1])
+    assert [i["name"] for i in infos] == ["alpha", "total"] and infos[1]["saved_at"].endswith("Z")
+    assert cli(capsys, "show", "total") == (0, SOURCE, "")  # byte for byte, nothing added
+    assert cli(capsys, "rm", "total", "alpha") == (0, "removed total\nremoved alpha\n", "")
+    assert cli(capsys, "list")[1] == "no saved tools\n"
+
+
+def test_failures_are_one_line_and_exit_1(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_skill(state, "kept", "def kept():\n    pass\n")
+    assert cli(capsys, "show", "missing") == (1, "", "kernelbridge: no skill named 'missing' is saved\n")
+    missing = "kernelbridge: no saved tool named 'missing' (see `kernelbridge skills list`)\n"
+    assert cli(capsys, "rm", "missing") == (1, "", missing)
+    status, _, err = cli(capsys, "show", "../../etc/passwd")
+    assert status == 1 and err.startswith("kernelbridge: invalid skill name") and len(err.splitlines()) == 1
+    assert cli(capsys, "rm", "kept", "missing") == (1, "removed kept\n", missing)
+    with pytest.raises(SystemExit) as info:
+        main(["skills"])  # argparse: an action is required
+    assert info.value.code == 2
+
+
+def test_the_console_script(tmp_path: Path) -> None:
+    save_skill(tmp_path, "total", SOURCE)
+    result = subprocess.run(
+        [str(KERNELBRIDGE), "skills", "show", "total"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KERNELBRIDGE_STATE_DIR": str(tmp_path)},
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, SOURCE, "")
