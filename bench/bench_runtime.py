@@ -213,9 +213,10 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
-def host_processes(bridge_pid: int) -> dict[int, str]:
-    """The bridge, its descendants (runtime clients, an engine service of its own), and every
-    conmon, containerd-shim, podman service and dockerd on the host (outside any container)."""
+def host_processes(bridge_pid: int, containers: set[str]) -> dict[int, str]:
+    """The bridge and its descendants (runtime clients, an engine service of its own), and the
+    conmon / containerd-shim processes of ``containers`` (ids): every host process that exists
+    because of these sessions. Processes of other bridges or tests on the machine are left out."""
     parents: dict[int, int] = {}
     names: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
@@ -228,16 +229,40 @@ def host_processes(bridge_pid: int) -> dict[int, str]:
             continue
         pid = int(entry.name)
         parents[pid] = int(stat[stat.rfind(")") + 2 :].split()[1])
-        names[pid] = " ".join(part.decode(errors="replace") for part in cmdline[:3])
+        names[pid] = " ".join(part.decode(errors="replace") for part in cmdline)
     chosen: dict[int, str] = {}
     for pid, name in names.items():
         ancestor = pid
         while ancestor > 1 and ancestor != bridge_pid:
             ancestor = parents.get(ancestor, 1)
-        engine_side = any(word in name for word in ("conmon", "containerd", "dockerd", "system service"))
-        if ancestor == bridge_pid or engine_side:
-            chosen[pid] = name
+        monitors = ("conmon" in name or "containerd-shim" in name) and any(c in name for c in containers)
+        if ancestor == bridge_pid or monitors:
+            chosen[pid] = name.split()[0].rsplit("/", 1)[-1] if pid != bridge_pid else "bridge"
     return chosen
+
+
+async def session_containers(label: str) -> set[str]:
+    """Ids of the containers carrying ``label`` (whatever engine runs them)."""
+    from kernelbridge.runtime import cli_runtime
+
+    key, _, value = label.partition("=")
+    async with cli_runtime(load_settings()) as runtime:  # listing only: the CLI is enough
+        return {c.id for c in await runtime.list({key: value})}
+
+
+def sampled_pss(bridge_pid: int, containers: set[str], samples: int = 5) -> tuple[float, dict[str, float]]:
+    """Median total PSS (MiB) over a few samples (engine services breathe with their GC), and the
+    last sample by process kind."""
+    totals = []
+    kinds: dict[str, float] = {}
+    for _ in range(samples):
+        processes = host_processes(bridge_pid, containers)
+        kinds = {}
+        for pid, kind in processes.items():
+            kinds[kind] = kinds.get(kind, 0) + pss_kib(pid) / 1024
+        totals.append(sum(kinds.values()))
+        time.sleep(0.5)
+    return statistics.median(totals), kinds
 
 
 def serve_pid(state: Path) -> int:
@@ -257,24 +282,20 @@ def serve_pid(state: Path) -> int:
 
 async def memory_per_session(runtime_name: str | None, extra: int) -> tuple[float, float, dict[str, float]]:
     """(MiB with one session, MiB per added idle session, MiB by process kind with 1+K)."""
-    async with bridge(runtime_name, KERNELBRIDGE_WARM_POOL="0", KERNELBRIDGE_MAX_SESSIONS=str(extra + 2)) as (
-        client,
-        state,
-    ):
+    label = f"kernelbridge.bench={os.getpid()}"
+    async with bridge(
+        runtime_name,
+        KERNELBRIDGE_WARM_POOL="0",
+        KERNELBRIDGE_MAX_SESSIONS=str(extra + 2),
+        KERNELBRIDGE_LABELS=label,
+    ) as (client, state):
         await call(client, "x = 1", "one")
-        await anyio.sleep(1.0)  # let start-up garbage settle; memory is sampled, not awaited
         pid = serve_pid(state)
-        one = sum(pss_kib(p) for p in host_processes(pid))
+        one, _ = sampled_pss(pid, await session_containers(label))
         for i in range(extra):
             await call(client, "x = 1", f"more{i}")
-        await anyio.sleep(1.0)
-        processes = host_processes(pid)
-        many = sum(pss_kib(p) for p in processes)
-        kinds: dict[str, float] = {}
-        for p, name in processes.items():
-            kind = "bridge" if p == pid else name.split()[0].rsplit("/", 1)[-1]
-            kinds[kind] = kinds.get(kind, 0) + pss_kib(p) / 1024
-        return one / 1024, (many - one) / 1024 / extra, kinds
+        many, kinds = sampled_pss(pid, await session_containers(label))
+        return one, (many - one) / extra, kinds
 
 
 # -- the table ---------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import secrets
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -56,13 +57,37 @@ NO_HUB = (
 )
 
 
+class _Commands:
+    """Where commands for the sandbox go once its tunnel runs (None while it starts)."""
+
+    def __init__(self) -> None:
+        self.channel: FrameChannel | None = None
+        self.ended = anyio.Event()
+
+
 async def serve(control: SocketFrameChannel) -> int:
-    """Run one sandbox for the provisioner on ``control``; returns the exit status."""
-    with anyio.fail_after(LAUNCH_TIMEOUT):
-        launch = await control.receive()
-    if launch.get("type") != frames.LAUNCH:
-        log.error("the first control frame was %s, not launch", launch.get("type"))
-        return 2
+    """Run one sandbox for the provisioner on ``control``; returns the exit status.
+
+    Signal handlers are armed first: a SIGTERM that arrives while the container is being created
+    (jupyter_client giving up on a start) must still remove it, which ending by the default
+    action would not.
+    """
+    status = 1
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        with anyio.fail_after(LAUNCH_TIMEOUT):
+            launch = await control.receive()
+        if launch.get("type") != frames.LAUNCH:
+            log.error("the first control frame was %s, not launch", launch.get("type"))
+            return 2
+        commands = _Commands()
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(_on_signals, signals, commands, outer.cancel_scope)
+            status = await _run_sandbox(control, launch, commands)
+            outer.cancel_scope.cancel()
+    return status
+
+
+def _settings(launch: frames.Frame) -> Settings:
     engine = dict(launch.get("engine") or {})
     engine.update(
         urls=tuple(engine.get("urls") or ()),
@@ -71,7 +96,7 @@ async def serve(control: SocketFrameChannel) -> int:
         # One kernel is not worth a podman service of its own: use a system socket, else the CLI.
         start_service=False,
     )
-    settings = Settings(
+    return Settings(
         state_dir=Path(str(launch["state_dir"])),
         runtime=launch.get("runtime"),
         engine=EngineSettings(**engine),
@@ -79,6 +104,10 @@ async def serve(control: SocketFrameChannel) -> int:
         kernel_start_timeout=float(launch.get("start_timeout") or 60.0),
         allow_unlimited=bool(launch.get("allow_unlimited")),
     )
+
+
+async def _run_sandbox(control: SocketFrameChannel, launch: frames.Frame, commands: _Commands) -> int:
+    settings = _settings(launch)
     container = dict(launch["container"])
     labels = tuple((str(k), str(v)) for k, v in container.pop("labels", []))
     spec = ContainerSpec(**container, labels=labels, limits=settings.limits)
@@ -103,8 +132,10 @@ async def serve(control: SocketFrameChannel) -> int:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_relay_to_owner, owner_end, control, relayed)
                 tg.start_soon(_relay_from_owner, control, owner_end)
-                tg.start_soon(_on_signals, owner_end, tg.cancel_scope)
+                commands.channel = owner_end
                 await tunnel.run()
+                commands.channel = None
+                commands.ended.set()
                 # The tunnel's exit event is in the memory channel: close the tunnel's end so the
                 # relay passes on what is buffered, then ends.
                 await tunnel_end.aclose()
@@ -161,17 +192,21 @@ async def _relay_from_owner(control: SocketFrameChannel, tunnel_commands: FrameC
         await tunnel_commands.send(frame)
 
 
-async def _on_signals(tunnel_commands: FrameChannel, scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async for signum in signals:
-            if signum == signal.SIGINT:
-                await tunnel_commands.send({"type": frames.INTERRUPT})
-                continue
-            await tunnel_commands.send({"type": frames.SHUTDOWN})
+async def _on_signals(signals: AsyncIterator[int], commands: _Commands, scope: anyio.CancelScope) -> None:
+    """SIGINT: interrupt the kernel. SIGTERM/SIGHUP: stop the sandbox gracefully when it runs
+    (bounded), or abandon a start in progress at once (its container is removed on the way out)."""
+    async for signum in signals:
+        channel = commands.channel
+        if signum == signal.SIGINT:
+            if channel is not None:
+                await channel.send({"type": frames.INTERRUPT})
+            continue
+        if channel is not None:
+            await channel.send({"type": frames.SHUTDOWN})
             with anyio.move_on_after(SHUTDOWN_GRACE):
-                await anyio.sleep_forever()  # the tunnel ends when the agent leaves
-            scope.cancel()
-            return
+                await commands.ended.wait()
+        scope.cancel()
+        return
 
 
 async def _send_exit(control: SocketFrameChannel, kind: str, reason: str) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
 import pytest
-from bridge_harness import Bridge, children, container_gone, podman
+from bridge_harness import Bridge, children, container_gone, open_bridge, podman
 
 from kernelbridge.sessions import TIMEOUT_GRACE
 
@@ -24,6 +24,21 @@ SLACK = 4.0
 """Scheduling slack on a loaded 2-core machine, on top of the contract's bound."""
 BOUND = TIMEOUT + TIMEOUT_GRACE + SLACK
 LONG_CELL = "import time\nfor i in range(200):\n    print(i, flush=True)\n    time.sleep(0.1)"
+
+
+@pytest.fixture(scope="module")
+async def bridge(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> AsyncIterator[Bridge]:
+    """A bridge on the podman CLI: only there does each sandbox have a runtime client process
+    (``podman start --attach``) to stop or kill; the engine API has none (its stdio is a
+    connection of the bridge's own, and a stopped container is covered below either way)."""
+    state = tmp_path_factory.mktemp("wedged") / "state"
+    env = {
+        "KERNELBRIDGE_MAX_SESSIONS": "16",
+        "KERNELBRIDGE_WARM_POOL": "1",
+        "KERNELBRIDGE_RUNTIME": "podman-cli",
+    }
+    async with open_bridge(state, **env) as opened:
+        yield opened
 
 
 def container_pids(container: str) -> list[int]:

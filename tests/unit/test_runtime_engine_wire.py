@@ -7,7 +7,7 @@ import random
 import pytest
 
 from kernelbridge.config import SandboxLimits
-from kernelbridge.runtime.base import ContainerSpec
+from kernelbridge.runtime.base import READ_ONLY_TMPFS, ContainerSpec
 from kernelbridge.runtime.engine_spec import create_body, size_bytes
 from kernelbridge.runtime.engine_stream import HEADER, STDERR, STDOUT, FrameDemux, StderrTail
 
@@ -87,6 +87,9 @@ def test_create_body_carries_every_sandbox_flag() -> None:
     assert host["Tmpfs"] == {
         "/tmp": "rw,size=64m,mode=1777,nosuid,nodev",
         "/workspace": "rw,size=256m,mode=1777,nosuid,nodev",
+        # Read-only and empty: podman's read-only root would put unsized writable tmpfs there.
+        "/var/tmp": READ_ONLY_TMPFS,
+        "/run": READ_ONLY_TMPFS,
     }
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]} == {
         "nofile": (1024, 1024),
