@@ -18,6 +18,7 @@ test peers).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -160,6 +161,8 @@ def run_setup(settings: Settings, packages: list[str]) -> int:
         say(str(exc))
         return 1
     say(f"sandbox image: {tag}")
+    # Doctor (and the bridge) must look for the image of these packages, not the plain one.
+    settings = dataclasses.replace(settings, image_packages=extras.requirements, image_requirements=None)
     say("doctor:")
     status = anyio.run(run_doctor, settings)
     env = {}
