@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: all setup setup-venv test lint format demo bench image clean
+.PHONY: all setup setup-venv test test-fast lint format demo bench image clean
 
 all: test
 
@@ -17,6 +17,12 @@ setup-venv:
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest
+
+# Everything but the slow tests (building and installing the package, the unprivileged user):
+# for quick iterations; `make test` runs them all.
+test-fast: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -m "not install"
 
 lint: setup-venv
 	$(VENV)/bin/ruff check .

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -17,8 +18,8 @@ from pathlib import Path
 import anyio
 
 from kernelbridge import __version__
-from kernelbridge.config import Settings, load_settings
-from kernelbridge.errors import KernelBridgeError, SessionError
+from kernelbridge.config import Settings, check_state_dir, load_settings
+from kernelbridge.errors import ConfigError, KernelBridgeError, SessionError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    serve.add_argument("--allowed-host", action="append", default=[], metavar="HOST",
+                       help="a Host name HTTP clients use (repeatable; needed off loopback)")  # fmt: skip
+    serve.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+    serve.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    serve.add_argument("--no-auth", action="store_true",
+                       help="no bearer tokens (loopback only; any local user may run code)")  # fmt: skip
     serve.add_argument("--servers-config", action="append", default=[], metavar="FILE",
                        help="host MCP servers config file (repeatable)")  # fmt: skip
 
@@ -41,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even if the image is current")
     build.add_argument("--containerfile", action="store_true",
                        help="build from sandbox_kernel_image/Containerfile (needs a registry)")  # fmt: skip
+    build.add_argument("--with", dest="packages", action="append", default=[], metavar="PACKAGE",
+                       help="add a Python package to the image (repeatable)")  # fmt: skip
     image_sub.add_parser("status", help="say whether the image is current, stale or missing")
 
     sub.add_parser("doctor", help="check the runtime, limits, image and a kernel start")
@@ -65,8 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     spec = sub.add_parser("kernelspec", help="manage the `kernelbridge` Jupyter kernelspec")
     spec_sub = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
-    install = spec_sub.add_parser("install", help="install the kernelspec (user by default)")
-    install.add_argument("--prefix", help="install into this prefix (e.g. sys.prefix) instead")
+    install = spec_sub.add_parser("install", help="install the kernelspec (for this user by default)")
+    where = install.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="for this user (the default)")
+    where.add_argument("--sys-prefix", action="store_true", help="into this Python environment (sys.prefix)")
+    where.add_argument("--prefix", help="into this prefix (PREFIX/share/jupyter/kernels)")
+
+    setup = sub.add_parser("setup", help="check this machine, build the sandbox image, run doctor")
+    setup.add_argument("--with", dest="packages", action="append", default=[], metavar="PACKAGE",
+                       help="add a Python package to the image (repeatable)")  # fmt: skip
 
     skills = sub.add_parser("skills", help="review the tools sandboxed code saved with save_tool()")
     skills_sub = skills.add_subparsers(dest="skills_command", required=True, metavar="ACTION")
@@ -82,27 +98,63 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.image import extras_from_settings
     from kernelbridge.server import serve
+    from kernelbridge.server.http import HttpOptions
 
     if args.servers_config:
         extra = tuple(Path(p).expanduser() for p in args.servers_config)
         settings = dataclasses.replace(settings, servers_config=settings.servers_config + extra)
-    serve(settings, http=args.http, host=args.host, port=args.port)
+    extras_from_settings(settings)  # a bad package list stops the start, with one line
+    http = None
+    if args.http:
+        http = HttpOptions.from_args(
+            settings,
+            host=args.host,
+            port=args.port,
+            allowed_hosts=args.allowed_host,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            auth=not args.no_auth,
+        )
+    elif args.no_auth or args.allowed_host or args.tls_cert or args.tls_key:
+        raise ConfigError("--no-auth, --allowed-host and --tls-* only apply with --http")
+    serve(settings, http=http)
     return 0
 
 
 def cmd_image(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.image import build_image, default_image, image_status
+    from kernelbridge.image import build_image, default_image, extras_from_settings, image_status
     from kernelbridge.runtime import cli_runtime
 
     runtime = cli_runtime(settings)
+    extras = extras_from_settings(settings)
     if args.image_command == "status":
-        image = settings.image or default_image()
-        status = image_status(runtime.executable, image)
+        if settings.image:  # used as given: only its agent matters (raises ImageError if wrong)
+            from kernelbridge.image import agent_hash, check_labels, image_labels
+
+            check_labels(settings.image, image_labels(runtime.executable, settings.image), agent_hash())
+            print(f"{settings.image}: usable (KERNELBRIDGE_IMAGE)")
+            return 0
+        image = default_image(extras)
+        status = image_status(runtime.executable, image, extras)
         print(f"{image}: {status}")
         return 0 if status == "current" else 1
-    build_image(runtime.executable, force=args.force, containerfile=args.containerfile)
+    wanted = extras.plus(args.packages)
+    tag = build_image(runtime.executable, force=args.force, containerfile=args.containerfile, extras=wanted)
+    if settings.image:
+        print(f"note: KERNELBRIDGE_IMAGE={settings.image} is set, so bridges use that image, not {tag}")
+    elif wanted != extras:
+        # The bridge finds the image by the configured packages: say how to configure them.
+        packages = " ".join(wanted.requirements)
+        print(f"to use it, give `kernelbridge serve` KERNELBRIDGE_IMAGE_PACKAGES={shlex.quote(packages)}")
     return 0
+
+
+def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.host_setup import run_setup
+
+    return run_setup(settings, packages=args.packages)
 
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
@@ -184,11 +236,13 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.kernel import install_kernelspec
+    from kernelbridge.kernel.spec import install_kernelspec, visibility_note
 
-    path = install_kernelspec(prefix=args.prefix)
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    path = install_kernelspec(user=prefix is None, prefix=prefix)
     print(f"installed the kernelbridge kernelspec in {path}")
-    print("use it with: jupyter console --kernel kernelbridge")
+    print("use it with: jupyter console --kernel kernelbridge (or pick it in JupyterLab)")
+    print(visibility_note(path))
     return 0
 
 
@@ -238,18 +292,41 @@ COMMANDS = {
     "export": cmd_export,
     "replay": cmd_replay,
     "kernelspec": cmd_kernelspec,
+    "setup": cmd_setup,
     "skills": cmd_skills,
     "demo": cmd_demo,
 }
+
+
+STATEFUL = frozenset({"serve", "replay", "demo", "setup"})
+"""Commands that write to the state directory."""
+
+
+def _first_error(group: BaseExceptionGroup) -> KernelBridgeError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, KernelBridgeError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (found := _first_error(exc)) is not None:
+            return found
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
+        if args.command in STATEFUL:
+            check_state_dir(settings)  # one line now, not a traceback from deep inside
         return COMMANDS[args.command](args, settings)
     except KernelBridgeError as exc:
         print(f"kernelbridge: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        # A failure inside a task group (e.g. the server's lifespan) arrives wrapped: still one line.
+        found = _first_error(group)
+        if found is None:
+            raise
+        print(f"kernelbridge: {found}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("kernelbridge: interrupted", file=sys.stderr)

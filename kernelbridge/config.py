@@ -74,6 +74,26 @@ class EngineSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """``kernelbridge serve --http``: who may connect and how much each token may use."""
+
+    tokens: tuple[str, ...] = field(default=(), repr=False)
+    """``KERNELBRIDGE_HTTP_TOKENS``: comma-separated bearer tokens, each ``name:token`` or a bare
+    token (parsed by :mod:`kernelbridge.server.http`; never shown in a repr)."""
+    tokens_file: Path | None = None
+    """``KERNELBRIDGE_HTTP_TOKENS_FILE``: one token per line, same forms. With neither, a token is
+    generated at the first start and kept in ``<state dir>/http-token`` (mode 0600)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """``KERNELBRIDGE_HTTP_ALLOWED_HOSTS``: Host header values accepted (``name``, ``name:port`` or
+    ``name:*``); loopback names by default. Required for a non-loopback bind."""
+    max_sessions: int = 4
+    """``KERNELBRIDGE_HTTP_MAX_SESSIONS``: sessions one token may hold at once (the bridge's
+    ``KERNELBRIDGE_MAX_SESSIONS`` still bounds them all together)."""
+    max_calls: int = 4
+    """``KERNELBRIDGE_HTTP_MAX_CALLS``: ``run_python`` calls of one token in flight at once."""
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """All kernelbridge settings. Build with :func:`load_settings`."""
 
@@ -116,6 +136,18 @@ class Settings:
     """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
     container, e.g. to tell an operator's bridges apart on a shared engine."""
     engine: EngineSettings = field(default_factory=EngineSettings)
+    image_packages: tuple[str, ...] = ()
+    """``KERNELBRIDGE_IMAGE_PACKAGES``: comma-separated Python packages added to the sandbox image
+    (``kernelbridge image build`` installs them; the image's name covers them)."""
+    image_requirements: Path | None = None
+    """``KERNELBRIDGE_IMAGE_REQUIREMENTS``: a requirements file of more packages for the image."""
+    allow_unlimited: bool = False
+    """``KERNELBRIDGE_ALLOW_UNLIMITED=1``: start sandboxes even where the runtime ignores the memory
+    and pid limits (rootless podman on cgroup v1); the model is told they are unlimited."""
+    namespace: str = ""
+    """The HTTP client (token) this registry serves; empty over stdio. Set by the server, not read
+    from the environment: it goes into container names and labels."""
+    http: HttpSettings = field(default_factory=HttpSettings)
 
     @property
     def sessions_dir(self) -> Path:
@@ -144,8 +176,16 @@ def _lookup(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
     return None
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float, integer: bool) -> float:
-    found = _lookup(env, name)
+def _number(
+    env: Mapping[str, str],
+    name: str,
+    default: float,
+    *,
+    minimum: float,
+    integer: bool,
+    aliases: tuple[str, ...] = (),
+) -> float:
+    found = _lookup(env, name) or next(filter(None, (_lookup(env, alias) for alias in aliases)), None)
     if found is None:
         return default
     var, raw = found
@@ -232,7 +272,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         tmp_size=_size(env, "TMP_SIZE", defaults.tmp_size),
         workspace_size=_size(env, "WORKSPACE_SIZE", defaults.workspace_size),
     )
-    default_timeout = _number(env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False)
+    # The predecessor called it MCP_BRIDGE_TIMEOUT; both of its spellings are honoured.
+    default_timeout = _number(env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False, aliases=("TIMEOUT",))
     max_timeout = _number(env, "MAX_TIMEOUT", 600.0, minimum=1, integer=False)
     if default_timeout > max_timeout:
         raise ConfigError(f"default timeout {default_timeout:g}s exceeds the maximum {max_timeout:g}s")
@@ -254,8 +295,54 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         kernel_start_timeout=_number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
         labels=_labels(env),
         engine=_engine_settings(env),
+        image_packages=_requirements(env, "IMAGE_PACKAGES"),
+        image_requirements=_path(env, "IMAGE_REQUIREMENTS"),
+        allow_unlimited=_flag(env, "ALLOW_UNLIMITED"),
+        http=_http_settings(env),
         image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
         export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
+    )
+
+
+# Between two requirements: spaces, or a comma before the next name ("polars>=1,<2" stays one).
+_REQUIREMENT_SEPARATOR = re.compile(r"\s+|,\s*(?=[A-Za-z0-9])")
+
+
+def _requirements(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Python package requirements separated by spaces or commas (checked by the image module)."""
+    found = _lookup(env, name)
+    if found is None:
+        return ()
+    return tuple(item for item in _REQUIREMENT_SEPARATOR.split(found[1]) if item)
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    found = _lookup(env, name)
+    return Path(found[1]).expanduser() if found else None
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    found = _lookup(env, name)
+    if found is None:
+        return False
+    var, raw = found
+    if raw.lower() not in _TRUE + _FALSE:
+        raise ConfigError(f"{var}={raw!r}: expected 1 or 0")
+    return raw.lower() in _TRUE
+
+
+def _http_settings(env: Mapping[str, str]) -> HttpSettings:
+    tokens = _lookup(env, "HTTP_TOKENS")
+    return HttpSettings(
+        tokens=tuple(t.strip() for t in tokens[1].split(",") if t.strip()) if tokens else (),
+        tokens_file=_path(env, "HTTP_TOKENS_FILE"),
+        allowed_hosts=_names(env, "HTTP_ALLOWED_HOSTS"),
+        max_sessions=int(_number(env, "HTTP_MAX_SESSIONS", 4, minimum=1, integer=True)),
+        max_calls=int(_number(env, "HTTP_MAX_CALLS", 4, minimum=1, integer=True)),
     )
 
 

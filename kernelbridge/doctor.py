@@ -18,6 +18,7 @@ import anyio
 
 from kernelbridge.config import SandboxLimits, Settings
 from kernelbridge.errors import KernelBridgeError
+from kernelbridge.host_setup import VFS_WARNING, rootless_storage_driver
 from kernelbridge.runtime import ContainerSpec, RuntimeBackend, cgroup_layout, open_selection
 
 PROBE_MEMORY_MIB = 96
@@ -92,24 +93,42 @@ class Doctor:
             f"; {'rootless' if info.rootless else 'rootful'}"
         )
         if not info.limits_enforced:
-            return "FAIL", detail + ": rootless podman on cgroup v1 IGNORES --memory and --pids-limit"
+            ignored = ": the runtime IGNORES --memory and --pids-limit (rootless on cgroup v1)"
+            if self.settings.allow_unlimited:
+                return "warn", detail + ignored + "; allowed by KERNELBRIDGE_ALLOW_UNLIMITED"
+            return "FAIL", (
+                detail + ignored + "; `serve` refuses to start sandboxes: run podman as root or on"
+                " cgroup v2, or accept unlimited sandboxes with KERNELBRIDGE_ALLOW_UNLIMITED=1"
+            )
+        if info.rootless and rootless_storage_driver() == "vfs":
+            return "warn", detail + f"; {VFS_WARNING}"
         return "ok", detail
 
     async def image_check(self) -> tuple[str, str]:
-        from kernelbridge.image import HASH_LABEL
-        from kernelbridge.kernel.launch import expected_image
+        from kernelbridge.image import (
+            PACKAGES_LABEL,
+            extras_from_settings,
+            image_hash,
+            labels_status,
+            parse_packages,
+        )
+        from kernelbridge.kernel.launch import expected_image, verify_image
 
         assert self.runtime is not None
         image, expected = expected_image(self.settings)
-        labels = await self.runtime.image_labels(image)
-        if labels is None:
-            return "FAIL", f"the sandbox image {image} is missing: run `kernelbridge image build`"
-        if expected is not None and labels.get(HASH_LABEL) != expected:
-            return "FAIL", f"{image} is stale: run `kernelbridge image build`"
-        if HASH_LABEL not in labels:
-            return "FAIL", f"{image} is not a kernelbridge sandbox image (no {HASH_LABEL} label)"
+        labels = await verify_image(self.runtime, image, expected, explicit=bool(self.settings.image))
+        if not self.settings.image:
+            if labels_status(labels, image_hash(extras_from_settings(self.settings))) != "current":
+                return "FAIL", f"{image} is stale: run `kernelbridge image build`"
         self.image = image
-        return "ok", f"{image} is current"
+        packages = parse_packages(labels.get(PACKAGES_LABEL))
+        return "ok", f"{image} is current" + (f" ({', '.join(packages)})" if packages else "")
+
+    async def state_check(self) -> tuple[str, str]:
+        from kernelbridge.config import check_state_dir
+
+        check_state_dir(self.settings)
+        return "ok", f"{self.settings.state_dir} is writable"
 
     async def limits_check(self) -> tuple[str, str]:
         assert self.runtime is not None and self.image is not None
@@ -128,7 +147,8 @@ class Doctor:
         detail = f"memory {seen['memory']}, pids {seen['pids']} seen inside a probe container"
         if memory_ok and pids_ok:
             return "ok", f"memory and pids limits enforced ({detail})"
-        return "FAIL", f"limits NOT enforced ({detail}; asked for {PROBE_MEMORY} and {PROBE_PIDS})"
+        status = "warn" if self.settings.allow_unlimited else "FAIL"
+        return status, f"limits NOT enforced ({detail}; asked for {PROBE_MEMORY} and {PROBE_PIDS})"
 
     async def kernel_check(self) -> tuple[str, str]:
         from kernelbridge.kernel.launch import expected_image
@@ -182,6 +202,7 @@ class Doctor:
         return "ok", detail
 
     async def run(self) -> int:
+        await self.check("state", self.state_check)
         try:
             async with open_selection(self.settings) as selection:
                 self.runtime, self.reason = selection.backend, selection.reason

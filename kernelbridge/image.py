@@ -1,59 +1,67 @@
-"""The sandbox image: what goes into it, its name, whether the local copy is current, and its build.
+"""The sandbox image: what goes into it, its name, whether the local copy is current, and whether
+an image someone names is a kernelbridge image at all. The build itself is
+:mod:`kernelbridge.image_build`.
 
-The image is named after the **agent hash**, a sha256 over every file that goes into the image from
-the source tree (the agent, the modules it imports, and the recipe in ``sandbox_kernel_image/``).
-The same hash is baked into the image twice: as the label ``kernelbridge.agent-hash`` (read by
-:func:`image_status` without starting a container) and as ``kernelbridge/sandbox/AGENT_HASH`` (read
-by the agent, which refuses a host expecting another agent). Editing any of those files therefore
-makes the image stale, and ``kernelbridge image build`` (or :func:`ensure_image`) rebuilds it.
+The image is named after the **image hash**: a sha256 over every file that goes into the image from
+this kernelbridge (the agent, the modules it imports, and the recipe in ``sandbox_kernel_image/``)
+plus the operator's extra packages (``kernelbridge image build --with``,
+``KERNELBRIDGE_IMAGE_PACKAGES``, ``KERNELBRIDGE_IMAGE_REQUIREMENTS``). Without extras the image
+hash is the **agent hash** (files only), so the usual image keeps its usual name.
 
-Two builders make the same layout:
+Labels of every image this module builds:
 
-- the default needs **no container registry**: ``mmdebstrap`` bootstraps a Debian bookworm minbase
-  root with ``python3``; the host's pip downloads manylinux wheels for CPython 3.11 into it; the
-  agent is copied to ``/opt/kernelbridge``; ``sandbox_kernel_image/customize.sh`` trims it and
-  pre-compiles bytecode; ``podman import`` turns the tarball into an image with the ENV, WORKDIR and
-  CMD lines of the Containerfile;
-- ``containerfile=True`` runs ``podman build`` on ``sandbox_kernel_image/Containerfile`` for machines
-  that can pull ``debian:bookworm-slim``.
+=============================  =====================================================================
+``kernelbridge.agent-hash``    the agent hash; the agent also holds it in ``sandbox/AGENT_HASH`` and
+                               refuses a host expecting another agent
+``kernelbridge.image-hash``    the image hash (agent + extras): what :func:`image_status` compares
+``kernelbridge.packages``      the requested Python packages with their installed versions, read by
+                               the bridge for the capabilities the model reads
+``kernelbridge.version``       the kernelbridge version that built it (for messages only)
+=============================  =====================================================================
 
-This module does not know how sandboxes are run (``kernelbridge.runtime``); it only needs the runtime's
-executable for ``image inspect``, ``import``, ``build``, ``tag`` and ``rmi``.
+Where the files come from: this package's own directory, whatever installed it. The recipe is
+package data, ``kernelbridge/sandbox_kernel_image/``; in a checkout that is a symlink to the
+top-level ``sandbox_kernel_image/`` that people edit (a wheel or sdist copies the files, so an
+installed kernelbridge hashes and builds exactly what a checkout of the same version does). The
+hash names recipe files ``sandbox_kernel_image/<file>`` in either case.
 
-Run ``python -m kernelbridge.image [--force] [--containerfile] [--executable podman]`` to ensure the
-image from a shell (``scripts/setup.sh`` does).
+An explicit ``KERNELBRIDGE_IMAGE`` is used as given; :func:`check_labels` checks it is a
+kernelbridge image carrying this kernelbridge's agent (a plain ``python:3.14-slim`` gets one line
+saying how to build one).
 """
 
 from __future__ import annotations
 
-import argparse
-import fcntl
 import hashlib
 import json
-import os
-import shlex
-import shutil
+import re
 import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from kernelbridge import __version__
-from kernelbridge.errors import ImageError
+from kernelbridge.errors import AgentMismatch, ConfigError, ImageError
+
+if TYPE_CHECKING:
+    from kernelbridge.config import Settings
 
 __all__ = [
     "HASH_LABEL",
+    "IMAGE_HASH_LABEL",
+    "NO_EXTRAS",
+    "PACKAGES_LABEL",
     "REPOSITORY",
+    "ImageExtras",
     "ImageStatus",
     "agent_hash",
     "build_image",
+    "check_labels",
     "default_image",
     "ensure_image",
+    "extras_from_settings",
     "image_files",
+    "image_hash",
     "image_status",
     "image_tag",
 ]
@@ -63,63 +71,51 @@ Log = Callable[[str], None]
 
 REPOSITORY = "localhost/kernelbridge-sandbox"
 HASH_LABEL = "kernelbridge.agent-hash"
+IMAGE_HASH_LABEL = "kernelbridge.image-hash"
+PACKAGES_LABEL = "kernelbridge.packages"
 VERSION_LABEL = "kernelbridge.version"
 
-# What goes into the image from the source tree, relative to the repository root: only code that
+# What goes into the image from the package, relative to the directory above it: only code that
 # runs in the sandbox, so that changing a host setting or the bridge never makes an image stale.
 # The agent imports ``kernelbridge.frames`` (stdlib only); the package ``__init__`` it needs for
 # that is a fixed stub written by the builder (the host's ``__init__`` imports host settings).
 AGENT_MODULES = ("kernelbridge/frames.py",)
-PACKAGE_STUB = '"""kernelbridge inside the sandbox: the frame codec and the agent only."""\n'
 AGENT_PACKAGE = "kernelbridge/sandbox"
 AGENT_HASH_FILE = "AGENT_HASH"
+# The recipe's name in the hash (and the top-level directory of a checkout); its files live in the
+# package as ``kernelbridge/sandbox_kernel_image/``.
 RECIPE_DIR = "sandbox_kernel_image"
 RECIPE_FILES = ("requirements.txt", "customize.sh", "Containerfile")
-
-# Layout inside the image.
-AGENT_PREFIX = "opt/kernelbridge"
-SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
-
-DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
-# The image's interpreter is Debian bookworm's python3 (3.11); pip picks wheels for it, not for
-# whatever Python runs this module. Several manylinux tags because projects publish under any of them.
-PIP_TARGET_FLAGS = (
-    "--only-binary=:all:",
-    "--platform=manylinux2014_x86_64",
-    "--platform=manylinux_2_17_x86_64",
-    "--platform=manylinux_2_28_x86_64",
-    "--implementation=cp",
-    "--python-version=3.11",
-    "--abi=cp311",
-)
-# dpkg skips these paths while installing (faster than deleting them afterwards); copyrights stay.
-DPKG_EXCLUDES = (
-    "path-exclude=/usr/share/man/*",
-    "path-exclude=/usr/share/info/*",
-    "path-exclude=/usr/share/locale/*",
-    "path-exclude=/usr/share/doc/*",
-    "path-include=/usr/share/doc/*/copyright",
-)
-# Images of other agent hashes kept after a build (newest first): neighbouring versions or
-# checkouts on the same machine may still use them; older ones are removed to bound disk use.
-KEEP_IMAGES = 4
 # Bounds on the runtime CLI calls that are not builds: they answer in well under a second.
 INSPECT_TIMEOUT = 30.0
-# Lines of a failing command's output that go into the ImageError message.
-ERROR_TAIL_LINES = 3
+# A requirement line of an extras list: a name, optional extras and a version specifier, nothing
+# that pip would read from elsewhere (-r, -e, URLs, paths): the hash must cover what is installed.
+_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*([<>=!~][^;#@]*)?$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 # -- what goes into the image ------------------------------------------------------------------------
 def source_root() -> Path:
-    """The directory above the ``kernelbridge`` package: the repository of an editable install."""
+    """The directory above the ``kernelbridge`` package: a checkout or ``site-packages``."""
     return Path(__file__).resolve().parent.parent
 
 
-def image_files(root: Path | None = None) -> list[str]:
-    """Sorted repository-relative paths (POSIX) of every source file that goes into the image.
+def source_path(root: Path, name: str) -> Path:
+    """Where the image file ``name`` (as :func:`image_files` names it) is under ``root``."""
+    if name.startswith(f"{RECIPE_DIR}/"):
+        return root / "kernelbridge" / name
+    return root / name
 
-    Raises ImageError when a file is missing, e.g. kernelbridge is not installed from a checkout.
+
+def recipe_path(root: Path, name: str) -> Path:
+    """A recipe file (``requirements.txt``, ``customize.sh``, ``Containerfile``) under ``root``."""
+    return source_path(root, f"{RECIPE_DIR}/{name}")
+
+
+def image_files(root: Path | None = None) -> list[str]:
+    """Sorted names (POSIX) of every file that goes into the image.
+
+    Raises ImageError when a file is missing (a broken installation).
     """
     root = source_root() if root is None else root
     files = list(AGENT_MODULES)
@@ -130,39 +126,169 @@ def image_files(root: Path | None = None) -> list[str]:
         if "__pycache__" not in path.relative_to(package).parts
     ]
     files += [f"{RECIPE_DIR}/{name}" for name in RECIPE_FILES]
-    missing = [name for name in files if not (root / name).is_file()]
+    missing = [name for name in files if not source_path(root, name).is_file()]
     if missing or not package.is_dir():
         raise ImageError(
-            f"the sandbox image's sources are not under {root}"
-            f" (missing {', '.join(missing) or AGENT_PACKAGE});"
-            " build the image from a kernelbridge checkout (`pip install -e .`)"
+            f"this kernelbridge installation is incomplete: {', '.join(missing) or AGENT_PACKAGE}"
+            f" missing under {root}; reinstall kernelbridge (`pip install --force-reinstall kernelbridge`)"
         )
     return sorted(set(files))
 
 
 def agent_hash(root: Path | None = None) -> str:
-    """The sha256 (hex) of the image's source files: their relative paths and contents, sorted.
+    """The sha256 (hex) of the image's files: their names and contents, sorted.
 
-    Each file contributes its path, a NUL, its length and its bytes, so no two trees collide by
+    Each file contributes its name, a NUL, its length and its bytes, so no two trees collide by
     moving bytes across a file boundary.
     """
     root = source_root() if root is None else root
     digest = hashlib.sha256()
     for name in image_files(root):
-        data = (root / name).read_bytes()
+        data = source_path(root, name).read_bytes()
         digest.update(name.encode() + b"\0" + len(data).to_bytes(8, "big"))
         digest.update(data)
     return digest.hexdigest()
 
 
+# -- extra packages ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ImageExtras:
+    """Python packages an operator adds to the image, beyond ``sandbox_kernel_image/requirements.txt``."""
+
+    requirements: tuple[str, ...] = ()
+    """Requirement specifiers (``scikit-learn``, ``polars>=1``), in order, without duplicates."""
+
+    def __bool__(self) -> bool:
+        return bool(self.requirements)
+
+    def text(self) -> str:
+        """The extras as a requirements file (what the hash covers and pip reads)."""
+        return "".join(f"{line}\n" for line in self.requirements)
+
+    def names(self) -> list[str]:
+        return [normalize_name(line) for line in self.requirements]
+
+    def plus(self, more: list[str] | tuple[str, ...]) -> ImageExtras:
+        """These extras and ``more`` (checked like any other), duplicates dropped."""
+        lines = list(self.requirements)
+        for item in more:
+            line = check_requirement(item, "--with")
+            if line not in lines:
+                lines.append(line)
+        return ImageExtras(tuple(lines))
+
+
+NO_EXTRAS = ImageExtras()
+
+
+def normalize_name(requirement: str) -> str:
+    """The PEP 503 name of a requirement line (``Scikit_Learn>=1`` -> ``scikit-learn``)."""
+    match = _NAME.match(requirement.strip())
+    return re.sub(r"[-_.]+", "-", match.group(0)).lower() if match else requirement
+
+
+def check_requirement(line: str, where: str) -> str:
+    """``line`` stripped, if it is a plain requirement specifier; ConfigError naming ``where``."""
+    line = line.strip()
+    if not _REQUIREMENT.match(line):
+        raise ConfigError(
+            f"{where}: {line!r} is not a package requirement such as scikit-learn or polars>=1"
+            " (options, URLs, paths and includes are not accepted: the image's name must cover"
+            " exactly what it installs)"
+        )
+    return line
+
+
+def read_requirements(path: Path, where: str) -> list[str]:
+    """The requirement lines of a requirements file (comments and blank lines skipped)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{where}={path}: cannot read it ({exc.strerror})") from None
+    lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    return [check_requirement(line, f"{where} ({path})") for line in lines if line]
+
+
+def extras_from_settings(settings: Settings) -> ImageExtras:
+    """The extras of ``KERNELBRIDGE_IMAGE_REQUIREMENTS`` (a file) and ``KERNELBRIDGE_IMAGE_PACKAGES``.
+
+    Raises ConfigError when the file cannot be read or holds something else than requirements.
+    """
+    lines: list[str] = []
+    if settings.image_requirements is not None:
+        lines += read_requirements(settings.image_requirements, "KERNELBRIDGE_IMAGE_REQUIREMENTS")
+    return ImageExtras().plus(lines + list(settings.image_packages))
+
+
+def image_hash(extras: ImageExtras = NO_EXTRAS, root: Path | None = None) -> str:
+    """The hash the image of ``extras`` is named after: the agent hash itself without extras."""
+    agent = agent_hash(root)
+    if not extras:
+        return agent
+    return hashlib.sha256(f"{agent}\0{extras.text()}".encode()).hexdigest()
+
+
 def image_tag(hash_: str) -> str:
-    """The local image reference for an agent hash: ``localhost/kernelbridge-sandbox:<hash[:16]>``."""
+    """The local image reference for an image hash: ``localhost/kernelbridge-sandbox:<hash[:16]>``."""
     return f"{REPOSITORY}:{hash_[:16]}"
 
 
-def default_image() -> str:
-    """The image this kernelbridge expects: the tag of its own agent hash."""
-    return image_tag(agent_hash())
+def default_image(extras: ImageExtras = NO_EXTRAS) -> str:
+    """The image this kernelbridge expects for ``extras``: the tag of its image hash."""
+    return image_tag(image_hash(extras))
+
+
+# -- labels ----------------------------------------------------------------------------------------------
+def check_labels(
+    image: str, labels: dict[str, str] | None, expected_agent: str, *, explicit: bool = True
+) -> None:
+    """Raise ImageError (AgentMismatch for another agent) unless ``labels`` (of ``image``; None: no
+    such image) describe a kernelbridge sandbox image with the agent ``expected_agent``. One line
+    each, with the fix; ``explicit``: the image was named by ``KERNELBRIDGE_IMAGE`` (the fix then
+    involves that setting)."""
+    build = "run `kernelbridge image build`"
+    if explicit:
+        build = (
+            "build one with `kernelbridge image build` and unset KERNELBRIDGE_IMAGE"
+            " (or set it to the tag the build prints)"
+        )
+    if labels is None:
+        raise ImageError(f"the sandbox image {image} is missing; {build}")
+    found = labels.get(HASH_LABEL)
+    if not found:
+        raise ImageError(
+            f"{image} is not a kernelbridge sandbox image (it has no {HASH_LABEL} label, so it has no"
+            f" kernelbridge agent to talk to); {build}"
+        )
+    if found != expected_agent:
+        built_by = labels.get(VERSION_LABEL, "another version")
+        rebuild = "rebuild it with `kernelbridge image build`" + (
+            " and use the tag it prints" if explicit else ""
+        )
+        raise AgentMismatch(
+            f"{image} carries the agent of kernelbridge {built_by} ({found[:12]}) but this kernelbridge"
+            f" expects {expected_agent[:12]} (they may not speak the same frames); {rebuild}"
+        )
+
+
+def packages_label(installed: dict[str, str], wanted: list[str]) -> str:
+    """The ``kernelbridge.packages`` label: ``name==version`` of each wanted package, space-separated."""
+    return " ".join(f"{name}=={installed[name]}" for name in dict.fromkeys(wanted) if name in installed)
+
+
+def parse_packages(label: str | None) -> list[str]:
+    """The ``name==version`` items of a ``kernelbridge.packages`` label (empty for older images)."""
+    return [item for item in (label or "").split() if "==" in item]
+
+
+def base_requirements(root: Path | None = None) -> list[str]:
+    """The names of the packages of the recipe's ``requirements.txt``."""
+    root = source_root() if root is None else root
+    lines = [
+        line.split("#", 1)[0].strip()
+        for line in recipe_path(root, "requirements.txt").read_text().splitlines()
+    ]
+    return [normalize_name(line) for line in lines if line]
 
 
 # -- the local copy ------------------------------------------------------------------------------------
@@ -185,6 +311,8 @@ def image_labels(executable: str, image: str) -> dict[str, str] | None:
             " (`kernelbridge doctor`)"
         ) from exc
     if proc.returncode != 0:
+        if "cannot connect" in proc.stderr.lower() or "daemon running" in proc.stderr.lower():
+            raise ImageError(f"{executable} cannot reach its daemon: {proc.stderr.strip().splitlines()[-1]}")
         return None
     try:
         (info,) = json.loads(proc.stdout)
@@ -195,25 +323,26 @@ def image_labels(executable: str, image: str) -> dict[str, str] | None:
     return {str(key): str(value) for key, value in labels.items()}
 
 
-def image_status(executable: str, image: str) -> ImageStatus:
-    """``current`` if ``image`` exists and carries this tree's agent hash, ``stale`` if it carries
-    another, ``missing`` if there is no such image."""
-    return _status(executable, image, agent_hash())
+def image_status(executable: str, image: str, extras: ImageExtras = NO_EXTRAS) -> ImageStatus:
+    """``current`` if ``image`` exists and is the image of this kernelbridge and ``extras``,
+    ``stale`` if it is another one, ``missing`` if there is no such image."""
+    return labels_status(image_labels(executable, image), image_hash(extras))
 
 
-def _status(executable: str, image: str, hash_: str) -> ImageStatus:
-    labels = image_labels(executable, image)
+def labels_status(labels: dict[str, str] | None, hash_: str) -> ImageStatus:
+    """The status of an image with ``labels`` (None: missing) for the image hash ``hash_``."""
     if labels is None:
         return "missing"
-    return "current" if labels.get(HASH_LABEL) == hash_ else "stale"
+    # Images built before the image-hash label existed had no extras: their agent hash is it.
+    found = labels.get(IMAGE_HASH_LABEL) or labels.get(HASH_LABEL)
+    return "current" if found == hash_ else "stale"
 
 
-def ensure_image(executable: str = "podman", *, log: Log = print) -> str:
+def ensure_image(executable: str = "podman", *, log: Log = print, extras: ImageExtras = NO_EXTRAS) -> str:
     """Return the tag of the current image, building it first only when it is missing or stale."""
-    return build_image(executable, force=False, log=log)
+    return build_image(executable, force=False, log=log, extras=extras)
 
 
-# -- the build -----------------------------------------------------------------------------------------
 def build_image(
     executable: str = "podman",
     *,
@@ -221,226 +350,22 @@ def build_image(
     log: Log = print,
     containerfile: bool = False,
     root: Path | None = None,
+    extras: ImageExtras = NO_EXTRAS,
 ) -> str:
-    """Build the sandbox image of this source tree and return its tag.
+    """Build the sandbox image (see :func:`kernelbridge.image_build.build_image`); returns its tag."""
+    from kernelbridge.image_build import build_image as build
 
-    Without ``force``, an image that is already current is kept. After a successful build the image
-    is also tagged ``:latest``, and images of other agent hashes are removed (keeps disk bounded;
-    an image still used by a container stays).
-
-    Raises ImageError, with a one-line fix, when a tool is missing or a step fails.
-    """
-    root = source_root() if root is None else root
-    with tempfile.TemporaryDirectory(prefix="kernelbridge-image-") as tmp:
-        work = Path(tmp)
-        # Build from a snapshot: the tree may change during the minute a build takes (an editor
-        # saving, a checkout), and the label must describe what the image really holds.
-        source = _snapshot(root, work / "source")
-        hash_ = agent_hash(source)
-        tag = image_tag(hash_)
-        if not force and _status(executable, tag, hash_) == "current":
-            log(f"sandbox image {tag} is current")
-            return tag
-        with _build_lock(log):
-            # Whoever held the lock may just have built this very image.
-            if not force and _status(executable, tag, hash_) == "current":
-                log(f"sandbox image {tag} is current")
-                return tag
-            _build(executable, source, work, hash_, tag, log, containerfile)
-    return tag
-
-
-def _snapshot(root: Path, dest: Path) -> Path:
-    """Copy the image's source files from ``root`` to ``dest``; returns ``dest``."""
-    for name in image_files(root):
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / name, target)
-    return dest
-
-
-def _build(
-    executable: str, source: Path, work: Path, hash_: str, tag: str, log: Log, containerfile: bool
-) -> None:
-    """Build from the snapshot ``source``, tag ``:latest`` and prune; the caller holds the build lock."""
-    started = time.monotonic()
-    if containerfile:
-        _build_from_containerfile(executable, source, work / "context", hash_, tag, log)
-    else:
-        _build_without_registry(executable, source, work, hash_, tag, log)
-    _run([executable, "tag", tag, f"{REPOSITORY}:latest"], "tag the image", "check `podman images`")
-    _remove_other_images(executable, tag, log)
-    log(f"built {tag} in {time.monotonic() - started:.1f} s")
-
-
-def _build_without_registry(executable: str, root: Path, work: Path, hash_: str, tag: str, log: Log) -> None:
-    """mmdebstrap + host pip + podman import: no registry, only Debian and PyPI mirrors."""
-    if shutil.which("mmdebstrap") is None:
-        raise ImageError(
-            "mmdebstrap is not installed and the registry-free image build needs it;"
-            " install it (`apt-get install mmdebstrap`) or use `kernelbridge image build --containerfile`"
-        )
-    overlay = work / "overlay"
-    with _step(log, "stage the agent"):
-        _stage_agent(root, overlay / AGENT_PREFIX, hash_)
-    with _step(log, "download Python packages"):
-        _install_packages(root / RECIPE_DIR / "requirements.txt", overlay / SITE_PACKAGES)
-    tarball = work / "rootfs.tar"
-    with _step(log, "bootstrap Debian and customize"):
-        _bootstrap(root / RECIPE_DIR / "customize.sh", overlay, tarball)
-    with _step(log, f"import into {executable}"):
-        changes = _import_changes(root / RECIPE_DIR / "Containerfile", hash_)
-        argv = [executable, "import", *(f"--change={change}" for change in changes), str(tarball), tag]
-        _run(argv, f"{executable} import", "check free disk space and `podman info`")
-
-
-def _stage_agent(root: Path, prefix: Path, hash_: str) -> None:
-    """Copy the agent's files under ``prefix`` (becomes /opt/kernelbridge) with its AGENT_HASH."""
-    for name in image_files(root):
-        if name.startswith(f"{RECIPE_DIR}/"):
-            continue
-        target = prefix / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / name, target)
-    (prefix / "kernelbridge" / "__init__.py").write_text(PACKAGE_STUB)
-    (prefix / AGENT_PACKAGE / AGENT_HASH_FILE).write_text(hash_ + "\n")
-
-
-def _install_packages(requirements: Path, target: Path) -> None:
-    """Install the image's wheels with the host's pip into ``target`` (the image's dist-packages)."""
-    argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    argv += ["--no-compile", "--no-warn-script-location", *PIP_TARGET_FLAGS]
-    argv += ["--target", str(target), "--requirement", str(requirements)]
-    # A pip constraints file of the host (e.g. /etc/xdg/pip) constrains the host's environment, not
-    # the image's; pip reads PIP_CONSTRAINT before its config files, so an empty one disables it.
-    env = {**os.environ, "PIP_CONSTRAINT": ""}
-    _run(argv, "pip install of the image's packages", "check PyPI access and the requirements", env=env)
-
-
-def _bootstrap(customize: Path, overlay: Path, tarball: Path) -> None:
-    """Make the root file system tarball: Debian minbase + python3, the overlay, customize.sh."""
-    mode = "root" if os.geteuid() == 0 else "unshare"
-    argv = ["mmdebstrap", "--quiet", f"--mode={mode}", "--variant=minbase"]
-    argv += ["--include=python3,ca-certificates", *(f"--dpkgopt={opt}" for opt in DPKG_EXCLUDES)]
-    # Hooks run in a shell with the root file system as "$1". The overlay is copied in before
-    # customize.sh runs, so that it pre-compiles the packages with the image's own python3.
-    argv += [f"--customize-hook=sync-in {shlex.quote(str(overlay))} /"]
-    argv += [f'--customize-hook=sh {shlex.quote(str(customize))} "$1"']
-    # The tarball keeps /dev's device nodes; they are harmless (every runtime mounts its own /dev)
-    # and rootless import skips them.
-    argv += [DEBIAN_SUITE, str(tarball), DEBIAN_MIRROR]
-    hint = "check access to deb.debian.org" + ("" if mode == "root" else " and /etc/subuid for unshare mode")
-    _run(argv, "mmdebstrap", hint)
-
-
-def _import_changes(containerfile: Path, hash_: str) -> list[str]:
-    """The ``--change`` instructions for ``podman import``: the Containerfile's ENV, WORKDIR and CMD
-    lines (one source of truth for both builders) and the labels."""
-    changes = [
-        line.strip()
-        for line in containerfile.read_text().splitlines()
-        if line.split(" ", 1)[0] in ("ENV", "WORKDIR", "CMD")
-    ]
-    return [*changes, f"LABEL {HASH_LABEL}={hash_}", f"LABEL {VERSION_LABEL}={__version__}"]
-
-
-def _build_from_containerfile(
-    executable: str, root: Path, work: Path, hash_: str, tag: str, log: Log
-) -> None:
-    """``podman build`` on the Containerfile, with a build context holding only what it copies."""
-    with _step(log, "stage the build context"):
-        work.mkdir(parents=True, exist_ok=True)
-        for name in RECIPE_FILES:
-            shutil.copyfile(root / RECIPE_DIR / name, work / name)
-        _stage_agent(root, work / AGENT_PREFIX, hash_)
-    with _step(log, f"{executable} build"):
-        argv = [executable, "build", "--file", str(work / "Containerfile"), "--tag", tag]
-        argv += ["--build-arg", f"AGENT_HASH={hash_}", "--build-arg", f"KERNELBRIDGE_VERSION={__version__}"]
-        _run([*argv, str(work)], f"{executable} build", "check that the registry is reachable")
-
-
-def _remove_other_images(executable: str, keep: str, log: Log) -> None:
-    """Remove older images of other agent hashes, keeping the newest :data:`KEEP_IMAGES` (a bridge
-    or checkout of a neighbouring version may still start sandboxes from them) and any image still
-    used by a container; untagged leftovers of ``--force`` rebuilds go too."""
-    proc = subprocess.run(
-        [executable, "images", "--format", "{{.CreatedAt}}\t{{.Repository}}:{{.Tag}}", REPOSITORY],
-        capture_output=True,
-        text=True,
-        timeout=INSPECT_TIMEOUT,
-        check=False,
-    )
-    rows = sorted((line.split("\t") for line in proc.stdout.splitlines() if "\t" in line), reverse=True)
-    others = [ref for _, ref in rows if ref not in (keep, f"{REPOSITORY}:latest")]
-    stale = others[KEEP_IMAGES:]
-    # A rebuild under the same tag (--force) leaves the previous image untagged.
-    untagged = subprocess.run(
-        [executable, "images", "--quiet", "--filter", "dangling=true", "--filter", f"label={HASH_LABEL}"],
-        capture_output=True,
-        text=True,
-        timeout=INSPECT_TIMEOUT,
-        check=False,
-    )
-    for ref in stale + untagged.stdout.split():
-        removed = subprocess.run(
-            [executable, "rmi", ref], capture_output=True, timeout=INSPECT_TIMEOUT, check=False
-        )
-        log(f"removed old image {ref}" if removed.returncode == 0 else f"kept old image {ref} (in use)")
-
-
-# -- helpers ---------------------------------------------------------------------------------------------
-@contextmanager
-def _build_lock(log: Log) -> Iterator[None]:
-    """One build at a time per user: parallel test runs or a `make setup` beside a test session would
-    otherwise each spend a minute building the same image and race on its tags."""
-    path = Path(tempfile.gettempdir()) / f"kernelbridge-image-build-{os.getuid()}.lock"
-    with path.open("a") as file:
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log("waiting for another build of the sandbox image ...")
-            fcntl.flock(file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(file, fcntl.LOCK_UN)
-
-
-@contextmanager
-def _step(log: Log, what: str) -> Iterator[None]:
-    """Log how long one build step took."""
-    started = time.monotonic()
-    log(f"{what} ...")
-    yield
-    log(f"{what}: {time.monotonic() - started:.1f} s")
-
-
-def _run(argv: list[str], what: str, hint: str, env: dict[str, str] | None = None) -> None:
-    """Run one build command; on failure raise ImageError with the end of its output and ``hint``."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    except OSError as exc:
-        raise ImageError(f"{what} could not start ({exc}); {hint}") from exc
-    if proc.returncode != 0:
-        output = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-ERROR_TAIL_LINES:]
-        detail = " | ".join(line.strip() for line in output) or f"exit status {proc.returncode}"
-        raise ImageError(f"{what} failed: {detail}; {hint}")
+    return build(executable, force=force, log=log, containerfile=containerfile, root=root, extras=extras)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kernelbridge.image``: ensure the image (``--force`` rebuilds it)."""
-    parser = argparse.ArgumentParser(prog="python -m kernelbridge.image", description=main.__doc__)
-    parser.add_argument("--executable", default="podman", help="container runtime CLI (default: podman)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if the image is current")
-    parser.add_argument("--containerfile", action="store_true", help="podman build (needs a registry)")
-    args = parser.parse_args(argv)
-    try:
-        build_image(args.executable, force=args.force, containerfile=args.containerfile)
-    except ImageError as exc:
-        print(f"kernelbridge: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    """``python -m kernelbridge.image``: see :func:`kernelbridge.image_build.main`."""
+    from kernelbridge.image_build import main as build_main
+
+    return build_main(argv)
 
 
 if __name__ == "__main__":
+    import sys
+
     sys.exit(main())

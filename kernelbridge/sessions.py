@@ -659,16 +659,25 @@ async def _report(on_progress: ProgressCallback, elapsed: float, tail: str) -> N
 
 
 def list_session_records(state_dir: Path) -> list[dict[str, Any]]:
-    """Records of live sessions of every bridge process using ``state_dir``.
+    """Records of live sessions of every bridge process using ``state_dir``, HTTP clients' named
+    ``namespace/session``.
 
     Records whose owner process is gone (a bridge killed with SIGKILL) are left out.
     """
     records = []
-    for path in sorted((Path(state_dir) / "sessions").glob("*.session.json")):
+    # HTTP clients' sessions live in their namespaces' directories (kernelbridge.server.namespaces);
+    # the operator sees them as NAMESPACE/SESSION.
+    paths = [("", path) for path in sorted((Path(state_dir) / "sessions").glob("*.session.json"))]
+    http = sorted(Path(state_dir).glob("http/*/sessions/*.session.json"))
+    paths += [(path.parents[1].name, path) for path in http]
+    for namespace, path in paths:
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if isinstance(record, dict) and namespace:
+            record["name"] = f"{namespace}/{record.get('name')}"
+            record["namespace"] = namespace
         if (
             isinstance(record, dict)
             and isinstance(pid := record.get("owner_pid"), int)

@@ -88,8 +88,12 @@ fi
 
 # -- the sandbox image -----------------------------------------------------------------------------------
 if [[ ${KERNELBRIDGE_SKIP_IMAGE:-0} != 1 ]]; then
-    status=$("$VENV/bin/python" -c \
-        'from kernelbridge.image import default_image, image_status; print(image_status("podman", default_image()))')
+    # The image of this tree and of the configured extra packages (KERNELBRIDGE_IMAGE_PACKAGES...).
+    status=$("$VENV/bin/python" -c '
+from kernelbridge.config import load_settings
+from kernelbridge.image import default_image, extras_from_settings, image_status
+extras = extras_from_settings(load_settings())
+print(image_status("podman", default_image(extras), extras))')
     if [[ $status != current ]]; then
         say "sandbox image is $status: building it (about a minute) ..."
         "$VENV/bin/python" -m kernelbridge.image

@@ -39,9 +39,30 @@ def kernelspec_dict() -> dict[str, Any]:
 
 
 def install_kernelspec(user: bool = True, prefix: str | None = None) -> str:
-    """Install the kernelspec; returns the directory it was installed to."""
+    """Install the kernelspec; returns the directory it was installed to.
+
+    As ``ipykernel install``: ``user`` puts it under the user's Jupyter data directory (every
+    environment's Jupyter of this user sees it), ``prefix`` under ``PREFIX/share/jupyter/kernels``
+    (only a Jupyter of that prefix, e.g. ``sys.prefix``, sees it); otherwise the system directory.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec_dict(), indent=2))
         return KernelSpecManager().install_kernel_spec(
             tmp, kernel_name=KERNEL_NAME, user=user and prefix is None, prefix=prefix
         )
+
+
+def visibility_note(installed: str) -> str:
+    """What a user must know to see the kernel from a Jupyter in another Python environment.
+
+    The kernelspec names kernelbridge's provisioner, which jupyter_client finds through an entry
+    point of the environment *Jupyter* runs in: a Jupyter elsewhere (pipx, conda, a system
+    JupyterLab) skips a kernelspec whose provisioner it cannot load.
+    """
+    return (
+        f"for a Jupyter in another Python environment: that environment needs kernelbridge too"
+        f" (`<that env>/bin/pip install kernelbridge`: Jupyter loads the sandbox provisioner from"
+        f" there), and the kernelspec must be where it looks (`kernelbridge kernelspec install"
+        f" --user` is seen by every environment of this user; --prefix <that env's sys.prefix> by"
+        f" that one only); check with `jupyter kernelspec list` there (installed now: {installed})"
+    )

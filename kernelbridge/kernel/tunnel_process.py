@@ -40,8 +40,8 @@ import zmq
 
 from kernelbridge import frames
 from kernelbridge.config import EngineSettings, SandboxLimits, Settings
-from kernelbridge.errors import ImageError, KernelBridgeError
-from kernelbridge.kernel.launch import started_container
+from kernelbridge.errors import AgentMismatch, ImageError, KernelBridgeError
+from kernelbridge.kernel.launch import checked_container
 from kernelbridge.runtime import ContainerSpec, open_runtime
 from kernelbridge.tunnel import FrameChannel, SocketFrameChannel, Tunnel, memory_channel_pair
 
@@ -102,6 +102,7 @@ def _settings(launch: frames.Frame) -> Settings:
         engine=EngineSettings(**engine),
         limits=SandboxLimits(**launch.get("limits") or {}),
         kernel_start_timeout=float(launch.get("start_timeout") or 60.0),
+        allow_unlimited=bool(launch.get("allow_unlimited")),
     )
 
 
@@ -112,7 +113,12 @@ async def _run_sandbox(control: SocketFrameChannel, launch: frames.Frame, comman
     spec = ContainerSpec(**container, labels=labels, limits=settings.limits)
     connection = json.loads(await anyio.Path(str(launch["connection_file"])).read_text())
     try:
-        async with open_runtime(settings) as runtime, started_container(runtime, spec) as (_, stream):
+        # The checks a bridge makes first (limits enforced, a kernelbridge image), then the start.
+        agent = launch.get("agent_hash")
+        async with (
+            open_runtime(settings) as runtime,
+            checked_container(settings, runtime, spec, agent) as (_, stream),
+        ):
             owner_end, tunnel_end = memory_channel_pair()
             tunnel = Tunnel(
                 stream,
@@ -139,6 +145,9 @@ async def _run_sandbox(control: SocketFrameChannel, launch: frames.Frame, comman
             exit_frame = tunnel.exit_frame
     except ImageError as exc:
         await _send_exit(control, frames.EXIT_IMAGE_MISSING, str(exc))
+        return 1
+    except AgentMismatch as exc:  # seen on the image's label, before starting it
+        await _send_exit(control, frames.EXIT_AGENT_MISMATCH, str(exc))
         return 1
     except zmq.ZMQError as exc:
         await _send_exit(control, frames.EXIT_START_FAILED, f"cannot bind the kernel ports: {exc}")

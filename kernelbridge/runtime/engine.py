@@ -222,6 +222,10 @@ class EngineRuntime(RuntimeBackend):
         security = [str(s) for s in info.get("SecurityOptions") or []]
         rootless = any("rootless" in s for s in security)
         cgroup = str(info.get("CgroupVersion") or "")
+        if self.engine == "podman" and not rootless:
+            # podman's docker-compatible /info never says "rootless" (docker's does): ask libpod,
+            # or a rootless podman on cgroup v1 would pass for one that enforces limits.
+            rootless = await self._podman_rootless()
         return RuntimeInfo(
             name=self.name,
             engine=self.engine,
@@ -235,6 +239,14 @@ class EngineRuntime(RuntimeBackend):
             and bool(info.get("PidsLimit", True))
             and not (rootless and cgroup == "1"),
         )
+
+    async def _podman_rootless(self) -> bool:
+        try:
+            answer = await self.client.request("GET", "/libpod/info", what="for its libpod info")
+        except (EngineRefused, RuntimeUnavailable):
+            return False
+        host = (answer.json() or {}).get("host") or {}
+        return bool((host.get("security") or {}).get("rootless"))
 
     # -- images -------------------------------------------------------------------------------------
 

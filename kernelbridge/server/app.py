@@ -14,8 +14,10 @@ conversation. The manual lives in the capabilities resource instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -31,13 +33,16 @@ from kernelbridge.broker import Dispatch
 from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.hub import Hub, RpcCall
+from kernelbridge.kernel.launch import SandboxGate, SandboxPolicy
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
 from kernelbridge.server.exports import export_to_file, load_notebook
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
+from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
 from kernelbridge.server.images import fit_images, register_output_resources
 from kernelbridge.server.manual import ServerLine, render_manual
+from kernelbridge.server.namespaces import Namespaces
 from kernelbridge.server.render import to_tool_result
 from kernelbridge.server.restore import report_result, report_text, restore_session
 from kernelbridge.server.schema import compact_tool
@@ -55,13 +60,29 @@ class BridgeContext:
     """What the lifespan provides to every request."""
 
     settings: Settings
-    registry: SessionRegistry
+    namespaces: Namespaces
     hub: Hub
+    gate: SandboxGate | None = None
+    """What sandboxes this bridge may start (None: an injected test runtime, anything goes)."""
+
+    @property
+    def registry(self) -> SessionRegistry:
+        """The shared namespace's registry (stdio); HTTP clients with tokens use their own."""
+        return self.namespaces.registry("")
+
+
+def _bridge(ctx: Context) -> BridgeContext:
+    return ctx.request_context.lifespan_context  # type: ignore[no-any-return]
 
 
 def _registry(ctx: Context) -> SessionRegistry:
-    bridge: BridgeContext = ctx.request_context.lifespan_context
-    return bridge.registry
+    """The registry of the calling client's namespace (see kernelbridge.server.namespaces)."""
+    return _bridge(ctx).namespaces.registry(namespace_of(ctx))
+
+
+def _settings(ctx: Context) -> Settings:
+    """The settings of the calling client's namespace (its own state directory)."""
+    return _bridge(ctx).namespaces.settings(namespace_of(ctx))
 
 
 def _check_session(session: str) -> str:
@@ -71,16 +92,27 @@ def _check_session(session: str) -> str:
         raise ToolError(str(exc)) from None
 
 
-def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -> MCPServer[BridgeContext]:
-    """The kernelbridge MCP server. ``runtime`` is a test seam (default: the configured engine)."""
+def build_server(
+    settings: Settings,
+    *,
+    runtime: RuntimeBackend | None = None,
+    namespaces: list[str] | None = None,
+) -> MCPServer[BridgeContext]:
+    """The kernelbridge MCP server. ``runtime`` is a test seam (default: the configured engine).
+
+    ``namespaces``: the HTTP tokens' namespaces, each with sessions of its own; None serves one
+    shared namespace (stdio, or HTTP without authentication).
+    """
 
     # The running lifespan's hub, for the capabilities resource: static resources get no Context.
     hubs: list[Hub] = []
+    facts = HostFacts()
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[BridgeContext]) -> AsyncIterator[BridgeContext]:
         async with AsyncExitStack() as stack:
             backend = runtime
+            gate = None
             if backend is None:
                 try:
                     backend = await stack.enter_async_context(open_runtime(settings))
@@ -91,27 +123,46 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
                     backend = UnavailableRuntime(str(exc))
                 else:
                     await _reap_orphans(backend)
-            image, agent_hash = _sandbox_image(settings, testing=runtime is not None)
+                # Limits enforced (or allowed not to be), a kernelbridge image: decided now, and
+                # again at each call while it can still change (a daemon started, an image built).
+                gate = await SandboxGate.open(settings, backend)
+                policy = gate.policy
+            else:
+                image, agent_hash = _sandbox_image(settings, testing=True)
+                policy = SandboxPolicy(image, agent_hash)
+            facts.policy = policy
             hub = await stack.enter_async_context(Hub(settings))
             hubs.append(hub)
             stack.callback(hubs.remove, hub)
-            registry = SessionRegistry(
+
+            def make_registry(registry_settings: Settings) -> SessionRegistry:
+                if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
+                    registry_settings = dataclasses.replace(registry_settings, warm_pool=0)
+                return SessionRegistry(
+                    registry_settings,
+                    backend,
+                    image=policy.image,
+                    agent_hash=policy.agent_hash,
+                    dispatch=hub_dispatch(hub),
+                    check_grants=hub.validate_grants,
+                )
+
+            spaces = Namespaces(
                 settings,
-                backend,
-                image=image,
-                agent_hash=agent_hash,
-                dispatch=hub_dispatch(hub),
-                check_grants=hub.validate_grants,
+                namespaces if namespaces is not None else [""],
+                make_registry,
+                max_calls=settings.http.max_calls if namespaces is not None else None,
             )
-            await stack.enter_async_context(registry)
-            yield BridgeContext(settings, registry, hub)
+            await stack.enter_async_context(spaces)
+            yield BridgeContext(settings, spaces, hub, gate)
 
     async def run_python(
         code: str,
         ctx: Context,
         session: str = "default",
         servers: list[str] = [],  # noqa: B006 - the public signature; never mutated
-        timeout: int = 30,
+        # The configured default (KERNELBRIDGE_DEFAULT_TIMEOUT), so that the schema says it too.
+        timeout: int = math.ceil(settings.default_timeout),
         files: dict[str, str] | None = None,
         restore: str | None = None,
     ) -> CallToolResult:
@@ -126,19 +177,28 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         async def progress(elapsed: float, tail: str) -> None:
             await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
 
-        registry = _registry(ctx)
+        bridge, namespace = _bridge(ctx), namespace_of(ctx)
         placed = decode_files(files or {})
         try:
-            # In order: rebuild from a notebook, place files, run the code; each step optional.
-            restored = await restore_session(settings, registry, session, restore) if restore else None
-            notes = [await place_files(await registry.sandbox(session), placed)] if placed else []
-            if not code.strip():
-                if restored is not None:
-                    return report_result(session, restored, notes)
-                return CallToolResult(content=[TextContent(type="text", text=notes[0])])
-            result = await registry.run(session, code, timeout=timeout, servers=servers, on_progress=progress)
+            with bridge.namespaces.call(namespace):  # per-token calls in flight (HTTP)
+                policy = await bridge.gate.check() if bridge.gate is not None else facts.policy
+                facts.policy = policy
+                registry, own = bridge.namespaces.registry(namespace), bridge.namespaces.settings(namespace)
+                bridge.namespaces.check_new_session(namespace, session)
+                # In order: rebuild from a notebook, place files, run the code; each step optional.
+                restored = await restore_session(own, registry, session, restore) if restore else None
+                notes = [await place_files(await registry.sandbox(session), placed)] if placed else []
+                if not code.strip():
+                    if restored is not None:
+                        return report_result(session, restored, notes)
+                    return CallToolResult(content=[TextContent(type="text", text=notes[0])])
+                result = await registry.run(
+                    session, code, timeout=timeout, servers=servers, on_progress=progress
+                )
         except KernelBridgeError as exc:
             raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+        if policy is not None and policy.unlimited and result.execution_count == 1:
+            notes.append(UNLIMITED_NOTE)
         if restored is not None:
             notes.insert(0, report_text(session, restored))
         result.notes[:0] = notes
@@ -155,10 +215,11 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         return f"closed session {session!r}" if closed else f"no open session {session!r}"
 
     async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
-        nb_text = notebook_json(load_notebook(settings, _check_session(session)))
+        own = _settings(ctx)  # an HTTP client's journals and exports are its namespace's
+        nb_text = notebook_json(load_notebook(own, _check_session(session)))
         if path is None:
             return nb_text
-        await export_to_file(settings, path, nb_text)
+        await export_to_file(own, path, nb_text)
         return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
 
     tools = [
@@ -174,10 +235,10 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
     @app.resource("kernelbridge://capabilities", name="capabilities", mime_type="text/markdown")
     def capabilities() -> str:
         if not hubs:
-            return render_manual()
+            return render_manual() + facts.markdown(settings)
         hub = hubs[-1]
         servers = [ServerLine(s["name"], s["alias"], s["description"]) for s in hub.summaries()]
-        return render_manual(servers, hub.problems())
+        return render_manual(servers, hub.problems()) + facts.markdown(settings)
 
     @app.resource(
         "kernelbridge://sessions/{session}/notebook",
@@ -185,11 +246,11 @@ def build_server(settings: Settings, *, runtime: RuntimeBackend | None = None) -
         description="A session's history as an .ipynb notebook",
         mime_type="application/x-ipynb+json",
     )
-    def session_notebook(session: str) -> str:
-        return notebook_json(load_notebook(settings, _check_session(session)))
+    def session_notebook(session: str, ctx: Context) -> str:
+        return notebook_json(load_notebook(_settings(ctx), _check_session(session)))
 
     register_file_resources(app, _registry)
-    register_output_resources(app, settings.sessions_dir)
+    register_output_resources(app, lambda ctx: _settings(ctx).sessions_dir)
 
     return app
 
@@ -212,6 +273,7 @@ def hub_dispatch(hub: Hub) -> Dispatch:
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:
     from kernelbridge.kernel.launch import expected_image
 
+    """The image and agent for an injected test runtime (the local double has no images)."""
     if testing and not settings.image:
         return "test-double", None  # an injected runtime (the local test double) has no images
     return expected_image(settings)
@@ -224,19 +286,58 @@ async def _reap_orphans(runtime: RuntimeBackend) -> None:
             removed = await reap_orphans(runtime)
         if removed:
             log.warning("removed %d sandbox container(s) left by a dead kernelbridge", removed)
+    except KernelBridgeError as exc:  # e.g. the daemon is down: said once more, per call, by the gate
+        log.warning("reaping orphaned sandboxes failed: %s", exc)
     except Exception:
         log.warning("reaping orphaned sandboxes failed", exc_info=True)
 
 
-def serve(settings: Settings, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
+def serve(settings: Settings, *, http: HttpOptions | None = None) -> None:
     """Run the MCP server until the client disconnects or a signal arrives.
 
-    ``http=True`` serves streamable HTTP on ``host:port`` (uvicorn handles the signals there);
-    all HTTP clients share one session registry.
+    ``http`` serves streamable HTTP (see :mod:`kernelbridge.server.http`): each token's clients get
+    a namespace of their own; without tokens (loopback only) all clients share one.
     """
     check_state_dir(settings)  # one line and exit 1, not a traceback from inside the lifespan
-    app = build_server(settings)
-    if http:
-        anyio.run(lambda: app.run_streamable_http_async(host=host, port=port))
-    else:
-        anyio.run(serve_stdio, app)
+    if http is None:
+        anyio.run(serve_stdio, build_server(settings))
+        return
+    names = http.tokens.namespaces if http.tokens is not None else None
+    app = build_server(settings, namespaces=names)
+    anyio.run(serve_http, app, http)
+
+
+UNLIMITED_NOTE = (
+    "Note: this host's container runtime does not enforce memory or process limits; the operator"
+    " allowed that (KERNELBRIDGE_ALLOW_UNLIMITED), so keep memory use and process counts modest."
+)
+
+
+@dataclass(slots=True)
+class HostFacts:
+    """What the capabilities resource says about this host, beyond the manual: filled by the
+    lifespan from the bridge's :class:`SandboxPolicy`."""
+
+    policy: SandboxPolicy | None = None
+
+    def markdown(self, settings: Settings) -> str:
+        policy = self.policy
+        if policy is None:
+            return ""
+        limits = settings.limits
+        lines = ["", "## This host", ""]
+        if policy.packages:
+            lines.append(f"- Python packages in the sandbox image: {', '.join(policy.packages)}.")
+        if policy.refusal:
+            lines.append(f"- Sandboxes cannot start right now: {policy.refusal}.")
+        elif policy.unlimited:
+            lines.append(
+                "- Limits are NOT enforced here: the container runtime ignores memory and process"
+                " limits (the operator allowed it). A runaway cell can exhaust the host's memory."
+            )
+        else:
+            lines.append(
+                f"- Limits: memory {limits.memory}, {limits.pids} processes, {limits.cpus:g} CPU;"
+                f" /workspace {limits.workspace_size}, /tmp {limits.tmp_size}."
+            )
+        return "\n".join(lines) + "\n"

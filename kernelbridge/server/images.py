@@ -29,12 +29,13 @@ import io
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ContentBlock, ImageContent, ResourceLink
 
 log = logging.getLogger(__name__)
@@ -172,8 +173,9 @@ def _pngs(entry: Any) -> list[str]:
     return found
 
 
-def register_output_resources(app: MCPServer[Any], sessions_dir: Path) -> None:
-    """Add the full-size image outputs resource to ``app`` (an MCPServer)."""
+def register_output_resources(app: MCPServer[Any], sessions_dir_of: Callable[[Context], Path]) -> None:
+    """Add the full-size image outputs resource to ``app`` (an MCPServer); ``sessions_dir_of(ctx)``
+    is the sessions directory of a request's client (HTTP clients each have their own)."""
     from mcp.server.mcpserver.exceptions import ResourceError
 
     from kernelbridge.notebook import journal_path
@@ -185,9 +187,9 @@ def register_output_resources(app: MCPServer[Any], sessions_dir: Path) -> None:
         description="A full-size image output of a session (linked from downscaled images)",
         mime_type="image/png",
     )
-    async def output_image(session: str, name: str) -> bytes:
+    async def output_image(session: str, name: str, ctx: Context) -> bytes:
         try:
-            journal = journal_path(sessions_dir, validate_session_name(session))
+            journal = journal_path(sessions_dir_of(ctx), validate_session_name(session))
         except Exception as exc:
             raise ResourceError(str(exc)) from None
         data = await anyio.to_thread.run_sync(find_output, journal, name)

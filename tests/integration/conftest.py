@@ -37,8 +37,11 @@ def sandbox_image() -> str:
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
     from kernelbridge import image
+    from kernelbridge.config import load_settings
 
-    return image.ensure_image("podman", log=lambda line: None)
+    # The image of the configured extra packages, if any (the bridges the tests start expect it).
+    extras = image.extras_from_settings(load_settings())
+    return image.ensure_image("podman", log=lambda line: None, extras=extras)
 
 
 def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
@@ -48,11 +51,17 @@ def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
         env={
             "KERNELBRIDGE_STATE_DIR": str(state_dir),
             "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
+            # The suite run as an unprivileged user on cgroup v1 (tests/install) allows unlimited
+            # sandboxes; the MCP client passes only a few variables on by itself.
+            **{k: v for k, v in os.environ.items() if k in PASSED_ON},
             **env,
         },
         cwd=str(REPO),
     )
 
+
+PASSED_ON = ("KERNELBRIDGE_ALLOW_UNLIMITED", "KERNELBRIDGE_IMAGE_PACKAGES", "PYTHONPATH")
+"""Variables of the test process that the spawned bridges get too."""
 
 ClientFactory = Callable[..., AbstractAsyncContextManager[Client]]
 

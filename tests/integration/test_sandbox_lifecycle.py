@@ -90,15 +90,22 @@ def doctor(settings: Settings, **env: str) -> tuple[int, list[list[str]]]:
 
 def test_doctor_passes_every_check(settings: Settings) -> None:
     status, lines = doctor(settings)
-    assert lines[:4] == [["ok", "runtime"], ["ok", "image"], ["ok", "limits"], ["ok", "kernel"]]
-    assert lines[4][1] == "hub" and len(lines) == 5  # host MCP config: ok, or warn for a bad file
+    assert lines[:5] == [
+        ["ok", "state"],
+        ["ok", "runtime"],
+        ["ok", "image"],
+        ["ok", "limits"],
+        ["ok", "kernel"],
+    ]
+    assert lines[5][1] == "hub" and len(lines) == 6  # host MCP config: ok, or warn for a bad file
     assert status == 0
 
 
 def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings: Settings) -> None:
     status, lines = doctor(settings, KERNELBRIDGE_IMAGE="localhost/kernelbridge-sandbox:nope")
-    assert lines[:4] == [["ok", "runtime"], ["FAIL", "image"], ["skip", "limits"], ["skip", "kernel"]]
-    assert lines[4][1] == "hub" and len(lines) == 5
+    expected = [["ok", "state"], ["ok", "runtime"], ["FAIL", "image"], ["skip", "limits"], ["skip", "kernel"]]
+    assert lines[:5] == expected
+    assert lines[5][1] == "hub" and len(lines) == 6
     assert status == 1
 
 

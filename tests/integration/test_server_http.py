@@ -12,6 +12,8 @@ import anyio
 import pytest
 from anyio.abc import Process
 from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -39,12 +41,20 @@ async def wait_listening(port: int, proc: Process) -> None:
 
 async def test_run_python_over_streamable_http(tmp_path: Path, sandbox_image: str) -> None:
     port = free_port()
-    env = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(tmp_path / "state"), "KERNELBRIDGE_WARM_POOL": "0"}
+    token = "only-me-0123456789abcdef"
+    env = {
+        **os.environ,
+        "KERNELBRIDGE_STATE_DIR": str(tmp_path / "state"),
+        "KERNELBRIDGE_WARM_POOL": "0",
+        "KERNELBRIDGE_HTTP_TOKENS": f"me:{token}",
+    }
     argv = [str(KERNELBRIDGE), "serve", "--http", "--port", str(port)]
     async with await anyio.open_process(argv, env=env, stdin=None, stdout=None, stderr=None) as proc:
         try:
             await wait_listening(port, proc)
-            async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=120) as client:
+            http = create_mcp_http_client(headers={"authorization": f"Bearer {token}"})
+            transport = streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)
+            async with Client(transport, read_timeout_seconds=120) as client:
                 first = await client.call_tool("run_python", {"code": "x = 6 * 7", "session": "web"})
                 second = await client.call_tool("run_python", {"code": "x", "session": "web"})
             assert not first.is_error
@@ -53,4 +63,4 @@ async def test_run_python_over_streamable_http(tmp_path: Path, sandbox_image: st
         finally:
             proc.send_signal(signal.SIGTERM)
             with anyio.fail_after(30):
-                assert await proc.wait() is not None
+                assert await proc.wait() == 0

@@ -1,4 +1,4 @@
-"""kernelbridge.image without a container runtime: the agent hash and the image name."""
+"""kernelbridge.image without a container runtime: the agent hash, extras and the image name."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelbridge import image
-from kernelbridge.errors import ImageError
+from kernelbridge import image, image_build
+from kernelbridge.config import load_settings
+from kernelbridge.errors import AgentMismatch, ConfigError, ImageError
 
 REPO = Path(image.__file__).resolve().parent.parent
 
@@ -17,9 +18,9 @@ REPO = Path(image.__file__).resolve().parent.parent
 def tree(tmp_path: Path) -> Path:
     """A copy of just the files that go into the image."""
     for name in image.image_files(REPO):
-        target = tmp_path / name
+        target = image.source_path(tmp_path, name)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(REPO / name, target)
+        shutil.copyfile(image.source_path(REPO, name), target)
     return tmp_path
 
 
@@ -65,7 +66,7 @@ def test_changing_host_code_keeps_the_hash(tree: Path) -> None:
 )
 def test_hash_changes_when_an_image_file_changes(tree: Path, name: str) -> None:
     before = image.agent_hash(tree)
-    with (tree / name).open("a") as file:
+    with image.source_path(tree, name).open("a") as file:
         file.write("\n# changed\n")
     assert image.agent_hash(tree) != before
 
@@ -91,7 +92,7 @@ def test_hash_ignores_bytecode_and_baked_hash(tree: Path) -> None:
 def test_hash_ignores_files_outside_the_image(tree: Path) -> None:
     before = image.agent_hash(tree)
     (tree / "kernelbridge/server.py").write_text("# host only\n")
-    (tree / "sandbox_kernel_image/README.md").write_text("notes\n")
+    (tree / "kernelbridge/sandbox_kernel_image/README.md").write_text("notes\n")
     assert image.agent_hash(tree) == before
 
 
@@ -105,7 +106,7 @@ def test_moving_bytes_across_files_changes_the_hash(tree: Path) -> None:
 
 
 def test_missing_source_file_is_an_image_error(tree: Path) -> None:
-    (tree / "sandbox_kernel_image/Containerfile").unlink()
+    (tree / "kernelbridge/sandbox_kernel_image/Containerfile").unlink()
     with pytest.raises(ImageError, match="Containerfile"):
         image.agent_hash(tree)
 
@@ -117,24 +118,158 @@ def test_image_tag_format() -> None:
 
 
 def test_import_changes_come_from_the_containerfile() -> None:
-    changes = image._import_changes(REPO / "sandbox_kernel_image/Containerfile", "ab" * 32)
+    labels = {image.HASH_LABEL: "ab" * 32, image.PACKAGES_LABEL: "numpy==2.0 pandas==2.2"}
+    changes = image_build._import_changes(REPO / "sandbox_kernel_image/Containerfile", labels)
     assert "ENV PYTHONPATH=/opt/kernelbridge" in changes
     assert "ENV MPLBACKEND=module://matplotlib_inline.backend_inline" in changes
     assert "WORKDIR /workspace" in changes
     assert 'CMD ["python3", "-m", "kernelbridge.sandbox.agent"]' in changes
     assert f"LABEL kernelbridge.agent-hash={'ab' * 32}" in changes
+    # podman import reads a change like a Containerfile line: a value with spaces is quoted.
+    assert 'LABEL kernelbridge.packages="numpy==2.0 pandas==2.2"' in changes
     assert not [change for change in changes if change.startswith(("RUN", "COPY", "FROM"))]
 
 
 def test_staged_agent_carries_its_hash(tree: Path, tmp_path: Path) -> None:
     prefix = tmp_path / "staged"
-    image._stage_agent(tree, prefix, "f" * 64)
+    image_build._stage_agent(tree, prefix, "f" * 64)
     assert (prefix / "kernelbridge/sandbox/agent.py").is_file()
     assert (prefix / "kernelbridge/sandbox/AGENT_HASH").read_text() == "f" * 64 + "\n"
     assert not (prefix / "sandbox_kernel_image").exists()
 
 
 def test_missing_mmdebstrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(image.shutil, "which", lambda name: None)
+    monkeypatch.setattr(image_build.shutil, "which", lambda name: None)
     with pytest.raises(ImageError, match="apt-get install mmdebstrap"):
-        image._build_without_registry("podman", REPO, tmp_path, "0" * 64, "t", lambda line: None)
+        image_build._build_without_registry(
+            "podman", REPO, tmp_path, {image.HASH_LABEL: "0" * 64}, "t", lambda line: None, image.NO_EXTRAS
+        )
+
+
+# -- the recipe ships in the package -------------------------------------------------------------------
+def test_the_packaged_recipe_is_the_top_level_directory() -> None:
+    """People edit ``sandbox_kernel_image/``; the package's copy must be that very directory (a
+    symlink in a checkout, which a wheel or sdist turns into files), never a second copy."""
+    packaged = REPO / "kernelbridge" / "sandbox_kernel_image"
+    assert packaged.is_symlink(), "kernelbridge/sandbox_kernel_image must be a symlink in a checkout"
+    assert packaged.resolve() == (REPO / "sandbox_kernel_image").resolve()
+    for name in image.RECIPE_FILES:
+        assert (packaged / name).read_bytes() == (REPO / "sandbox_kernel_image" / name).read_bytes()
+
+
+def test_recipe_files_are_package_data() -> None:
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "sandbox_kernel_image/*" in config["tool"]["setuptools"]["package-data"]["kernelbridge"]
+
+
+# -- extra packages ------------------------------------------------------------------------------------
+def test_without_extras_the_image_hash_is_the_agent_hash() -> None:
+    assert image.image_hash() == image.agent_hash()
+    assert image.default_image() == image.image_tag(image.agent_hash())
+
+
+def test_extras_change_the_image_name_and_not_the_agent() -> None:
+    sklearn = image.NO_EXTRAS.plus(["scikit-learn"])
+    both = sklearn.plus(["polars>=1,<2"])
+    names = {image.default_image(), image.default_image(sklearn), image.default_image(both)}
+    assert len(names) == 3
+    # The same list gives the same image, whatever the spelling of duplicates.
+    assert image.default_image(both.plus(["scikit-learn"])) == image.default_image(both)
+    assert both.names() == ["scikit-learn", "polars"]
+
+
+@pytest.mark.parametrize(
+    "bad", ["-r other.txt", "https://example.com/x.whl", "./local", "pkg @ file:///x", ""]
+)
+def test_extras_accept_requirements_only(bad: str) -> None:
+    with pytest.raises(ConfigError, match="not a package requirement"):
+        image.NO_EXTRAS.plus([bad])
+
+
+def test_extras_from_settings_read_the_requirements_file(tmp_path: Path) -> None:
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text("# mine\nscikit-learn>=1.4  # trees\n\npolars\n")
+    settings = load_settings(
+        {
+            "KERNELBRIDGE_STATE_DIR": str(tmp_path),
+            "KERNELBRIDGE_IMAGE_REQUIREMENTS": str(reqs),
+            "KERNELBRIDGE_IMAGE_PACKAGES": "sympy, polars",
+        }
+    )
+    extras = image.extras_from_settings(settings)
+    assert extras.requirements == ("scikit-learn>=1.4", "polars", "sympy")
+    before = image.default_image(extras)
+    reqs.write_text("scikit-learn>=1.5\npolars\n")
+    assert image.default_image(image.extras_from_settings(settings)) != before
+
+
+def test_an_unreadable_requirements_file_is_one_line(tmp_path: Path) -> None:
+    settings = load_settings(
+        {"KERNELBRIDGE_STATE_DIR": str(tmp_path), "KERNELBRIDGE_IMAGE_REQUIREMENTS": str(tmp_path / "nope")}
+    )
+    with pytest.raises(ConfigError, match=r"KERNELBRIDGE_IMAGE_REQUIREMENTS=.*cannot read it"):
+        image.extras_from_settings(settings)
+
+
+# -- labels --------------------------------------------------------------------------------------------
+def test_check_labels_explains_a_plain_image() -> None:
+    with pytest.raises(
+        ImageError, match=r"python:3.14-slim is not a kernelbridge sandbox image.*image build"
+    ):
+        image.check_labels("python:3.14-slim", {"org.opencontainers.image.version": "3.14"}, "a" * 64)
+
+
+def test_check_labels_refuses_another_agent() -> None:
+    labels = {image.HASH_LABEL: "b" * 64, image.VERSION_LABEL: "0.0.9"}
+    with pytest.raises(AgentMismatch, match=r"agent of kernelbridge 0\.0\.9.*rebuild it with"):
+        image.check_labels("old:tag", labels, "a" * 64)
+    image.check_labels("ok:tag", {image.HASH_LABEL: "a" * 64}, "a" * 64)
+    with pytest.raises(ImageError, match="missing"):
+        image.check_labels("gone:tag", None, "a" * 64)
+
+
+def test_status_uses_the_image_hash_and_accepts_older_labels() -> None:
+    assert image.labels_status(None, "h") == "missing"
+    assert image.labels_status({image.HASH_LABEL: "h"}, "h") == "current"
+    assert image.labels_status({image.HASH_LABEL: "a", image.IMAGE_HASH_LABEL: "h"}, "h") == "current"
+    assert image.labels_status({image.HASH_LABEL: "h", image.IMAGE_HASH_LABEL: "x"}, "h") == "stale"
+
+
+def test_packages_label_lists_wanted_packages_with_versions(tmp_path: Path) -> None:
+    for name, version in (("numpy", "2.1.0"), ("scikit_learn", "1.5.2"), ("joblib", "1.4.0")):
+        info = tmp_path / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    installed = image_build.installed_packages(tmp_path)
+    assert installed == {"numpy": "2.1.0", "scikit-learn": "1.5.2", "joblib": "1.4.0"}
+    label = image.packages_label(installed, ["numpy", "scikit-learn", "absent"])
+    assert label == "numpy==2.1.0 scikit-learn==1.5.2"
+    assert image.parse_packages(label) == ["numpy==2.1.0", "scikit-learn==1.5.2"]
+
+
+# -- unshare mode --------------------------------------------------------------------------------------
+def test_subid_ranges_are_read_by_name_or_uid(tmp_path: Path) -> None:
+    subuid = tmp_path / "subuid"
+    subuid.write_text("alice:100000:65536\n1001:200000:1000\nbob:300000:65536\n")
+    assert image_build._subid_range(subuid, "alice", 1000) == 65536
+    assert image_build._subid_range(subuid, "carol", 1001) == 1000
+    assert image_build._subid_range(subuid, "dave", 1002) is None
+    assert image_build._subid_range(tmp_path / "absent", "alice", 1000) is None
+
+
+def test_the_work_tree_becomes_readable_for_unshare_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    (work / "overlay").mkdir(parents=True)
+    script = work / "customize.sh"
+    script.write_text("true\n")
+    script.chmod(0o700)
+    work.chmod(0o700)
+    monkeypatch.setattr(image_build.os, "geteuid", lambda: 1000)
+    image_build._readable_by_others(work)
+    assert work.stat().st_mode & 0o777 == 0o755
+    assert script.stat().st_mode & 0o777 == 0o755
+    assert (work / "overlay").stat().st_mode & 0o005 == 0o005

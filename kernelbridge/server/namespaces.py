@@ -1,0 +1,123 @@
+"""Sessions by namespace: one :class:`~kernelbridge.sessions.SessionRegistry` per HTTP token.
+
+Over stdio (and HTTP without authentication) there is one namespace, ``""``, with the bridge's own
+settings. With bearer tokens each token's namespace gets a registry of its own, with its own
+state directory ``<state dir>/http/<namespace>/`` (journals, session records, connection files,
+exports; ``KERNELBRIDGE_EXPORT_DIR/<namespace>`` when the operator set an export directory),
+container names ``kernelbridge-<namespace>-<session>-<random>``, the session label
+``<namespace>/<session>`` and the label ``kernelbridge.namespace``. A client therefore never sees,
+lists, closes, exports or attaches to another's sessions: there is no lookup across namespaces to
+get wrong, and two clients may both use a session called ``default``.
+
+Limits per token: ``KERNELBRIDGE_HTTP_MAX_SESSIONS`` sessions (and the bridge's
+``KERNELBRIDGE_MAX_SESSIONS`` over all of them), ``KERNELBRIDGE_HTTP_MAX_CALLS`` ``run_python``
+calls in flight. The registries are created when the bridge starts (tokens are known then) and
+closed together, in parallel, when it stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
+
+import anyio
+
+from kernelbridge.config import Settings
+from kernelbridge.errors import SessionError
+from kernelbridge.sessions import SessionRegistry
+
+HTTP_DIR = "http"
+"""Namespaces' state directories are ``<state dir>/http/<namespace>``."""
+
+
+def namespace_settings(base: Settings, namespace: str) -> Settings:
+    """The settings of ``namespace``'s registry (``base`` itself for the shared namespace)."""
+    if not namespace:
+        return base
+    return dataclasses.replace(
+        base,
+        state_dir=base.state_dir / HTTP_DIR / namespace,
+        namespace=namespace,
+        max_sessions=min(base.http.max_sessions, base.max_sessions),
+        # An operator's export directory is shared by the clients: each writes below its own name.
+        export_dir=base.export_dir / namespace if base.export_dir else None,
+    )
+
+
+class Namespaces:
+    """The registries of one bridge. ``async with Namespaces(...)`` opens every one of them."""
+
+    def __init__(
+        self,
+        base: Settings,
+        names: list[str],
+        make_registry: Callable[[Settings], SessionRegistry],
+        *,
+        max_calls: int | None,
+    ) -> None:
+        self.base = base
+        self.names = names
+        self.max_calls = max_calls
+        self._make = make_registry
+        self._registries: dict[str, SessionRegistry] = {}
+        self._calls: dict[str, int] = {}
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> Namespaces:
+        async with AsyncExitStack() as stack:
+            for name in self.names:
+                settings = namespace_settings(self.base, name)
+                settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self._registries[name] = await stack.enter_async_context(self._make(settings))
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # Each registry's teardown is bounded on its own; run them side by side so that many
+        # tokens do not multiply the time a bridge takes to stop.
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for registry in self._registries.values():
+                    tg.start_soon(registry.aclose)
+        await self._stack.aclose()
+
+    def registry(self, namespace: str) -> SessionRegistry:
+        """The registry of ``namespace``. Raises SessionError for a namespace this bridge does not
+        serve (a request that reached a tool without the token the bridge requires)."""
+        try:
+            return self._registries[namespace]
+        except KeyError:
+            raise SessionError("this bridge serves authenticated clients only") from None
+
+    def settings(self, namespace: str) -> Settings:
+        self.registry(namespace)  # only namespaces this bridge serves
+        return namespace_settings(self.base, namespace)
+
+    def check_new_session(self, namespace: str, session: str) -> None:
+        """Refuse a new session when the whole bridge is at ``KERNELBRIDGE_MAX_SESSIONS`` (each
+        registry only knows its own). Call right before the registry creates it: there is no
+        await in between, so the count cannot change meanwhile."""
+        if len(self._registries) < 2 or self.registry(namespace).session(session) is not None:
+            return
+        total = sum(len(registry.describe()) for registry in self._registries.values())
+        if total >= self.base.max_sessions:
+            raise SessionError(
+                f"the bridge is at its limit of {self.base.max_sessions} sessions over all clients;"
+                " close one of yours with close_session or try again later"
+            )
+
+    @contextmanager
+    def call(self, namespace: str) -> Iterator[None]:
+        """Count one tool call of ``namespace`` in flight; SessionError past ``max_calls``."""
+        running = self._calls.get(namespace, 0)
+        if self.max_calls is not None and running >= self.max_calls:
+            raise SessionError(
+                f"{running} calls of this client are already running (the limit is {self.max_calls});"
+                " wait for one to finish"
+            )
+        self._calls[namespace] = running + 1
+        try:
+            yield
+        finally:
+            self._calls[namespace] -= 1
