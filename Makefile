@@ -14,15 +14,20 @@ setup:
 setup-venv:
 	scripts/setup.sh --venv-only
 
+# Two workers: most tests wait on containers, not on the CPU (tests/conftest.py keeps tests that
+# share a machine-wide resource in one worker). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL)
 
 # Everything but the slow tests (building and installing the package, the unprivileged user):
 # for quick iterations; `make test` runs them all.
 test-fast: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -m "not install"
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -m "not install"
 
 lint: setup-venv
 	$(VENV)/bin/ruff check .

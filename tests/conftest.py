@@ -46,3 +46,27 @@ def no_container_left_behind() -> Iterator[None]:
         time.sleep(0.5)
         left = leftover_containers()
     assert not left, f"containers left behind by the tests: {left}"
+
+
+# Tests that share a machine-wide resource run in one xdist worker, one after another: the
+# runtime suite starts one dockerd and makes veth pairs of fixed numbers; the install suite builds
+# the distributions once and shares one unprivileged user. Every other file is a group of its own,
+# so its module-scoped fixtures (a bridge, a sandbox) start once. `make test` runs two workers.
+SHARED_GROUPS = {"runtime": "engines", "install": "install"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    root = os.path.dirname(__file__)
+    for item in items:
+        relative = os.path.relpath(str(item.path), root)
+        group = SHARED_GROUPS.get(relative.split(os.sep, 1)[0], relative)
+        item.add_marker(pytest.mark.xdist_group(name=group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse to run ungrouped: a pytest that xdist cannot group with would spread dockerd's
+    tests over both workers, and one worker would stop it under the other."""
+    if session.config.getoption("loadgroup", default=False) and session.items:
+        if "@" not in session.items[0].nodeid:
+            raise pytest.UsageError("pytest-xdist did not apply the xdist_group marks (pytest >= 9.2?)")

@@ -72,7 +72,8 @@ def user_venv(test_user: TestUser, dists: Dists) -> Path:
     """A virtualenv of the test user with the wheel and its test extras, cached by wheel content."""
     cache = test_user.home / ".cache" / "kernelbridge-test"
     venv = cache / f"venv-{dists.digest()}"
-    if (venv / "bin" / "kernelbridge").exists():
+    complete = venv / ".installed"  # written last: an interrupted install is redone
+    if complete.exists():
         return venv
     # The wheel must be readable by the user: copy it where the user can read it.
     run(test_user.argv("mkdir", "-p", str(cache)), timeout=60)
@@ -84,6 +85,7 @@ def user_venv(test_user: TestUser, dists: Dists) -> Path:
     run(test_user.argv(USER_PYTHON, "-m", "venv", str(venv)), timeout=PIP_TIMEOUT)
     pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
     run(test_user.argv(*pip, f"{wheel}[test]"), timeout=PIP_TIMEOUT)
+    complete.touch()
     return venv
 
 

@@ -77,22 +77,40 @@ HOGS_OFF = "for h in hogs: h.send_signal(signal.SIGSTOP)"
 HOGS_ON = "for h in hogs: h.send_signal(signal.SIGCONT)"
 
 
-async def test_a_cpu_hog_does_not_slow_another_session(bridge: Bridge) -> None:
+HOG_SHARE = r"""
+import os, time
+def cpu_seconds():
+    ticks = 0
+    for h in hogs:
+        fields = open(f"/proc/{h.pid}/stat").read().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime + stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+began, used = time.monotonic(), cpu_seconds()
+time.sleep(3)
+round((cpu_seconds() - used) / (time.monotonic() - began), 2)
+"""
+"""The CPUs the four hogs used together over 3 s of wall time."""
+CPU_LIMIT = 1.0
+"""The default ``KERNELBRIDGE_CPUS``; four busy processes on this 2-core machine would use ~2."""
+
+
+async def test_a_cpu_hog_is_held_to_its_limit_and_another_session_keeps_answering(bridge: Bridge) -> None:
     calm, hog = "res-calm", "res-hog"
     await bridge.run("1", calm)
     assert (await bridge.run(HOG, hog)).stdout == "4 hogs\n"
-    # Rounds with the hog stopped and running, interleaved: load from elsewhere on a shared
-    # machine drifts, and it then weighs on both sides alike.
+    share = float((await bridge.run(HOG_SHARE, hog, timeout=30)).data["result"])
+    # The calm session's calls all answer while the hog runs; the latency is printed, not
+    # asserted (tests on a shared machine assert behaviour; bench/ measures).
     quiet, busy = [], []
-    for _ in range(4):
+    for _ in range(2):
         await bridge.run(HOGS_OFF, hog)
         quiet += await latencies(bridge, calm, 10)
         await bridge.run(HOGS_ON, hog)
         busy += await latencies(bridge, calm, 10)
     await bridge.close(hog)
     before, during = statistics.median(quiet), statistics.median(busy)
-    print(f"\ncpu hog: calm {before * 1000:.1f} ms, with the hog {during * 1000:.1f} ms")
-    assert during <= 1.5 * before, (before, during)
+    print(f"\ncpu hog: {share} CPUs; calm {before * 1000:.1f} ms, with the hog {during * 1000:.1f} ms")
+    assert 0.3 < share <= CPU_LIMIT * 1.15, share
 
 
 async def test_deep_recursion_is_an_ordinary_error(bridge: Bridge) -> None:
