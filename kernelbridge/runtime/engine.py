@@ -43,6 +43,7 @@ slow link much longer."""
 IMPORT_CHUNK = 1024 * 1024
 REMOVE_ATTEMPTS = 5
 REMOVE_RETRY_DELAY = 0.2
+LIST_ATTEMPTS = 3
 """A container that is stopping on its own cannot be removed for a moment ("removal already in
 progress", podman's "container state improper"); once stopped it can."""
 
@@ -209,9 +210,18 @@ class EngineRuntime(RuntimeBackend):
     async def list(self, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         wanted = labels if labels is not None else {SESSION_LABEL: ""}
         filters = {"label": [f"{k}={v}" if v else k for k, v in wanted.items()]} if wanted else {}
-        answer = await self.client.request(
-            "GET", "/containers/json", query={"all": True, "filters": filters}, what="to list containers"
-        )
+        query = {"all": True, "filters": filters}
+        for attempt in range(LIST_ATTEMPTS):
+            try:
+                answer = await self.client.request(
+                    "GET", "/containers/json", query=query, what="to list containers"
+                )
+                break
+            except EngineRefused as exc:
+                # podman 4.3 fails a whole listing when one container is removed meanwhile.
+                if "container not known" not in str(exc) or attempt == LIST_ATTEMPTS - 1:
+                    raise
+                await anyio.sleep(REMOVE_RETRY_DELAY)
         rows = answer.json() or []
         return [_listed(row) for row in rows if isinstance(row, dict)]
 
