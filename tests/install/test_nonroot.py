@@ -10,6 +10,8 @@ cached in its storage), so the extra-packages path is tested end to end on the w
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -118,9 +120,30 @@ async def test_allowed_unlimited_sandboxes_are_declared(
     assert leftovers(user_ready) == []
 
 
+CHECKOUT_PARTS = ("kernelbridge", "sandbox_kernel_image", "tests", "pyproject.toml")
+"""What the core suite needs of the checkout (kernelbridge/sandbox_kernel_image is a symlink to
+the recipe, kept as one)."""
+
+
+def copy_checkout(dest: Path, uid: int) -> Path:
+    """The parts of the checkout the suite needs, owned by the user: a checkout may live where the
+    user cannot read (CI clones under /root)."""
+    for part in CHECKOUT_PARTS:
+        source = REPO / part
+        if source.is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+            shutil.copytree(source, dest / part, symlinks=True, ignore=ignore)
+        else:
+            shutil.copyfile(source, dest / part)
+    for path in [dest, *dest.rglob("*")]:
+        os.lchown(path, uid, -1)
+    return dest
+
+
 def test_the_core_suite_passes_as_the_user(user_ready: TestUser, user_venv: Path, user_tmp: Path) -> None:
-    """The MCP server tests, run by the user with the checkout's code (PYTHONPATH) and the user's
-    own rootless podman."""
+    """The MCP server tests, run by the user with the checkout's code (PYTHONPATH, a copy the user
+    owns) and the user's own rootless podman."""
+    checkout = copy_checkout(user_tmp / "checkout", user_ready.uid)
     argv = user_ready.argv(
         str(user_venv / "bin" / "python"),
         "-m",
@@ -133,11 +156,13 @@ def test_the_core_suite_passes_as_the_user(user_ready: TestUser, user_venv: Path
         *CORE_TESTS,
         "-k",
         CORE_SELECTION,
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=str(checkout),
         KERNELBRIDGE_ALLOW_UNLIMITED="1",
         KERNELBRIDGE_IMAGE_PACKAGES=EXTRA,
         PYTHONDONTWRITEBYTECODE="1",
     )
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=CORE_TIMEOUT, cwd=REPO, check=False)
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=CORE_TIMEOUT, cwd=checkout, check=False
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert f"{CORE_COUNT} passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]
