@@ -94,23 +94,39 @@ CPU_LIMIT = 1.0
 """The default ``KERNELBRIDGE_CPUS``; four busy processes on this 2-core machine would use ~2."""
 
 
-async def test_a_cpu_hog_is_held_to_its_limit_and_another_session_keeps_answering(bridge: Bridge) -> None:
-    calm, hog = "res-calm", "res-hog"
-    await bridge.run("1", calm)
-    assert (await bridge.run(HOG, hog)).stdout == "4 hogs\n"
-    share = float((await bridge.run(HOG_SHARE, hog, timeout=30)).data["result"])
-    # The calm session's calls all answer while the hog runs; the latency is printed, not
-    # asserted (tests on a shared machine assert behaviour; bench/ measures).
+LATENCY_ATTEMPTS = 3
+"""Latency is compared up to this many times: the other test worker's load comes in bursts, and one
+quiet comparison within the bound shows the hog does not slow the calm session; a hog that did
+would exceed it every time."""
+
+
+async def calm_vs_hog_latency(bridge: Bridge, calm: str, hog: str) -> tuple[float, float]:
+    """Median warm latency of ``calm`` with the hog stopped and running, in interleaved rounds:
+    load from elsewhere on a shared machine drifts, and then weighs on both sides alike."""
     quiet, busy = [], []
-    for _ in range(2):
+    for _ in range(3):
         await bridge.run(HOGS_OFF, hog)
         quiet += await latencies(bridge, calm, 10)
         await bridge.run(HOGS_ON, hog)
         busy += await latencies(bridge, calm, 10)
-    await bridge.close(hog)
-    before, during = statistics.median(quiet), statistics.median(busy)
-    print(f"\ncpu hog: {share} CPUs; calm {before * 1000:.1f} ms, with the hog {during * 1000:.1f} ms")
+    return statistics.median(quiet), statistics.median(busy)
+
+
+async def test_a_cpu_hog_is_held_to_its_limit_and_does_not_slow_another_session(bridge: Bridge) -> None:
+    calm, hog = "res-calm", "res-hog"
+    await bridge.run("1", calm)
+    assert (await bridge.run(HOG, hog)).stdout == "4 hogs\n"
+    share = float((await bridge.run(HOG_SHARE, hog, timeout=30)).data["result"])
     assert 0.3 < share <= CPU_LIMIT * 1.15, share
+    tries = []
+    for _ in range(LATENCY_ATTEMPTS):
+        before, during = await calm_vs_hog_latency(bridge, calm, hog)
+        tries.append((round(before * 1000, 1), round(during * 1000, 1)))
+        if during <= 1.5 * before:
+            break
+    await bridge.close(hog)
+    print(f"\ncpu hog: {share} CPUs; calm vs hog latency (ms): {tries}")
+    assert during <= 1.5 * before, tries
 
 
 async def test_deep_recursion_is_an_ordinary_error(bridge: Bridge) -> None:
