@@ -43,9 +43,10 @@ slow link much longer."""
 IMPORT_CHUNK = 1024 * 1024
 REMOVE_ATTEMPTS = 5
 REMOVE_RETRY_DELAY = 0.2
-LIST_ATTEMPTS = 3
 """A container that is stopping on its own cannot be removed for a moment ("removal already in
 progress", podman's "container state improper"); once stopped it can."""
+LIST_ATTEMPTS = 3
+"""podman 4.3 fails a whole listing ("container not known") when a container goes meanwhile."""
 
 _STATES = {
     "created": ContainerState.CREATED,
