@@ -8,6 +8,9 @@ Which of them to try, and in what order, is the selection's business (``runtime/
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
+
+import anyio
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import RuntimeUnavailable
@@ -56,19 +59,7 @@ async def connect_engine(
             raise RuntimeUnavailable(f"cannot reach {endpoint.url}: {ssh[0]} is not installed")
         remote = default_remote_socket(engine, endpoint)
         helper, local = ssh_forward(endpoint, remote, settings.run_dir, ssh)
-        ping = _client(Endpoint("unix", path=str(local)), engine)
-
-        async def ready() -> bool:
-            try:
-                await ping.request("GET", "/_ping", timeout=PROBE_TIMEOUT)
-            except RuntimeUnavailable:
-                return False
-            return True
-
-        try:
-            await helper.start(ready)
-        finally:
-            await ping.aclose()
+        await _start_until_it_answers(helper, local, engine)
         helpers.append(helper)
         unix_path = str(local)
     client = _client(endpoint, engine, unix_path)
@@ -95,11 +86,18 @@ async def start_own_podman(settings: Settings) -> EngineRuntime:
     if podman is None:
         raise RuntimeUnavailable("podman is not installed")
     helper, sock = podman_service(settings.run_dir, default_oci_runtime(), podman)
+    await _start_until_it_answers(helper, sock, "podman")
     endpoint = Endpoint("unix", path=str(sock))
-    ping = _client(endpoint, "podman")
+    return await open_engine(_client(endpoint, "podman"), helpers=[helper], note="started by kernelbridge")
+
+
+async def _start_until_it_answers(helper: HelperProcess, sock: Path, engine: Engine) -> None:
+    """Start ``helper`` (an ssh forward, a podman service) and wait until the engine answers a
+    ping on the local socket ``sock`` it provides."""
+    ping = _client(Endpoint("unix", path=str(sock)), engine)
 
     async def ready() -> bool:
-        if not sock.exists():
+        if not await anyio.Path(sock).exists():
             return False
         try:
             await ping.request("GET", "/_ping", timeout=PROBE_TIMEOUT)
@@ -111,4 +109,3 @@ async def start_own_podman(settings: Settings) -> EngineRuntime:
         await helper.start(ready)
     finally:
         await ping.aclose()
-    return await open_engine(_client(endpoint, "podman"), helpers=[helper], note="started by kernelbridge")
