@@ -25,15 +25,13 @@ from peers.host_bridge import (
     EVERYTHING_SECRET,
     HEADER_SECRET,
     HostConfig,
-    HttpEdge,
-    free_port,
     hidden,
+    host_with_remote_edge,
     open_bridge,
     peers_missing,
     printed,
     run,
     text_of,
-    write_host_config,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
@@ -54,13 +52,8 @@ def anyio_backend() -> str:
 def host(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> Iterator[HostConfig]:
     if why := peers_missing():
         pytest.skip(why)
-    root = tmp_path_factory.mktemp("host")
-    port = free_port()
-    config = write_host_config(root, f"http://127.0.0.1:{port}/mcp")
-    remote = HttpEdge(port, config.edge_state)
-    remote.start()
-    yield config
-    remote.stop()
+    with host_with_remote_edge(tmp_path_factory.mktemp("host")) as config:
+        yield config
 
 
 @pytest.fixture(scope="module")

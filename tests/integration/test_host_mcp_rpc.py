@@ -21,14 +21,12 @@ import pytest
 from mcp.client.client import Client
 from peers.host_bridge import (
     HostConfig,
-    HttpEdge,
-    free_port,
+    host_with_remote_edge,
     open_bridge,
     peers_missing,
     printed,
     run,
     text_of,
-    write_host_config,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
@@ -43,13 +41,8 @@ def anyio_backend() -> str:
 def host(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> Iterator[HostConfig]:
     if why := peers_missing():
         pytest.skip(why)
-    root = tmp_path_factory.mktemp("host")
-    port = free_port()
-    config = write_host_config(root, f"http://127.0.0.1:{port}/mcp")
-    remote = HttpEdge(port, config.edge_state)
-    remote.start()
-    yield config
-    remote.stop()
+    with host_with_remote_edge(tmp_path_factory.mktemp("host")) as config:
+        yield config
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -17,6 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
+from peers.host_bridge import HttpEdge, free_port
 
 from kernelbridge.config import load_settings
 from kernelbridge.errors import RpcError
@@ -29,43 +28,6 @@ EDGE = Path(__file__).resolve().parents[1] / "peers" / "edge_server.py"
 TIMEOUT = 60.0
 """Bound on any one hub call here (the edge server starts in about a second)."""
 GRANTS = ("edge",)
-
-
-class HttpEdge:
-    """The edge server as a streamable HTTP server on 127.0.0.1 (a real process, restartable)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}/mcp"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(EDGE), "--http", "--port", str(self.port), "--name", "edge-http"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the HTTP edge server did not start") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-        if self.process is not None:
-            self.process.wait(timeout=10)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(params=["stdio", "http"])

@@ -20,8 +20,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,18 +69,21 @@ def free_port() -> int:
 class HttpEdge:
     """The edge server as a remote (streamable HTTP) MCP server on 127.0.0.1, a real process."""
 
-    def __init__(self, port: int, state_dir: Path) -> None:
+    def __init__(self, port: int, state_dir: Path | None = None) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/mcp"
         self.state_dir = state_dir
+        """Where the edge server keeps its marks (None: its own default)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start (or start again: a test restarts it) and wait until it listens."""
+        state = {"EDGE_STATE_DIR": str(self.state_dir)} if self.state_dir is not None else {}
         self.process = subprocess.Popen(
             [sys.executable, str(EDGE), "--http", "--port", str(self.port), "--name", "edge-http"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, "EDGE_STATE_DIR": str(self.state_dir)},
+            env={**os.environ, **state},
         )
         deadline = time.monotonic() + 30
         while True:  # a listening socket is the only readiness signal an HTTP server gives
@@ -109,6 +112,19 @@ def peers_missing() -> str | None:
     except ImportError:
         return "mcp-server-time is not installed (run scripts/setup.sh)"
     return None
+
+
+@contextmanager
+def host_with_remote_edge(root: Path) -> Iterator[HostConfig]:
+    """:func:`write_host_config` under ``root`` with its remote ``edge-http`` server running."""
+    port = free_port()
+    config = write_host_config(root, f"http://127.0.0.1:{port}/mcp")
+    remote = HttpEdge(port, config.edge_state)
+    remote.start()
+    try:
+        yield config
+    finally:
+        remote.stop()
 
 
 def write_host_config(root: Path, http_url: str) -> HostConfig:
