@@ -1,11 +1,11 @@
 """A local ipykernel started the way the sandbox agent starts it, with a fake host on its rpc socket.
 
-The sandbox ``mcp`` package (``kernelbridge/sandbox/pythonpath/mcp``) must never be imported in the
+The sandbox ``mcp`` package (``kernelbridge/inside/pythonpath/mcp``) must never be imported in the
 test process, where ``mcp`` is the real MCP SDK: it is exercised inside a real kernel subprocess:
 
 - ``python -m ipykernel_launcher -f <connection file>`` with the agent's flags and the extensions
-  ``kernelbridge.sandbox.shell_setup`` and ``mcp._ipython``;
-- ``PYTHONPATH=<repo>/kernelbridge/sandbox/pythonpath:<repo>`` (in the image: ``/opt/kernelbridge``);
+  ``kernelbridge.inside.kernel.bounded_history`` and ``mcp._ipython``;
+- ``PYTHONPATH=<repo>/kernelbridge/inside/pythonpath:<repo>`` (in the image: ``/opt/kernelbridge``);
 - ``KERNELBRIDGE_RPC_FD=<fd>``, one end of a ``socket.socketpair()`` passed with ``pass_fds``.
 
 :class:`FakeHost` serves the other end: a scripted implementation of the methods of docs/rpc.md
@@ -40,8 +40,8 @@ from jupyter_client.connect import write_connection_file
 from kernelbridge import frames
 
 REPO = Path(__file__).resolve().parents[1]
-SANDBOX_PYTHONPATH = REPO / "kernelbridge" / "sandbox" / "pythonpath"
-EXTENSIONS = ["kernelbridge.sandbox.shell_setup", "mcp._ipython"]
+SANDBOX_PYTHONPATH = REPO / "kernelbridge" / "inside" / "pythonpath"
+EXTENSIONS = ["kernelbridge.inside.kernel.bounded_history", "mcp._ipython"]
 REFRESH_CODE = "import mcp; mcp._kernelbridge_refresh()"
 KERNEL_READY_TIMEOUT = 60.0  # two cores shared with other test runs: a cold start can take seconds
 CELL_TIMEOUT = 30.0
@@ -496,8 +496,8 @@ def sandbox_kernel(workdir: Path, with_host: bool = True) -> Iterator[SandboxKer
         str(connection_file),
         "--HistoryManager.hist_file=:memory:",
         "--HistoryManager.db_log_output=False",
-        "--IPKernelApp.kernel_class=kernelbridge.sandbox.kernel.SandboxKernel",
-        "--IPKernelApp.outstream_class=kernelbridge.sandbox.outstream.CappedOutStream",
+        "--IPKernelApp.kernel_class=kernelbridge.inside.kernel.kernel_class.SandboxKernel",
+        "--IPKernelApp.outstream_class=kernelbridge.inside.kernel.capped_outstream.CappedOutStream",
         f"--IPKernelApp.extensions={json.dumps(EXTENSIONS)}",
     ]
     host_end: socket.socket | None = None

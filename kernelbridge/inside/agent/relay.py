@@ -41,11 +41,11 @@ from typing import Any
 import zmq
 
 from kernelbridge import frames
-from kernelbridge.sandbox import files, init
-from kernelbridge.sandbox.outbox import Outbox
-from kernelbridge.sandbox.rpc_relay import RpcRelay, kernel_env
+from kernelbridge.inside.agent import files, init
+from kernelbridge.inside.agent.outbox import Outbox
+from kernelbridge.inside.agent.rpc_relay import RpcRelay, kernel_env
 
-AGENT_HASH_FILE = Path(__file__).with_name("AGENT_HASH")
+AGENT_HASH_FILE = Path(__file__).parents[1] / "AGENT_HASH"
 HELLO_TIMEOUT = 30.0
 # Why 60 s: ipykernel 7 is ready in ~0.25 s, but 20 kernels started at once on 2 cores take
 # ~12 s; a kernel that needs longer than this is broken, not slow.
@@ -61,9 +61,9 @@ MAX_LOG_LINE = 2000
 LOG_BURST = 200
 LOG_WINDOW = 10.0
 REAP_EVERY = 1.0
-PYTHONPATH_DIR = Path(__file__).with_name("pythonpath")
+PYTHONPATH_DIR = Path(__file__).parents[1] / "pythonpath"
 """Put on the kernel's PYTHONPATH: the ``mcp`` package that sandbox code imports."""
-KERNEL_EXTENSIONS = ("kernelbridge.sandbox.shell_setup", "mcp._ipython")
+KERNEL_EXTENSIONS = ("kernelbridge.inside.kernel.bounded_history", "mcp._ipython")
 OUTPUT_DRAIN_TIMEOUT = 10.0
 """Bound on waiting for the host to read a frame outside the relay loop (start-up, exit)."""
 RESTARTED = -1
@@ -194,14 +194,14 @@ class Agent:
             "-f",
             info["path"],
             # Input history answers history_request (%history, a console's up-arrow) from an
-            # in-memory database without outputs; shell_setup bounds what it keeps.
+            # in-memory database without outputs; bounded_history bounds what it keeps.
             "--HistoryManager.hist_file=:memory:",
             "--HistoryManager.db_log_output=False",
-            # history_reply with real session numbers: see kernelbridge/sandbox/kernel.py.
-            "--IPKernelApp.kernel_class=kernelbridge.sandbox.kernel.SandboxKernel",
-            # Bounded output messages and a per-cell cap: see kernelbridge/sandbox/outstream.py.
-            "--IPKernelApp.outstream_class=kernelbridge.sandbox.outstream.CappedOutStream",
-            # shell_setup stops IPython 9 from keeping every printed byte for the kernel's
+            # history_reply with real session numbers: see kernelbridge/inside/kernel/kernel_class.py.
+            "--IPKernelApp.kernel_class=kernelbridge.inside.kernel.kernel_class.SandboxKernel",
+            # Bounded output messages and a per-cell cap: see kernelbridge/inside/kernel/capped_outstream.py.
+            "--IPKernelApp.outstream_class=kernelbridge.inside.kernel.capped_outstream.CappedOutStream",
+            # bounded_history stops IPython 9 from keeping every printed byte for the kernel's
             # lifetime; mcp._ipython binds the host-MCP sandbox API (`runtime`, `mcp_servers`...).
             f"--IPKernelApp.extensions={json.dumps(list(KERNEL_EXTENSIONS))}",
         ]
