@@ -1,7 +1,7 @@
 """Everything that runs INSIDE the sandbox container. It shares one module with the host:
 :mod:`kernelbridge.frames`, the frame codec (stdlib only); nothing here imports anything else of
-kernelbridge, and the host imports nothing from here (it names these files: the image recipe
-copies them, the hub reads the kernel's signature rules from ``pythonpath/mcp/_signature.py``).
+kernelbridge. The host takes nothing from here but this package's location: the image recipe
+copies these files, the hub loads the kernel's signature rules from ``pythonpath/mcp/_signature.py``.
 
 General layout:
 
