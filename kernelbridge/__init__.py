@@ -11,7 +11,7 @@ General layout (one direction of dependency, top to bottom; see docs/architectur
 - ``runtime``    container runtimes (podman, docker): argv, start, stop, reap orphans
 - ``image``      builds and checks the sandbox image
 - ``frames``     the frame codec shared with the sandbox agent (stdlib only)
-- ``sandbox``    code that runs inside the container (the agent)
+- ``inside``     everything that runs inside the container: the agent, what it loads into the kernel
 """
 
 from kernelbridge.config import SandboxLimits, Settings, load_settings

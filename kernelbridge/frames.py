@@ -2,7 +2,7 @@
 
 This one module is imported on both sides of the sandbox wall: by the host tunnel
 (``kernelbridge.tunnel``) and by the agent inside the container
-(``kernelbridge.sandbox.agent``). It must therefore depend on the standard library only.
+(``kernelbridge.inside.agent``). It must therefore depend on the standard library only.
 
 Wire layout
 -----------
@@ -113,7 +113,7 @@ CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
 # Why 48 MiB: a 32 MiB display payload must pass (the contract), with room for the message's
 # JSON around it; every byte above that is memory a hostile sandbox could make the host hold per
 # line, per session. Honest output leaves the kernel in messages of at most 1 MiB
-# (sandbox/outstream.py), so only single huge displays come near the cap.
+# (inside/kernel/capped_outstream.py), so only single huge displays come near the cap.
 MAX_FRAME_BYTES = 48 * 1024 * 1024
 DEFAULT_MAX_FRAME_BYTES = MAX_FRAME_BYTES
 # Why 64 levels and a million parts: Jupyter messages nest a handful of levels (a JSON display or

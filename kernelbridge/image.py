@@ -80,7 +80,7 @@ VERSION_LABEL = "kernelbridge.version"
 # The agent imports ``kernelbridge.frames`` (stdlib only); the package ``__init__`` it needs for
 # that is a fixed stub written by the builder (the host's ``__init__`` imports host settings).
 AGENT_MODULES = ("kernelbridge/frames.py",)
-AGENT_PACKAGE = "kernelbridge/sandbox"
+AGENT_PACKAGE = "kernelbridge/inside"
 AGENT_HASH_FILE = "AGENT_HASH"
 # The recipe's name in the hash (and the top-level directory of a checkout); its files live in the
 # package as ``kernelbridge/sandbox_kernel_image/``.

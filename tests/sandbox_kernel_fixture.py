@@ -1,11 +1,12 @@
 """A local ipykernel started the way the sandbox agent starts it, with a fake host on its rpc socket.
 
-The sandbox ``mcp`` package (``kernelbridge/sandbox/pythonpath/mcp``) must never be imported in the
+The sandbox ``mcp`` package (``kernelbridge/inside/pythonpath/mcp``) must never be imported in the
 test process, where ``mcp`` is the real MCP SDK: it is exercised inside a real kernel subprocess:
 
-- ``python -m ipykernel_launcher -f <connection file>`` with the agent's flags and the extensions
-  ``kernelbridge.sandbox.shell_setup`` and ``mcp._ipython``;
-- ``PYTHONPATH=<repo>/kernelbridge/sandbox/pythonpath:<repo>`` (in the image: ``/opt/kernelbridge``);
+- ``python -m ipykernel_launcher -f <connection file>`` with the agent's own flags
+  (``kernelbridge.inside.agent.kernel_process.kernel_argv``: the kernel class, the capped out
+  stream, the extensions ``kernelbridge.inside.kernel.bounded_history`` and ``mcp._ipython``);
+- ``PYTHONPATH=<repo>/kernelbridge/inside/pythonpath:<repo>`` (in the image: ``/opt/kernelbridge``);
 - ``KERNELBRIDGE_RPC_FD=<fd>``, one end of a ``socket.socketpair()`` passed with ``pass_fds``.
 
 :class:`FakeHost` serves the other end: a scripted implementation of the methods of docs/rpc.md
@@ -38,10 +39,9 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
 from kernelbridge import frames
+from kernelbridge.inside.agent.kernel_process import PYTHONPATH_DIR, kernel_argv
 
 REPO = Path(__file__).resolve().parents[1]
-SANDBOX_PYTHONPATH = REPO / "kernelbridge" / "sandbox" / "pythonpath"
-EXTENSIONS = ["kernelbridge.sandbox.shell_setup", "mcp._ipython"]
 REFRESH_CODE = "import mcp; mcp._kernelbridge_refresh()"
 KERNEL_READY_TIMEOUT = 60.0  # two cores shared with other test runs: a cold start can take seconds
 CELL_TIMEOUT = 30.0
@@ -482,24 +482,14 @@ def sandbox_kernel(workdir: Path, with_host: bool = True) -> Iterator[SandboxKer
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(workdir),
         "LANG": "C.UTF-8",
-        "PYTHONPATH": os.pathsep.join([str(SANDBOX_PYTHONPATH), str(REPO)]),
+        "PYTHONPATH": os.pathsep.join([str(PYTHONPATH_DIR), str(REPO)]),
         "IPYTHONDIR": str(workdir / "ipython"),
         "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
     }
-    argv = [
-        sys.executable,
-        "-Xfrozen_modules=off",
-        "-m",
-        "ipykernel_launcher",
-        "-f",
-        str(connection_file),
-        "--HistoryManager.hist_file=:memory:",
-        "--HistoryManager.db_log_output=False",
-        "--IPKernelApp.kernel_class=kernelbridge.sandbox.kernel.SandboxKernel",
-        "--IPKernelApp.outstream_class=kernelbridge.sandbox.outstream.CappedOutStream",
-        f"--IPKernelApp.extensions={json.dumps(EXTENSIONS)}",
-    ]
+    # The agent's own argv (kernel class, out stream, extensions); -Xfrozen_modules=off (with
+    # PYDEVD_DISABLE_FILE_VALIDATION) keeps debugpy in the kernel from warning about frozen modules.
+    argv = kernel_argv(str(connection_file), python=(sys.executable, "-Xfrozen_modules=off"))
     host_end: socket.socket | None = None
     pass_fds: tuple[int, ...] = ()
     kernel_end: socket.socket | None = None

@@ -5,7 +5,7 @@ General layout (each module depends only on those above it)::
     config.py      mcpServers files -> ServerCatalog (+ one-line problems); self-launch detection
     aliases.py     Python names for servers and tools
     policy.py      operator allow/deny of servers and tools (from Settings)
-    signatures.py  proxy signature strings, by the kernel's own rules (sandbox/pythonpath/mcp/_signature.py)
+    signatures.py  proxy signature strings, by the kernel's own rules (inside/pythonpath/mcp/_signature.py)
     docs.py        ServerSummary/Server/Tool/ToolDoc records and ranked search
     skills.py      the saved-tools store under <state>/skills (also the CLI's API)
     streams.py     a server's stderr as a bounded log; a transport whose end is observed

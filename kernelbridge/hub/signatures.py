@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import kernelbridge.sandbox
+import kernelbridge.inside
 
-_RULES = Path(kernelbridge.sandbox.__file__).parent / "pythonpath" / "mcp" / "_signature.py"
+_RULES = Path(kernelbridge.inside.__file__).parent / "pythonpath" / "mcp" / "_signature.py"
 
 
 def _load_rules() -> ModuleType:
-    name = "kernelbridge.sandbox._proxy_signature"
+    name = "kernelbridge.inside._proxy_signature"
     spec = importlib.util.spec_from_file_location(name, _RULES)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

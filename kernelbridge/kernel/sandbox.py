@@ -461,7 +461,7 @@ class Sandbox:
     async def files(
         self, op: str, *, path: str = ".", data: str | None = None, timeout: float = FILE_TIMEOUT
     ) -> Any:
-        """Run a file operation in the sandbox's /workspace (see ``sandbox/files.py``).
+        """Run a file operation in the sandbox's /workspace (see ``inside/agent/files.py``).
         Raises SandboxFileError (refused), SandboxError (not running, or no answer in time)."""
         if not self.alive:
             raise SandboxError(f"the sandbox of {self.name!r} is not running")

@@ -48,7 +48,7 @@ class _Local:
 
 @dataclass
 class LocalProcessRuntime(RuntimeBackend):
-    """Runs ``python -m kernelbridge.sandbox.agent`` locally per "container". Tests only."""
+    """Runs ``python -m kernelbridge.inside.agent`` locally per "container". Tests only."""
 
     name: str = "local-test-double"
     engine: str = "local"
@@ -94,7 +94,7 @@ class LocalProcessRuntime(RuntimeBackend):
             "KERNELBRIDGE_WORKDIR": str(root / "workspace"),
             **dict(local.spec.env),
         }
-        command = list(local.spec.command) or [sys.executable, "-m", "kernelbridge.sandbox.agent"]
+        command = list(local.spec.command) or [sys.executable, "-m", "kernelbridge.inside.agent"]
         process = await anyio.open_process(
             command,
             stdin=-1,

@@ -34,7 +34,7 @@ def test_the_distributions_carry_the_recipe_and_the_licence(dists: Dists) -> Non
             # Files, not a symlink: the content is the checkout's recipe.
             assert wheel.read(name) == (REPO / "sandbox_kernel_image" / Path(name).name).read_bytes()
         assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-        assert "kernelbridge/sandbox/agent.py" in names
+        assert "kernelbridge/inside/agent/__main__.py" in names
         metadata = next(wheel.read(n) for n in names if n.endswith(".dist-info/METADATA")).decode()
         assert "License-Expression: MIT" in metadata
     with tarfile.open(dists.sdist) as sdist:

@@ -51,7 +51,7 @@ def test_missing_image_is_reported_missing() -> None:
 def test_image_contents(tag: str) -> None:
     script = (
         "import json, pathlib, ipykernel, numpy, pandas, matplotlib, PIL;"
-        "import kernelbridge.sandbox.agent as agent;"
+        "import kernelbridge.inside.agent.host_link as agent;"
         "print(json.dumps({'ipykernel': ipykernel.__version__,"
         " 'hash': agent.AGENT_HASH_FILE.read_text().strip(),"
         " 'cached': any(pathlib.Path(ipykernel.__file__).parent.glob('__pycache__/*.cpython-311.pyc'))}))"

@@ -366,5 +366,5 @@ async def test_printing_a_gigabyte_is_capped_and_the_kernel_survives(sandbox: Op
     assert flood.stdout.endswith("the rest is discarded]\n")
     assert 64 * MiB <= len(flood.stdout) < 64 * MiB + 1000
     rss = await execute(kc, "int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) // 1024")
-    assert int(rss.text) < 200  # MiB: IPython keeps none of the output (shell_setup extension)
+    assert int(rss.text) < 200  # MiB: IPython keeps none of the output (bounded_history extension)
     assert (await execute(kc, "kept")).text == "'yes'"

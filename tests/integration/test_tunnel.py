@@ -34,7 +34,7 @@ out.write(b'{"type": "kernel", "channel": "shell", "msg": {"header": {}, "parent
 out.write(b'{"type": "log", "message": "' + b"y" * (3 * 1024 * 1024) + b'"}\n')
 out.write(b'{"type": "log", "message": ' + b"[" * 100000 + b"]" * 100000 + b"}\n")
 out.flush()
-os.execv(sys.executable, [sys.executable, "-m", "kernelbridge.sandbox.agent"])
+os.execv(sys.executable, [sys.executable, "-m", "kernelbridge.inside.agent"])
 """
 
 

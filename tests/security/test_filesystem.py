@@ -35,7 +35,7 @@ OUTSIDE_TMPFS = [
     "/etc/kbx",
     "/usr/bin/python3",
     "/usr/lib/",
-    "/opt/kernelbridge/kernelbridge/sandbox/agent.py",
+    "/opt/kernelbridge/kernelbridge/inside/agent/__main__.py",
     "/opt/kernelbridge/kernelbridge/frames.py",
     "/var/tmp/kbx",
     "/var/tmp/",

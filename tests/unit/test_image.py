@@ -39,7 +39,7 @@ def test_image_files_cover_agent_imports_and_recipe() -> None:
     files = image.image_files()
     for name in (
         "kernelbridge/frames.py",
-        "kernelbridge/sandbox/agent.py",
+        "kernelbridge/inside/agent/relay.py",
         "sandbox_kernel_image/requirements.txt",
         "sandbox_kernel_image/customize.sh",
         "sandbox_kernel_image/Containerfile",
@@ -62,7 +62,7 @@ def test_changing_host_code_keeps_the_hash(tree: Path) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["kernelbridge/sandbox/agent.py", "kernelbridge/frames.py", "sandbox_kernel_image/requirements.txt"],
+    ["kernelbridge/inside/agent/relay.py", "kernelbridge/frames.py", "sandbox_kernel_image/requirements.txt"],
 )
 def test_hash_changes_when_an_image_file_changes(tree: Path, name: str) -> None:
     before = image.agent_hash(tree)
@@ -73,19 +73,19 @@ def test_hash_changes_when_an_image_file_changes(tree: Path, name: str) -> None:
 
 def test_hash_changes_when_a_sandbox_module_is_added(tree: Path) -> None:
     before = image.agent_hash(tree)
-    (tree / "kernelbridge/sandbox/extra").mkdir()
-    (tree / "kernelbridge/sandbox/extra/helpers.py").write_text("X = 1\n")
+    (tree / "kernelbridge/inside/extra").mkdir()
+    (tree / "kernelbridge/inside/extra/helpers.py").write_text("X = 1\n")
     assert image.agent_hash(tree) != before
-    assert "kernelbridge/sandbox/extra/helpers.py" in image.image_files(tree)
+    assert "kernelbridge/inside/extra/helpers.py" in image.image_files(tree)
 
 
 def test_hash_ignores_bytecode_and_baked_hash(tree: Path) -> None:
     before = image.agent_hash(tree)
-    cache = tree / "kernelbridge/sandbox/__pycache__"
+    cache = tree / "kernelbridge/inside/agent/__pycache__"
     cache.mkdir()
     (cache / "agent.cpython-311.pyc").write_bytes(b"\0" * 16)
     (cache / "stray.py").write_text("not source\n")
-    (tree / "kernelbridge/sandbox/AGENT_HASH").write_text("0" * 64 + "\n")
+    (tree / "kernelbridge/inside/AGENT_HASH").write_text("0" * 64 + "\n")
     assert image.agent_hash(tree) == before
 
 
@@ -98,7 +98,7 @@ def test_hash_ignores_files_outside_the_image(tree: Path) -> None:
 
 def test_moving_bytes_across_files_changes_the_hash(tree: Path) -> None:
     before = image.agent_hash(tree)
-    first, second = tree / "kernelbridge/frames.py", tree / "kernelbridge/sandbox/agent.py"
+    first, second = tree / "kernelbridge/frames.py", tree / "kernelbridge/inside/agent/relay.py"
     a, b = first.read_bytes(), second.read_bytes()
     first.write_bytes(a + b[:1])
     second.write_bytes(b[1:])
@@ -123,7 +123,7 @@ def test_import_changes_come_from_the_containerfile() -> None:
     assert "ENV PYTHONPATH=/opt/kernelbridge" in changes
     assert "ENV MPLBACKEND=module://matplotlib_inline.backend_inline" in changes
     assert "WORKDIR /workspace" in changes
-    assert 'CMD ["python3", "-m", "kernelbridge.sandbox.agent"]' in changes
+    assert 'CMD ["python3", "-m", "kernelbridge.inside.agent"]' in changes
     assert f"LABEL kernelbridge.agent-hash={'ab' * 32}" in changes
     # podman import reads a change like a Containerfile line: a value with spaces is quoted.
     assert 'LABEL kernelbridge.packages="numpy==2.0 pandas==2.2"' in changes
@@ -133,8 +133,8 @@ def test_import_changes_come_from_the_containerfile() -> None:
 def test_staged_agent_carries_its_hash(tree: Path, tmp_path: Path) -> None:
     prefix = tmp_path / "staged"
     image_build._stage_agent(tree, prefix, "f" * 64)
-    assert (prefix / "kernelbridge/sandbox/agent.py").is_file()
-    assert (prefix / "kernelbridge/sandbox/AGENT_HASH").read_text() == "f" * 64 + "\n"
+    assert (prefix / "kernelbridge/inside/agent/relay.py").is_file()
+    assert (prefix / "kernelbridge/inside/AGENT_HASH").read_text() == "f" * 64 + "\n"
     assert not (prefix / "sandbox_kernel_image").exists()
 
 

@@ -1,4 +1,4 @@
-"""The agent's file operations on /workspace (``sandbox/files.py``), on a temporary directory."""
+"""The agent's file operations on /workspace (``inside/agent/files.py``), on a temporary directory."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbridge.sandbox import files
+from kernelbridge.inside.agent import files
 
 
 def test_write_read_and_list_round_trip(tmp_path: Path) -> None:

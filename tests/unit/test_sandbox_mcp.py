@@ -30,7 +30,7 @@ def host_of(kernel: SandboxKernel):  # type: ignore[no-untyped-def]
 
 def test_the_kernel_imports_the_sandbox_package_not_the_sdk(kernel: SandboxKernel) -> None:
     path = kernel.value("import mcp\nmcp.__file__")
-    assert Path(path) == Path(__file__).parents[2] / "kernelbridge/sandbox/pythonpath/mcp/__init__.py"
+    assert Path(path) == Path(__file__).parents[2] / "kernelbridge/inside/pythonpath/mcp/__init__.py"
 
 
 def test_every_access_form_calls_the_same_tool(kernel: SandboxKernel) -> None:

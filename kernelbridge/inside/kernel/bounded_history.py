@@ -5,7 +5,7 @@ Two things about IPython's history, whose defaults do not fit a 512 MiB sandbox:
 - **Outputs.** IPython 9 copies every byte a cell writes to stdout/stderr into
   ``history_manager.outputs`` and keeps it for the life of the kernel (``InteractiveShell._tee``).
   That turns printing into a slow leak, and one cell printing a gigabyte into an OOM kill, even
-  though the output itself is capped (see ``outstream.py``). The host journals every cell's
+  though the output itself is capped (see ``capped_outstream.py``). The host journals every cell's
   outputs already, so the kernel keeps none of them (:class:`DiscardedOutputs`).
 - **Inputs.** ``history_request`` (``%history``, a console's up-arrow, jupyter_kernel_test) needs
   the inputs. The agent starts the kernel with the history database in memory

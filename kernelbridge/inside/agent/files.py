@@ -15,7 +15,8 @@ Operations (``op``), paths relative to /workspace:
 - ``write``: ``{"path": file, "data": base64}`` -> ``{"size"}``; parent directories are created.
 
 Errors come back as ``{"kind", "message"}`` with kinds ``not_found``, ``invalid_path``,
-``too_large``, ``not_a_file``, ``io_error``.
+``too_large``, ``not_a_file``, ``io_error``. :func:`respond` turns an ``fs_request`` frame into its
+``fs_response``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import os
 import stat
 from collections.abc import Iterator
 from typing import Any
+
+from kernelbridge import frames
 
 MAX_FILE_BYTES = 24 * 1024 * 1024
 """Largest file moved in one frame: its base64 (32 MiB) fits the frame cap with room to spare."""
@@ -44,6 +47,19 @@ class FsError(Exception):
         super().__init__(kind, message)
         self.kind = kind
         self.message = message
+
+
+def respond(root: str, request: frames.Frame) -> frames.Frame:
+    """The ``fs_response`` frame answering the ``fs_request`` ``request`` under ``root``. Never
+    raises: a refusal or a failure is the answer's ``error``."""
+    answer: frames.Frame = {"type": frames.FS_RESPONSE, "id": request.get("id")}
+    try:
+        answer["result"] = handle(root, request.get("op"), request)
+    except FsError as exc:
+        answer["error"] = {"kind": exc.kind, "message": exc.message}
+    except Exception as exc:  # an agent bug must not end the relay
+        answer["error"] = {"kind": "io_error", "message": f"{type(exc).__name__}: {exc}"[:500]}
+    return answer
 
 
 def handle(root: str, op: object, params: dict[str, Any]) -> dict[str, Any]:

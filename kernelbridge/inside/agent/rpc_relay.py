@@ -16,13 +16,13 @@ Everything else (methods, params, grants) is the host's business.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import re
 import socket
 from collections.abc import Callable
 
 from kernelbridge import frames
+from kernelbridge.inside.agent.write_queue import WriteQueue
 
 ENV_VAR = "KERNELBRIDGE_RPC_FD"
 READ_CHUNK = 1 << 20
@@ -43,8 +43,7 @@ class RpcRelay:
         self._agent_end.setblocking(False)
         self._kernel_end.set_inheritable(True)
         self._decoder = frames.FrameDecoder(max_frame_bytes=frames.MAX_RPC_BYTES)
-        self._outgoing: collections.deque[memoryview] = collections.deque()
-        self._outgoing_bytes = 0
+        self._outgoing = WriteQueue(self._agent_end.send)
         self.closed = False
 
     @property
@@ -63,7 +62,7 @@ class RpcRelay:
 
     @property
     def wants_write(self) -> bool:
-        return bool(self._outgoing)
+        return self._outgoing.pending > 0
 
     def on_readable(self) -> None:
         try:
@@ -112,35 +111,23 @@ class RpcRelay:
         except (TypeError, ValueError) as exc:
             self._log(f"dropped an rpc response: {exc}", "warning")
             return
-        if self._outgoing_bytes + len(data) > MAX_PENDING_BYTES:
+        if self._outgoing.pending + len(data) > MAX_PENDING_BYTES:
             self._log("the kernel is not reading its rpc answers; dropped one", "warning")
             return
-        self._outgoing.append(memoryview(data))
-        self._outgoing_bytes += len(data)
+        self._outgoing.append(data)
         self.on_writable()
 
     def on_writable(self) -> None:
-        while self._outgoing:
-            head = self._outgoing[0]
-            try:
-                sent = self._agent_end.send(head)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.close()
-                return
-            self._outgoing_bytes -= sent
-            if sent == len(head):
-                self._outgoing.popleft()
-            else:
-                self._outgoing[0] = head[sent:]
+        try:
+            self._outgoing.flush()
+        except OSError:
+            self.close()
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         self._outgoing.clear()
-        self._outgoing_bytes = 0
         with contextlib.suppress(OSError):
             self._agent_end.close()
         with contextlib.suppress(OSError):

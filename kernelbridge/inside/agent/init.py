@@ -7,8 +7,9 @@ agent makes itself non-dumpable, which gives its ``/proc`` entries to root and f
 
 Being PID 1 means two jobs an init did for us:
 
-- **reaping**: processes orphaned by the kernel's children are re-parented to PID 1 and stay
-  zombies (each holding a pid of the container's small pid budget) until PID 1 waits for them;
+- **reaping** (:class:`Reaper`): processes orphaned by the kernel's children are re-parented to
+  PID 1 and stay zombies (each holding a pid of the container's small pid budget) until PID 1
+  waits for them;
 - **signals**: PID 1 gets no default signal actions, so SIGTERM (``stop``) needs a handler.
 """
 
@@ -18,11 +19,14 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 PR_SET_DUMPABLE = 4
 PR_SET_PDEATHSIG = 1
+REAP_EVERY = 1.0
+"""Why once a second: each round walks /proc, and a zombie holds only a pid until then."""
 
 
 def make_undumpable() -> None:
@@ -80,6 +84,26 @@ def reap_orphans(keep: Iterable[int]) -> int:
             os.waitpid(pid, os.WNOHANG)
             reaped += 1
     return reaped
+
+
+class Reaper:
+    """Reaps orphans (:func:`reap_orphans`) at most once every ``every`` seconds, and only when
+    this process is PID 1 (outside a container, e.g. under the local test double, orphans go to
+    the real init)."""
+
+    def __init__(self, every: float = REAP_EVERY, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every = every
+        self._clock = clock
+        self._next = 0.0
+
+    def reap(self, keep: Iterable[int]) -> None:
+        """Called on every turn of the relay loop; ``keep``: children whose status someone else
+        reads (the kernel's Popen)."""
+        now = self._clock()
+        if now < self._next or not is_init():
+            return
+        self._next = now + self._every
+        reap_orphans(keep)
 
 
 def on_terminate(handler: Callable[[], None]) -> None:

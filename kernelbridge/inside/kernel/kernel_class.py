@@ -1,6 +1,6 @@
 """The sandbox's kernel class: ipykernel's IPythonKernel with protocol-exact history replies.
 
-Started by the agent with ``--IPKernelApp.kernel_class=kernelbridge.sandbox.kernel.SandboxKernel``
+Started by the agent with ``--IPKernelApp.kernel_class=kernelbridge.inside.kernel.kernel_class.SandboxKernel``
 (a configurable class: no monkeypatching). Runs inside the container, in the kernel process.
 
 IPython numbers the *current* session 0 in what ``get_range`` returns (so ``%history -n`` can

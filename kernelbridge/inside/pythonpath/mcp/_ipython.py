@@ -1,7 +1,7 @@
 """IPython extension that binds the sandbox API into a kernelbridge kernel's namespace.
 
 Loaded at kernel start with ``--IPKernelApp.extensions=["mcp._ipython"]`` (next to
-``kernelbridge.sandbox.shell_setup``). It binds ``mcp``, ``runtime``, ``save_tool`` and an empty
+``kernelbridge.inside.kernel.bounded_history``). It binds ``mcp``, ``runtime``, ``save_tool`` and an empty
 ``mcp_servers`` into the user namespace, and takes the rpc fd now, before any user code runs, so that
 the variable and the fd never reach the kernel's child processes. The granted servers' proxies come
 later, from ``mcp._kernelbridge_refresh()`` sent by the host.

@@ -1,0 +1,323 @@
+"""The agent's poll loop: glue between the host link, the kernel and its rpc relay.
+
+:class:`Relay` owns no I/O of its own. It accepts the host's hello (``host_link.py``), boots a
+kernel (``kernel_process.py`` starts it, ``kernel_client.py`` connects and proves iopub delivers,
+``rpc_relay.py`` carries its host MCP calls) and says ``ready``; then each turn of the loop:
+
+1. a SIGTERM seen since the last turn stops the kernel and the agent;
+2. queued host frames are acted on: kernel messages to the kernel, ``interrupt``, ``rpc_response``
+   to the rpc relay, ``fs_request`` to ``files.py``, ``restart`` (a new kernel behind the same
+   container), ``shutdown``; once the link has :attr:`~HostLink.ended` (its decision), stop;
+3. every source is polled for what it wants now (:class:`PollSet`): the kernel's sockets, output
+   pipe and rpc socket for reading unless the link is backlogged, stdin while the link reads,
+   stdout while something is queued, the rpc socket for writing while answers wait;
+4. what is ready is moved: kernel messages become ``kernel`` frames, its output ``log`` frames;
+5. chores: a kernel lingering after its ``shutdown_reply`` is stopped, orphans are reaped
+   (``init.py``), and a kernel that has exited is reported (``exit`` frame) and ends the agent.
+
+The loop's state is :class:`Phase` (in ``repr``); which sources are polled is derived from the
+pieces each turn, not kept in flags.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from kernelbridge import frames
+from kernelbridge.inside.agent import files, init
+from kernelbridge.inside.agent.host_link import HostLink, Refusal, baked_agent_hash
+from kernelbridge.inside.agent.kernel_client import (
+    HOST_CHANNELS,
+    KERNEL_READY_TIMEOUT,
+    KernelClient,
+    kernel_versions,
+)
+from kernelbridge.inside.agent.kernel_process import (
+    KernelProcess,
+    describe_exit,
+    oom_killed,
+    write_connection_file,
+)
+from kernelbridge.inside.agent.rpc_relay import RpcRelay, kernel_env
+
+SHUTDOWN_REPLY_GRACE = 0.5
+"""ipykernel sometimes lingers for seconds after answering shutdown_request, and the host waits
+for the container to end: it gets this long, then it is stopped."""
+POLL_MS = 200
+"""Longest wait for a source; the chores of step 5 run at least this often."""
+
+Source = zmq.Socket[bytes] | int
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    """No kernel yet, or a new one proving that iopub delivers."""
+    RELAYING = "relaying"
+    SHUTTING_DOWN = "shutting down"
+    """The kernel answered a shutdown_request: it ends by itself or is stopped after the grace."""
+    FINISHED = "finished"
+    """The agent exits with :attr:`Relay.status`."""
+
+
+@dataclass(slots=True)
+class Kernel:
+    """One kernel of the agent's life (a restart makes a new one): its pieces."""
+
+    process: KernelProcess
+    client: KernelClient
+    rpc: RpcRelay
+    rpc_fd: int
+    """Kept: a closed socket's fileno() is -1, but the poller knows this number."""
+
+    def sources(self) -> Iterator[Source]:
+        yield from self.client.sockets
+        yield self.process.output_fd
+        yield self.rpc_fd
+
+
+class PollSet:
+    """A zmq.Poller whose registrations follow what each source wants now: :meth:`want` changes
+    the poller only when a source's events change (0 unregisters it)."""
+
+    def __init__(self) -> None:
+        self._poller = zmq.Poller()
+        self._events: dict[Source, int] = {}
+
+    def want(self, source: Source, events: int) -> None:
+        if self._events.get(source, 0) == events:
+            return
+        if events:
+            self._poller.register(source, events)
+            self._events[source] = events
+        else:
+            self._poller.unregister(source)
+            del self._events[source]
+
+    def wanted(self, source: Source) -> int:
+        return self._events.get(source, 0)
+
+    def poll(self, timeout_ms: int) -> list[tuple[Any, int]]:
+        return self._poller.poll(timeout_ms)
+
+
+class Relay:
+    """The agent: a host link, one kernel at a time, and the loop between them."""
+
+    def __init__(self, link: HostLink) -> None:
+        self.link = link
+        self.phase = Phase.STARTING
+        self.status = 0
+        self._context = zmq.Context()
+        self._identity = uuid.uuid4().hex
+        """The kernel sockets' identity and the handshake's session, for the agent's life."""
+        self._key = b""
+        self._kernel: Kernel | None = None
+        self._polls = PollSet()
+        self._grace_ends = 0.0
+        self._terminating = False  # set by the signal handler, acted on at the next turn
+        self._reaper = init.Reaper()
+
+    def __repr__(self) -> str:
+        kernel = self._kernel.process if self._kernel is not None else None
+        return f"<Relay {self.phase.value}, {kernel!r}, {self.link!r}>"
+
+    def request_termination(self) -> None:
+        """SIGTERM/SIGHUP (from the signal handler): stop the kernel and leave at the next turn."""
+        self._terminating = True
+
+    def run(self) -> int:
+        """Accept the host, boot a kernel and relay until the end. Returns the exit status."""
+        answer = self.link.accept_hello()
+        if isinstance(answer, Refusal):
+            return self._fail(answer.reason, answer.status, answer.kind)
+        self._key = answer.key
+        failure = self._boot()
+        if failure is not None:
+            return self._fail(failure, 4, frames.EXIT_KERNEL_DIED)
+        try:
+            with self.link.polled():
+                while self.phase is not Phase.FINISHED:
+                    self._turn()
+            return self.status
+        finally:
+            self.stop_kernel()
+
+    def stop_kernel(self) -> None:
+        if self._kernel is not None:
+            self._kernel.process.stop()
+
+    # -- one turn ------------------------------------------------------------------------------
+    def _turn(self) -> None:
+        if self._terminating:
+            self.stop_kernel()
+            self.link.send_exit(0, frames.EXIT_SHUTDOWN, "stopped by SIGTERM")
+            self._finish(0)
+            return
+        self._handle_host_frames()  # frames queued behind the hello come first
+        if self.phase is Phase.FINISHED:
+            return
+        kernel = self._current()  # after a restart: the new one
+        self._update_polls(kernel)
+        for source, events in self._polls.poll(POLL_MS):
+            self._move(kernel, source, events)
+        if self.phase is Phase.SHUTTING_DOWN and time.monotonic() > self._grace_ends:
+            self.stop_kernel()
+        self._reaper.reap(keep=(kernel.process.pid,))
+        if kernel.process.poll() is not None:
+            self._forward_kernel_output(kernel)
+            self._report_kernel_exit(kernel)
+
+    def _handle_host_frames(self) -> None:
+        while (frame := self.link.receive()) is not None:
+            self._on_host_frame(frame)
+            if self.phase is Phase.FINISHED:
+                return
+        if self.link.ended:  # the link's verdict (host_link._host_left): no host will come again
+            self.stop_kernel()
+            self._finish(0)
+
+    def _on_host_frame(self, frame: frames.Frame) -> None:
+        kind = frame["type"]
+        kernel = self._current()
+        if kind == frames.KERNEL:
+            if frame["channel"] not in HOST_CHANNELS:
+                self.link.log(f"dropped a kernel frame for the {frame['channel']} channel", "warning")
+                return
+            try:
+                kernel.client.send(frame["channel"], frame["msg"], frames.frame_buffers(frame))
+            except (ValueError, KeyError, TypeError) as exc:
+                self.link.log(f"dropped kernel frame: {exc}", "warning")
+        elif kind == frames.INTERRUPT:
+            kernel.process.interrupt()
+        elif kind == frames.RPC_RESPONSE:
+            kernel.rpc.deliver(frame)
+        elif kind == frames.FS_REQUEST:
+            self.link.send(files.respond(workdir(), frame))
+        elif kind == frames.RESTART:
+            self._restart()
+        elif kind == frames.SHUTDOWN:
+            self.stop_kernel()
+            self.link.send_exit(0, frames.EXIT_SHUTDOWN, "shutdown requested")
+            self._finish(0)
+        else:
+            self.link.log(f"ignored {kind} frame", "debug")
+
+    def _update_polls(self, kernel: Kernel) -> None:
+        # The host has a backlog: stop taking the kernel's output until it drains (stdin is still
+        # read, so the host never waits on us).
+        reading = 0 if self.link.backlogged else zmq.POLLIN
+        for sock in kernel.client.sockets:
+            self._polls.want(sock, reading)
+        self._polls.want(self.link.input_fd, zmq.POLLIN if self.link.wants_read else 0)
+        self._polls.want(kernel.process.output_fd, reading)
+        self._polls.want(self.link.output_fd, zmq.POLLOUT if self.link.wants_write else 0)
+        rpc = kernel.rpc
+        rpc_events = 0 if rpc.closed else reading | (zmq.POLLOUT if rpc.wants_write else 0)
+        self._polls.want(kernel.rpc_fd, rpc_events)
+
+    def _move(self, kernel: Kernel, source: Source, events: int) -> None:
+        """Act on one ready source."""
+        if source == self.link.input_fd:
+            self.link.read()
+        elif source == self.link.output_fd:
+            self.link.flush()
+        elif source == kernel.process.output_fd:
+            self._forward_kernel_output(kernel)
+        elif source == kernel.rpc_fd and self._polls.wanted(kernel.rpc_fd):
+            if events & zmq.POLLOUT:
+                kernel.rpc.on_writable()
+            if events & zmq.POLLIN:
+                kernel.rpc.on_readable()
+            if kernel.rpc.closed:
+                self._polls.want(kernel.rpc_fd, 0)
+        elif isinstance(source, zmq.Socket) and (received := kernel.client.receive(source)) is not None:
+            channel, msg, buffers = received
+            self.link.send(frames.kernel_frame(channel, msg, buffers))
+            if msg["header"].get("msg_type") == "shutdown_reply" and self.phase is Phase.RELAYING:
+                self.phase = Phase.SHUTTING_DOWN
+                self._grace_ends = time.monotonic() + SHUTDOWN_REPLY_GRACE
+
+    def _forward_kernel_output(self, kernel: Kernel) -> None:
+        for line in kernel.process.read_output():
+            self.link.log(line, "kernel")
+
+    def _report_kernel_exit(self, kernel: Kernel) -> None:
+        status = kernel.process.returncode
+        kind = frames.EXIT_KERNEL_DIED
+        if self.phase is Phase.SHUTTING_DOWN:  # it had answered a shutdown_request: a clean exit
+            status, reason, kind = 0, "shut down on request", frames.EXIT_SHUTDOWN
+        else:
+            reason = describe_exit(status)
+            if status == -signal.SIGKILL and oom_killed():
+                kind = frames.EXIT_OOM
+        self.link.send_exit(status, kind, reason)
+        self._finish(0)
+
+    # -- kernel (re)start ------------------------------------------------------------------------
+    def _boot(self) -> str | None:
+        """Start a kernel, prove iopub delivers and say ``ready``; else the reason it failed."""
+        connection = write_connection_file(self._key)
+        rpc = RpcRelay(self.link.send, self.link.log)
+        process = KernelProcess.start(
+            connection["path"], cwd=workdir(), env=kernel_env(rpc), pass_fds=(rpc.kernel_fd,)
+        )
+        rpc.kernel_started()
+        client = KernelClient(self._context, connection, self._key, self._identity, self.link.log)
+        self._kernel = kernel = Kernel(process, client, rpc, rpc.fd)
+        kernel_info = client.wait_until_iopub_delivers(alive=lambda: process.poll() is None)
+        if kernel_info is None:
+            self._forward_kernel_output(kernel)
+            status = process.poll()
+            process.stop()
+            if status is None:
+                return f"kernel did not answer within {KERNEL_READY_TIMEOUT:g} s"
+            return f"kernel exited during start-up: {describe_exit(status)}"
+        self.link.send(
+            {"type": frames.READY, "agent_hash": baked_agent_hash(), "versions": kernel_versions(kernel_info)}
+        )
+        self.phase = Phase.RELAYING
+        return None
+
+    def _restart(self) -> None:
+        """A new kernel in the same container: variables go, /workspace and /tmp stay. The old
+        kernel's whole process group is killed at once (it may be stuck, that is why the host
+        restarts it); calls of the old kernel die with its rpc socket."""
+        old = self._current()
+        for source in old.sources():
+            self._polls.want(source, 0)  # before closing: the poller must not hold closed sources
+        old.process.kill_group()
+        old.process.close()
+        old.rpc.close()
+        old.client.close()
+        self.phase = Phase.STARTING
+        failure = self._boot()
+        if failure is not None:
+            self._fail(failure, 4, frames.EXIT_KERNEL_DIED)
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _current(self) -> Kernel:
+        assert self._kernel is not None, "no kernel before the boot"
+        return self._kernel
+
+    def _fail(self, reason: str, status: int, kind: str) -> int:
+        self.link.send_exit(status, kind, reason)
+        self._finish(status)
+        return status
+
+    def _finish(self, status: int) -> None:
+        self.phase = Phase.FINISHED
+        self.status = status
+
+
+def workdir() -> str:
+    """The kernel's working directory and the root of file requests (/workspace in the image)."""
+    return os.environ.get("KERNELBRIDGE_WORKDIR") or os.getcwd()

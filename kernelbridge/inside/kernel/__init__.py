@@ -1,0 +1,7 @@
+"""Code loaded INTO the sandbox's ipykernel process (named in the agent's argv,
+``kernelbridge/inside/agent/kernel_process.py``):
+
+``kernel_class.py``      ``--IPKernelApp.kernel_class``: IPythonKernel with protocol-exact history replies
+``capped_outstream.py``  ``--IPKernelApp.outstream_class``: stdout/stderr in bounded messages, capped per cell
+``bounded_history.py``   ``--IPKernelApp.extensions``: IPython keeps no outputs and bounded inputs
+"""

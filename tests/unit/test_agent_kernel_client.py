@@ -1,0 +1,142 @@
+"""The agent's kernel client against a stub kernel on real ZMQ sockets (ROUTER shell and stdin, PUB
+iopub): the slow-joiner proof waits for iopub, not just the reply; a dead or silent kernel ends the
+wait; shell and stdin share one identity; malformed kernel messages are dropped with a log line."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import zmq
+
+from kernelbridge import frames
+from kernelbridge.inside.agent.kernel_client import KernelClient
+
+KEY = b"k3y"
+BOUND = 10.0
+
+
+@dataclass
+class StubKernel:
+    """Answers kernel_info_request on shell; publishes its iopub status only from request number
+    ``iopub_from`` on (the earlier ones are "lost to a slow joiner"), or never (None)."""
+
+    iopub_from: int | None = 1
+    garbage_first: bool = False
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    identities: dict[str, bytes] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def serve(self, context: zmq.Context[Any], ready: threading.Event) -> None:
+        shell, stdin, control = (context.socket(zmq.ROUTER) for _ in range(3))
+        iopub = context.socket(zmq.PUB)
+        for name, sock in {"shell": shell, "stdin": stdin, "control": control, "iopub": iopub}.items():
+            sock.setsockopt(zmq.LINGER, 0)
+            self.ports[f"{name}_port"] = sock.bind_to_random_port("tcp://127.0.0.1")
+        ready.set()
+        poller = zmq.Poller()
+        poller.register(shell, zmq.POLLIN)
+        poller.register(stdin, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(20):
+                    parts = sock.recv_multipart()
+                    wire = frames.from_wire(parts)
+                    channel = "shell" if sock is shell else "stdin"
+                    self.identities[channel] = wire.idents[0]
+                    if channel == "stdin":
+                        continue
+                    self.requests.append(wire.msg)
+                    if self.garbage_first and len(self.requests) == 1:
+                        shell.send_multipart([*wire.idents, b"not a jupyter message"])
+                    if self.iopub_from is not None and len(self.requests) >= self.iopub_from:
+                        status = _message("status", wire.msg, {"execution_state": "idle"})
+                        iopub.send_multipart(frames.to_wire(status, [], KEY))
+                    reply = _message("kernel_info_reply", wire.msg, {"implementation_version": "9.9"})
+                    shell.send_multipart([*wire.idents, *frames.to_wire(reply, [], KEY)])
+        finally:
+            for sock in (shell, stdin, control, iopub):
+                sock.close(linger=0)
+
+
+@dataclass
+class Running:
+    stub: StubKernel
+    client: KernelClient
+    logs: list[tuple[str, str]]
+
+
+@pytest.fixture
+def start() -> Iterator[Any]:
+    context: zmq.Context[Any] = zmq.Context()
+    started: list[tuple[StubKernel, threading.Thread, KernelClient]] = []
+
+    def start_stub(**options: Any) -> Running:
+        stub = StubKernel(**options)
+        ready = threading.Event()
+        thread = threading.Thread(target=stub.serve, args=(context, ready), daemon=True)
+        thread.start()
+        assert ready.wait(BOUND)
+        logs: list[tuple[str, str]] = []
+        client = KernelClient(
+            context, stub.ports, KEY, "agent-identity", lambda m, level: logs.append((m, level))
+        )
+        started.append((stub, thread, client))
+        return Running(stub, client, logs)
+
+    yield start_stub
+    for stub, thread, client in started:
+        client.close()
+        stub._stop.set()
+        thread.join(BOUND)
+    context.term()
+
+
+def test_ready_waits_until_iopub_delivers_not_only_for_the_reply(start: Any) -> None:
+    running = start(iopub_from=4)
+    reply = running.client.wait_until_iopub_delivers(alive=lambda: True, timeout=BOUND)
+    assert reply == {"implementation_version": "9.9"}
+    # Replies came from the first request on; ready had to wait for the fourth's iopub status.
+    assert len(running.stub.requests) >= 4
+    assert {msg["header"]["msg_type"] for msg in running.stub.requests} == {"kernel_info_request"}
+
+
+def test_a_kernel_whose_iopub_never_delivers_is_not_ready(start: Any) -> None:
+    running = start(iopub_from=None)
+    started = time.monotonic()
+    assert running.client.wait_until_iopub_delivers(alive=lambda: True, timeout=0.5) is None
+    assert 0.5 <= time.monotonic() - started < BOUND
+    assert len(running.stub.requests) > 1  # it kept asking
+
+
+def test_a_dead_kernel_ends_the_wait_at_once(start: Any) -> None:
+    running = start()
+    started = time.monotonic()
+    assert running.client.wait_until_iopub_delivers(alive=lambda: False, timeout=BOUND) is None
+    assert time.monotonic() - started < BOUND / 2
+
+
+def test_a_malformed_kernel_message_is_logged_and_the_wait_goes_on(start: Any) -> None:
+    running = start(garbage_first=True, iopub_from=2)
+    assert running.client.wait_until_iopub_delivers(alive=lambda: True, timeout=BOUND) is not None
+    assert ("dropped a malformed kernel message: no <IDS|MSG> delimiter", "warning") in running.logs
+
+
+def test_shell_and_stdin_share_one_identity(start: Any) -> None:
+    running = start()
+    assert running.client.wait_until_iopub_delivers(alive=lambda: True, timeout=BOUND) is not None
+    running.client.send("stdin", _message("input_reply", {"header": {}}, {"value": "x"}))
+    deadline = time.monotonic() + BOUND
+    while "stdin" not in running.stub.identities and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.stub.identities == {"shell": b"agent-identity", "stdin": b"agent-identity"}
+
+
+def _message(msg_type: str, parent: dict[str, Any], content: dict[str, Any]) -> dict[str, Any]:
+    header = {"msg_id": f"{msg_type}-{time.monotonic_ns()}", "msg_type": msg_type, "session": "stub"}
+    return {"header": header, "parent_header": parent.get("header", {}), "metadata": {}, "content": content}

@@ -1,0 +1,98 @@
+"""Pieces of the agent's poll loop that work without a kernel: a start that never gets a valid
+hello ends with the right ``exit`` frame and status, the poll set follows what each source wants,
+and the PID-1 reaper finds and waits for real zombies. The loop with a real kernel is
+tests/integration/test_tunnel.py (locally) and the sandbox tests (in a container)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from kernelbridge import frames
+from kernelbridge.inside.agent import init
+from kernelbridge.inside.agent.host_link import HostLink
+from kernelbridge.inside.agent.relay import Phase, PollSet, Relay
+
+BOUND = 10.0
+
+
+@pytest.fixture
+def pipes() -> Iterator[tuple[int, int, HostLink]]:
+    agent_in, host_out = os.pipe()
+    host_in, agent_out = os.pipe()
+    yield host_out, host_in, HostLink(agent_in, agent_out)
+    for fd in (agent_in, host_out, host_in, agent_out):
+        os.close(fd)
+
+
+def exit_frame(host_in: int) -> frames.Frame:
+    (frame,) = [item for item in frames.FrameDecoder().feed(os.read(host_in, 1 << 20))]
+    assert isinstance(frame, dict) and frame["type"] == frames.EXIT
+    return frame
+
+
+def test_a_stale_agent_exits_3_with_agent_mismatch(pipes: tuple[int, int, HostLink]) -> None:
+    host_out, host_in, link = pipes
+    os.write(host_out, frames.encode({"type": frames.HELLO, "key": "k", "agent_hash": "f" * 64}))
+    relay = Relay(link)
+    assert relay.run() == 3
+    assert relay.phase is Phase.FINISHED
+    frame = exit_frame(host_in)
+    assert (frame["status"], frame["kind"]) == (3, frames.EXIT_AGENT_MISMATCH)
+
+
+def test_a_host_that_leaves_before_its_hello_gets_start_failed(pipes: tuple[int, int, HostLink]) -> None:
+    host_out, host_in, link = pipes
+    os.write(host_out, b"garbage\n")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, host_out)  # the host's end of stdin closes (the fixture closes /dev/null)
+    os.close(devnull)
+    relay = Relay(link)
+    started = time.monotonic()
+    assert relay.run() == 2
+    assert time.monotonic() - started < BOUND
+    frames_out = list(frames.FrameDecoder().feed(os.read(host_in, 1 << 20)))
+    assert [frame["type"] for frame in frames_out if isinstance(frame, dict)] == [frames.LOG, frames.EXIT]
+    assert frames_out[-1]["kind"] == frames.EXIT_START_FAILED  # type: ignore[index]
+
+
+def test_the_poll_set_follows_what_each_source_wants() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        polls = PollSet()
+        os.write(write_end, b"x")
+        polls.want(read_end, zmq.POLLIN)
+        assert polls.poll(0) == [(read_end, zmq.POLLIN)]
+        polls.want(read_end, 0)  # readable, but not wanted now (a backlogged host)
+        assert polls.poll(0) == [] and polls.wanted(read_end) == 0
+        polls.want(read_end, 0)  # idempotent
+        polls.want(write_end, zmq.POLLOUT)
+        polls.want(read_end, zmq.POLLIN)
+        assert sorted(polls.poll(0)) == sorted([(read_end, zmq.POLLIN), (write_end, zmq.POLLOUT)])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_zombies_are_found_and_reaped_but_kept_ones_are_not() -> None:
+    children = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    kept, orphan = (child.pid for child in children)
+    deadline = time.monotonic() + BOUND
+    while len(set(init.zombie_children(os.getpid())) & {kept, orphan}) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert {kept, orphan} <= set(init.zombie_children(os.getpid()))
+    assert init.reap_orphans(keep=[kept, *_other_children(kept, orphan)]) == 1
+    zombies = set(init.zombie_children(os.getpid()))
+    assert orphan not in zombies and kept in zombies
+    assert children[0].wait(BOUND) == 0  # its owner still reads its status
+
+
+def _other_children(*ours: int) -> list[int]:
+    """Zombies of this process that are not the test's (kept: someone else reads them)."""
+    return [pid for pid in init.zombie_children(os.getpid()) if pid not in ours]
