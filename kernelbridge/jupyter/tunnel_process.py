@@ -1,14 +1,19 @@
 """The tunnel as a process of its own: what a plain Jupyter client's kernel "process" is.
 
 ``jupyter console --kernel kernelbridge``, nbclient and jupyter_server manage kernels as
-processes; :class:`~kernelbridge.kernel.provisioner.SandboxProvisioner` starts this one::
+processes; :class:`~kernelbridge.jupyter.provisioner.SandboxProvisioner` starts this one::
 
-    python -m kernelbridge.kernel.tunnel_process --control-fd N [--log-file F]
+    python -m kernelbridge.jupyter.tunnel_process --control-fd N [--log-file F]
 
 Everything else arrives on the control channel (fd N, one end of a ``socketpair`` the provisioner
-made, so nobody else can talk to this process): first a ``launch`` frame (the container spec, the
-connection file, the runtime settings), then ``interrupt``/``restart``/``shutdown``; it answers
-``ready`` and ``exit`` events with a structured kind. Nothing secret is in its argv.
+made, so nobody else can talk to this process): first a ``Launch`` (the container spec, the
+connection file, the runtime settings), then ``Interrupt``/``Restart``/``Shutdown``. It answers
+with ``Ready`` (started, and after each restart) and, last, one ``Exited`` with a structured kind.
+Nothing secret is in its argv.
+
+The sandbox runs through the same :class:`~kernelbridge.host.owner.TunnelOwner` as the bridge's
+own sandboxes: this module only checks what a bridge would have checked first (limits, image),
+creates the container and relays between the owner and the provisioner.
 
 Host MCP: a kernel started this way has no bridge, so every ``rpc_request`` of its code is
 answered here with ``unavailable`` ("no host MCP servers in this kernel"), at once.
@@ -27,45 +32,43 @@ import json
 import logging
 import logging.handlers
 import os
-import secrets
 import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
+from functools import partial
 
 import anyio
 import anyio.abc
-import zmq
 
-from kernelbridge import frames
-from kernelbridge.config import EngineSettings, SandboxLimits, Settings
-from kernelbridge.errors import AgentMismatch, ImageError, KernelBridgeError
-from kernelbridge.kernel.launch import checked_container
-from kernelbridge.runtime import ContainerSpec, open_runtime
-from kernelbridge.tunnel import FrameChannel, SocketFrameChannel, Tunnel, memory_channel_pair
+from kernelbridge.errors import ExitKind, KernelBridgeError, NoHostServers, exit_of
+from kernelbridge.host.container import AttachedContainer, started_container
+from kernelbridge.host.owner import AgentEvent, TunnelOwner
+from kernelbridge.host.policy import preflight
+from kernelbridge.jupyter.launch import settings_of, spec_of
+from kernelbridge.runtime import open_runtime
+from kernelbridge.tunnel import (
+    ControlMessage,
+    Exited,
+    Interrupt,
+    Launch,
+    Restart,
+    RpcRequest,
+    RpcResponse,
+    Shutdown,
+    SocketControlChannel,
+)
 
 log = logging.getLogger("kernelbridge.tunnel")
 
 LAUNCH_TIMEOUT = 30.0
-"""Seconds to wait for the provisioner's ``launch`` frame."""
-SHUTDOWN_GRACE = 3.0
+"""Seconds to wait for the provisioner's ``Launch``."""
+TELL_TIMEOUT = 5.0
+"""Bound on telling the provisioner something (it may be gone)."""
 LOG_FILE_BYTES = 1024 * 1024
-NO_HUB = (
-    "no host MCP servers in this kernel: it was started by a plain Jupyter client, "
-    "not by a kernelbridge bridge"
-)
 
 
-class _Commands:
-    """Where commands for the sandbox go once its tunnel runs (None while it starts)."""
-
-    def __init__(self) -> None:
-        self.channel: FrameChannel | None = None
-        self.ended = anyio.Event()
-
-
-async def serve(control: SocketFrameChannel) -> int:
+async def serve(control: SocketControlChannel) -> int:
     """Run one sandbox for the provisioner on ``control``; returns the exit status.
 
     Signal handlers are armed first: a SIGTERM that arrives while the container is being created
@@ -76,144 +79,108 @@ async def serve(control: SocketFrameChannel) -> int:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         with anyio.fail_after(LAUNCH_TIMEOUT):
             launch = await control.receive()
-        if launch.get("type") != frames.LAUNCH:
-            log.error("the first control frame was %s, not launch", launch.get("type"))
+        if not isinstance(launch, Launch):
+            log.error("the first control message was a %s, not a launch", launch.TYPE)
             return 2
-        commands = _Commands()
+        try:
+            connection = json.loads(await anyio.Path(launch.connection_file).read_text())
+        except (OSError, ValueError) as exc:
+            await _tell(control, Exited(None, *exit_of(exc)))
+            return 1
+        settings = settings_of(launch)
+        spec = spec_of(launch, settings)
+        owner = TunnelOwner(
+            spec.name,
+            session=spec.session,
+            agent_hash=launch.agent_hash,
+            start_timeout=settings.kernel_start_timeout,
+            connection=connection,
+        )
         async with anyio.create_task_group() as outer:
-            outer.start_soon(_on_signals, signals, commands, outer.cancel_scope)
-            status = await _run_sandbox(control, launch, commands)
+            outer.start_soon(_on_signals, signals, owner, outer.cancel_scope)
+            try:
+                # The checks a bridge makes first (limits enforced, a kernelbridge image), then the start.
+                async with open_runtime(settings) as runtime:
+                    await preflight(settings, runtime, spec.image, launch.agent_hash)
+                    async with started_container(runtime, spec) as container:
+                        exited = await _run_sandbox(control, owner, container)
+                # The agent's own status, or 0 when it said nothing (the container just ended).
+                status = 0 if exited.status == 0 or exited.kind is ExitKind.CONTAINER_EXITED else 1
+            except (KernelBridgeError, OSError) as exc:  # before there was a sandbox
+                await _tell(control, Exited(None, *exit_of(exc)))
             outer.cancel_scope.cancel()
     return status
 
 
-def _settings(launch: frames.Frame) -> Settings:
-    engine = dict(launch.get("engine") or {})
-    engine.update(
-        urls=tuple(engine.get("urls") or ()),
-        ssh_command=tuple(engine.get("ssh_command") or ("ssh",)),
-        cert_path=Path(engine["cert_path"]) if engine.get("cert_path") else None,
-        # One kernel is not worth a podman service of its own: use a system socket, else the CLI.
-        start_service=False,
-    )
-    return Settings(
-        state_dir=Path(str(launch["state_dir"])),
-        runtime=launch.get("runtime"),
-        engine=EngineSettings(**engine),
-        limits=SandboxLimits(**launch.get("limits") or {}),
-        kernel_start_timeout=float(launch.get("start_timeout") or 60.0),
-        allow_unlimited=bool(launch.get("allow_unlimited")),
-    )
+async def _run_sandbox(
+    control: SocketControlChannel, owner: TunnelOwner, container: AttachedContainer
+) -> Exited:
+    """Run the sandbox until it ends; tell the provisioner ``Ready`` when it is, and its last word
+    as soon as it is known (before the container is removed, which may take a while)."""
+    exited: Exited | None = None
+    async with anyio.create_task_group() as tg:
+        try:
+            await tg.start(partial(owner.run, container, peer=None, on_event=partial(_no_hub, owner)))
+        except KernelBridgeError as exc:  # the start failed (caught here: not as an ExceptionGroup)
+            exited = Exited(None, *exit_of(exc))
+        else:
+            assert owner.ready is not None
+            await _tell(control, owner.ready)
+            tg.start_soon(_commands, control, owner, tg)
+            await owner.ended.wait()
+        tg.cancel_scope.cancel()
+    if exited is None:
+        exited = owner.exited or Exited(None, ExitKind.CONTAINER_EXITED, "the tunnel ended without an exit")
+    await _tell(control, exited)
+    return exited
 
 
-async def _run_sandbox(control: SocketFrameChannel, launch: frames.Frame, commands: _Commands) -> int:
-    settings = _settings(launch)
-    container = dict(launch["container"])
-    labels = tuple((str(k), str(v)) for k, v in container.pop("labels", []))
-    spec = ContainerSpec(**container, labels=labels, limits=settings.limits)
-    connection = json.loads(await anyio.Path(str(launch["connection_file"])).read_text())
-    try:
-        # The checks a bridge makes first (limits enforced, a kernelbridge image), then the start.
-        agent = launch.get("agent_hash")
-        async with (
-            open_runtime(settings) as runtime,
-            checked_container(settings, runtime, spec, agent) as (_, stream),
-        ):
-            owner_end, tunnel_end = memory_channel_pair()
-            tunnel = Tunnel(
-                stream,
-                tunnel_end,
-                connection=connection,
-                session=spec.session,
-                kernel_key=secrets.token_hex(32),
-                agent_hash=launch.get("agent_hash"),
-            )
-            relayed = anyio.Event()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_relay_to_owner, owner_end, control, relayed)
-                tg.start_soon(_relay_from_owner, control, owner_end)
-                commands.channel = owner_end
-                await tunnel.run()
-                commands.channel = None
-                commands.ended.set()
-                # The tunnel's exit event is in the memory channel: close the tunnel's end so the
-                # relay passes on what is buffered, then ends.
-                await tunnel_end.aclose()
-                with anyio.move_on_after(SHUTDOWN_GRACE):
-                    await relayed.wait()
-                tg.cancel_scope.cancel()
-            exit_frame = tunnel.exit_frame
-    except ImageError as exc:
-        await _send_exit(control, frames.EXIT_IMAGE_MISSING, str(exc))
-        return 1
-    except AgentMismatch as exc:  # seen on the image's label, before starting it
-        await _send_exit(control, frames.EXIT_AGENT_MISMATCH, str(exc))
-        return 1
-    except zmq.ZMQError as exc:
-        await _send_exit(control, frames.EXIT_START_FAILED, f"cannot bind the kernel ports: {exc}")
-        return 1
-    except (KernelBridgeError, OSError) as exc:
-        await _send_exit(control, frames.EXIT_START_FAILED, str(exc))
-        return 1
-    return 0 if exit_frame is None or exit_frame.get("status") == 0 else 1
+async def _no_hub(owner: TunnelOwner, event: AgentEvent) -> None:
+    """No bridge, no hub: every rpc request is answered ``unavailable`` at once."""
+    if isinstance(event, RpcRequest):
+        owner.send(RpcResponse(event.id, error=NoHostServers(NoHostServers.PLAIN_JUPYTER).to_wire()))
 
 
-async def _relay_to_owner(
-    tunnel_events: FrameChannel, control: SocketFrameChannel, done: anyio.Event
-) -> None:
-    """Tunnel -> provisioner; rpc requests are answered here (no hub in a plain Jupyter kernel)."""
-    try:
-        while True:
-            try:
-                frame = await tunnel_events.receive()
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-            if frame["type"] == frames.RPC_REQUEST:
-                error = {"kind": "unavailable", "message": NO_HUB}
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await tunnel_events.send(
-                        {"type": frames.RPC_RESPONSE, "id": frame.get("id"), "error": error}
-                    )
-                continue
-            with contextlib.suppress(anyio.BrokenResourceError):
-                await control.send(frame)
-    finally:
-        done.set()
-
-
-async def _relay_from_owner(control: SocketFrameChannel, tunnel_commands: FrameChannel) -> None:
+async def _commands(control: SocketControlChannel, owner: TunnelOwner, tg: anyio.abc.TaskGroup) -> None:
+    """Provisioner -> owner. A restart is answered with ``Ready`` once the new kernel is (nothing
+    if it is not within the start timeout: the provisioner's own wait then gives up)."""
     while True:
         try:
-            frame = await control.receive()
+            command: ControlMessage = await control.receive()
         except anyio.EndOfStream:
-            # The provisioner is gone: stop the sandbox as if asked to.
-            await tunnel_commands.send({"type": frames.SHUTDOWN})
+            await owner.close()  # the provisioner is gone: stop the sandbox as if asked to
             return
-        await tunnel_commands.send(frame)
+        if isinstance(command, Interrupt):
+            owner.interrupt()
+        elif isinstance(command, Restart):
+            tg.start_soon(_restart, control, owner)
+        elif isinstance(command, Shutdown):
+            tg.start_soon(owner.close)
+        else:
+            log.warning("ignored a %s from the provisioner", command.TYPE)
 
 
-async def _on_signals(signals: AsyncIterator[int], commands: _Commands, scope: anyio.CancelScope) -> None:
-    """SIGINT: interrupt the kernel. SIGTERM/SIGHUP: stop the sandbox gracefully when it runs
+async def _restart(control: SocketControlChannel, owner: TunnelOwner) -> None:
+    if await owner.restart(owner.start_timeout) and owner.ready is not None:
+        await _tell(control, owner.ready)
+
+
+async def _tell(control: SocketControlChannel, message: ControlMessage) -> None:
+    with contextlib.suppress(anyio.BrokenResourceError), anyio.move_on_after(TELL_TIMEOUT):
+        await control.send(message)
+
+
+async def _on_signals(signals: AsyncIterator[int], owner: TunnelOwner, scope: anyio.CancelScope) -> None:
+    """SIGINT: interrupt the kernel. SIGTERM/SIGHUP: stop the sandbox gracefully once it runs
     (bounded), or abandon a start in progress at once (its container is removed on the way out)."""
     async for signum in signals:
-        channel = commands.channel
         if signum == signal.SIGINT:
-            if channel is not None:
-                await channel.send({"type": frames.INTERRUPT})
-            continue
-        if channel is not None:
-            await channel.send({"type": frames.SHUTDOWN})
-            with anyio.move_on_after(SHUTDOWN_GRACE):
-                await commands.ended.wait()
-        scope.cancel()
-        return
-
-
-async def _send_exit(control: SocketFrameChannel, kind: str, reason: str) -> None:
-    with contextlib.suppress(anyio.BrokenResourceError), anyio.move_on_after(5):
-        await control.send(
-            {"type": frames.EXIT, "status": None, "kind": kind, "reason": frames.clip(reason, 500)}
-        )
+            owner.interrupt()
+        elif owner.ready is None or not owner.alive:  # starting, or a second SIGTERM
+            scope.cancel()
+            return
+        else:
+            await owner.close()  # then the sandbox's end is told and the process exits
 
 
 def _die_with_parent() -> None:
@@ -235,12 +202,12 @@ def configure_logging(log_file: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     os.umask(0o077)
-    parser = argparse.ArgumentParser(prog="python -m kernelbridge.kernel.tunnel_process")
+    parser = argparse.ArgumentParser(prog="python -m kernelbridge.jupyter.tunnel_process")
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--log-file", default=None)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging(args.log_file)
-    control = SocketFrameChannel(socket.socket(fileno=args.control_fd))
+    control = SocketControlChannel(socket.socket(fileno=args.control_fd))
     try:
         return anyio.run(serve, control)
     except TimeoutError:
