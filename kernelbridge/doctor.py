@@ -18,7 +18,7 @@ from functools import partial
 import anyio
 
 from kernelbridge.config import SandboxLimits, Settings
-from kernelbridge.errors import KernelBridgeError
+from kernelbridge.errors import ADD_SERVERS, NO_HOST_SERVERS, KernelBridgeError
 from kernelbridge.host_setup import VFS_WARNING, rootless_storage_driver
 from kernelbridge.runtime import ContainerSpec, RuntimeBackend, cgroup_layout, open_selection
 
@@ -192,7 +192,7 @@ class Doctor:
             shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
             detail = f"{len(names)} host MCP server{'s' * (len(names) != 1)} configured: {shown}"
         else:
-            detail = "no host MCP servers configured (add them to ~/MCPs/*.json or use --servers-config)"
+            detail = f"{NO_HOST_SERVERS} configured ({ADD_SERVERS})"
         if denied:
             detail += f"; {denied} denied by the operator's settings"
         if catalog.problems:
