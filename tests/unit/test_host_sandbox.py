@@ -279,3 +279,30 @@ async def test_the_connection_file_lives_as_long_as_the_sandbox(tmp_path: Path) 
     async with scripted_sandbox(tmp_path) as (sandbox, _):
         assert sandbox.connection_file.stat().st_mode & 0o777 == 0o600
     assert not sandbox.connection_file.exists() and sandbox.state is SandboxState.CLOSED
+
+
+async def test_cancelled_while_starting_it_releases_its_container(tmp_path: Path) -> None:
+    """The owner's task group is cancelled before the agent said ``ready`` (a client gave up):
+    ``run`` ends at once, the container source is left (its stream closed) and nothing is a death."""
+
+    async def silent(agent: Agent) -> None:
+        await agent.got(frames.HELLO)  # and never ready
+
+    host_sock, agent_sock = socket.socketpair()
+    agent = Agent(await SocketStream.from_socket(agent_sock))
+    source = Scripted(await SocketStream.from_socket(host_sock))
+    sandbox = Sandbox(
+        Settings(state_dir=tmp_path), source, "scripted", agent_hash=None, connection_dir=tmp_path
+    )
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.read)
+            tg.start_soon(silent, agent)
+            tg.start_soon(sandbox.run)
+            await agent.got(frames.HELLO)
+            assert sandbox.state is SandboxState.STARTING
+            tg.cancel_scope.cancel()
+    assert sandbox.ended.is_set() and sandbox.state is SandboxState.DEAD and sandbox.death is None
+    assert not sandbox.connection_file.exists()
+    with pytest.raises(anyio.ClosedResourceError):
+        await source.host.send(b"x")  # released: the stream was closed
