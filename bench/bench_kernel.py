@@ -19,7 +19,7 @@ import anyio
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
-from kernelbridge.kernel import SandboxKernelManager, connect_client
+from kernelbridge.jupyter import SandboxKernelManager, connect_client
 
 
 async def run_cell(kc: AsyncKernelClient, code: str) -> None:

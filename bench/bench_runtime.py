@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -39,9 +40,8 @@ from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from kernelbridge.config import load_settings
-from kernelbridge.kernel import connect_client
-from kernelbridge.kernel.launch import expected_image
-from kernelbridge.kernel.sandbox import Sandbox
+from kernelbridge.host import Sandbox, SandboxHandlers, expected_image
+from kernelbridge.jupyter import connect_client
 from kernelbridge.recorder import Recorder
 from kernelbridge.runtime import open_selection
 
@@ -95,14 +95,13 @@ async def sandbox_kernel(
             print(f"runtime: {selection.reason}", file=sys.stderr)
             for i in range(starts):
                 began = time.perf_counter()
-                sandbox = Sandbox(
+                sandbox = Sandbox.create(
                     settings, selection.backend, f"bench{i}", image=image, agent_hash=agent_hash
                 )
                 recorder = Recorder(1000)
-                sandbox.listener, sandbox.reply_listener = recorder.on_iopub, recorder.on_reply
-                await tg.start(sandbox.run)
+                await tg.start(partial(sandbox.run, SandboxHandlers(recorder.on_iopub, recorder.on_reply)))
                 cell = recorder.expect(os.urandom(8).hex(), "1+1")
-                await sandbox.execute("1+1", msg_id=cell.msg_id, wait=False)
+                await sandbox.kernel.execute("1+1", msg_id=cell.msg_id, wait=False)
                 with anyio.fail_after(60):
                     while not cell.done:
                         await cell.changed(time.monotonic() + 1)

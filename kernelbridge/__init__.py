@@ -4,12 +4,16 @@ General layout (one direction of dependency, top to bottom; see docs/architectur
 
 - ``server``     MCP tools and resources; formats results for a model
 - ``sessions``   session registry: create/reuse/close, locks, timeouts, idle reaping
-- ``warm_pool``  sandboxes started ahead of need for new sessions
 - ``execution``  runs one cell on a kernel client and collects its outputs (bounded)
-- ``kernel``     jupyter_client integration: a KernelProvisioner that runs the kernel in a sandbox
-- ``tunnel``     host end of the tunnel: real ZMQ sockets <-> frames on the container's stdio
+- ``jupyter``    jupyter_client integration: a KernelProvisioner whose kernel process is a tunnel
+                 process, a kernel manager, the kernelspec (for plain Jupyter clients)
+- ``host``       the bridge's side of one sandbox: ``Sandbox``, the one tunnel owner (also the tunnel
+                 process's), the guarded sandbox state, its container, policy, warm pool
+- ``tunnel``     host end of the tunnel: real ZMQ sockets <-> frames on the container's stdio; the
+                 control channel's typed messages (``Ready``, ``Exited``, ``RpcRequest``, ...)
 - ``runtime``    container runtimes (podman, docker): argv, start, stop, reap orphans
 - ``image``      builds and checks the sandbox image
+- ``errors``     every error the host raises (the tree in its docstring), ``ExitKind``
 - ``frames``     the frame codec shared with the sandbox agent (stdlib only)
 - ``inside``     everything that runs inside the container: the agent, what it loads into the kernel
 """

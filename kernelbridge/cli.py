@@ -236,7 +236,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.kernel.spec import install_kernelspec, visibility_note
+    from kernelbridge.jupyter.kernelspec import install_kernelspec, visibility_note
 
     prefix = sys.prefix if args.sys_prefix else args.prefix
     path = install_kernelspec(user=prefix is None, prefix=prefix)

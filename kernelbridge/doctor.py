@@ -13,11 +13,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import anyio
 
 from kernelbridge.config import SandboxLimits, Settings
-from kernelbridge.errors import KernelBridgeError
+from kernelbridge.errors import ADD_SERVERS, NO_HOST_SERVERS, KernelBridgeError
 from kernelbridge.host_setup import VFS_WARNING, rootless_storage_driver
 from kernelbridge.runtime import ContainerSpec, RuntimeBackend, cgroup_layout, open_selection
 
@@ -105,6 +106,7 @@ class Doctor:
         return "ok", detail
 
     async def image_check(self) -> tuple[str, str]:
+        from kernelbridge.host.policy import expected_image, verify_image
         from kernelbridge.image import (
             PACKAGES_LABEL,
             extras_from_settings,
@@ -112,7 +114,6 @@ class Doctor:
             labels_status,
             parse_packages,
         )
-        from kernelbridge.kernel.launch import expected_image, verify_image
 
         assert self.runtime is not None
         image, expected = expected_image(self.settings)
@@ -151,21 +152,19 @@ class Doctor:
         return status, f"limits NOT enforced ({detail}; asked for {PROBE_MEMORY} and {PROBE_PIDS})"
 
     async def kernel_check(self) -> tuple[str, str]:
-        from kernelbridge.kernel.launch import expected_image
-        from kernelbridge.kernel.sandbox import Sandbox
+        from kernelbridge.host import Sandbox, SandboxHandlers, expected_image
         from kernelbridge.recorder import Recorder
 
         assert self.runtime is not None
         image, agent_hash = expected_image(self.settings)
         started = time.perf_counter()
-        sandbox = Sandbox(self.settings, self.runtime, "doctor", image=image, agent_hash=agent_hash)
+        sandbox = Sandbox.create(self.settings, self.runtime, "doctor", image=image, agent_hash=agent_hash)
         recorder = Recorder(output_limit=1000)
-        sandbox.listener, sandbox.reply_listener = recorder.on_iopub, recorder.on_reply
         cell = recorder.expect(uuid.uuid4().hex, "1+1")
         async with anyio.create_task_group() as tg:
-            await tg.start(sandbox.run)
+            await tg.start(partial(sandbox.run, SandboxHandlers(recorder.on_iopub, recorder.on_reply)))
             try:
-                await sandbox.execute("1+1", msg_id=cell.msg_id, wait=False)
+                await sandbox.kernel.execute("1+1", msg_id=cell.msg_id, wait=False)
                 deadline = time.monotonic() + 30
                 while not cell.done and time.monotonic() < deadline and sandbox.alive:
                     await cell.changed(deadline)
@@ -174,7 +173,7 @@ class Doctor:
         elapsed = time.perf_counter() - started
         if cell.outputs.result != "2":
             return "FAIL", f"the kernel answered {cell.outputs.result!r} to 1+1"
-        versions = sandbox.versions or {}
+        versions = sandbox.owner.versions
         return "ok", (
             f"a sandboxed kernel started and ran 1+1 in {elapsed:.2f} s "
             f"(python {versions.get('python')}, ipykernel {versions.get('ipykernel')})"
@@ -193,7 +192,7 @@ class Doctor:
             shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
             detail = f"{len(names)} host MCP server{'s' * (len(names) != 1)} configured: {shown}"
         else:
-            detail = "no host MCP servers configured (add them to ~/MCPs/*.json or use --servers-config)"
+            detail = f"{NO_HOST_SERVERS} configured ({ADD_SERVERS})"
         if denied:
             detail += f"; {denied} denied by the operator's settings"
         if catalog.problems:
@@ -232,18 +231,19 @@ async def probe_output(runtime: RuntimeBackend, spec: ContainerSpec) -> str:
     """Run a short command in a container of ``spec`` and return its stdout (bounded in time and
     size); the container is removed afterwards. Raises SandboxError if it fails."""
     from kernelbridge.errors import SandboxError
-    from kernelbridge.kernel.launch import started_container
+    from kernelbridge.host.container import started_container
 
     chunks: list[bytes] = []
     with anyio.fail_after(PROBE_TIMEOUT):
-        async with started_container(runtime, spec) as (container, stream):
+        async with started_container(runtime, spec) as container:
+            stream = container.stream
             await stream.send_eof()
             try:
                 while sum(map(len, chunks)) < PROBE_OUTPUT_BYTES:
                     chunks.append(await stream.receive())
             except anyio.EndOfStream:
                 pass
-            info = await runtime.inspect(container)
+            info = await runtime.inspect(container.id)
             tail = stream.stderr_tail()
     if info is not None and info.exit_code not in (0, None):
         raise SandboxError(f"the probe container failed (status {info.exit_code}): {' | '.join(tail[-2:])}")

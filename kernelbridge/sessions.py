@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,13 @@ import anyio.abc
 from kernelbridge import frames
 from kernelbridge.broker import Dispatch, RpcBroker
 from kernelbridge.config import Settings
-from kernelbridge.errors import SandboxError, SessionError
+from kernelbridge.errors import NO_SERVERS_CONFIGURED, NoHostServers, SandboxError, SessionError
 from kernelbridge.execution import Cell, CellResult, State, Status, finish_cell
-from kernelbridge.kernel.sandbox import Sandbox
+from kernelbridge.host import Sandbox, SandboxHandlers, WarmPool, close_sandbox
 from kernelbridge.notebook import Journal, journal_path
 from kernelbridge.recorder import Recorder
 from kernelbridge.runtime import RuntimeBackend, pid_alive
-from kernelbridge.warm_pool import WarmPool, close_sandbox
+from kernelbridge.tunnel import RpcRequest
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,38 @@ class Session:
         return f"<Session {self.name!r} {state}>"
 
 
+@dataclass(eq=False)
+class _Seat:
+    """A sandbox this registry started, with the handlers it was started with (pooled together):
+    its iopub and replies go to the recorder, its rpc requests to the broker, of the session it
+    was given to; until a session takes it from the warm pool, to nobody."""
+
+    sandbox: Sandbox
+    recorder: Recorder | None = None
+    broker: RpcBroker | None = None
+
+    def handlers(self) -> SandboxHandlers:
+        return SandboxHandlers(self._on_iopub, self._on_reply, self._on_rpc, self._on_end)
+
+    async def _on_iopub(self, msg: dict[str, Any]) -> None:
+        if self.recorder is not None:
+            await self.recorder.on_iopub(msg)
+
+    def _on_reply(self, msg: dict[str, Any]) -> None:
+        if self.recorder is not None:
+            self.recorder.on_reply(msg)
+
+    async def _on_rpc(self, request: RpcRequest) -> None:
+        if self.broker is not None:
+            await self.broker.on_request(request.to_frame())
+        else:
+            await self.sandbox.agent.answer_rpc(request.id, error=NoHostServers().to_wire())
+
+    def _on_end(self) -> None:
+        if self.recorder is not None:
+            self.recorder.wake_all()
+
+
 class SessionRegistry:
     """All sessions of one bridge. Use as ``async with SessionRegistry(...) as registry``."""
 
@@ -136,7 +169,9 @@ class SessionRegistry:
         self._dispatch = dispatch
         self._check_grants = check_grants
         self._sessions: dict[str, Session] = {}
-        self._pool = WarmPool(settings.warm_pool, self._start_sandbox, settings.kernel_start_timeout)
+        self._pool: WarmPool[_Seat] = WarmPool(
+            settings.warm_pool, self._start_sandbox, settings.kernel_start_timeout
+        )
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> SessionRegistry:
@@ -161,14 +196,17 @@ class SessionRegistry:
             async with anyio.create_task_group() as tg:
                 for session in sessions:
                     tg.start_soon(self._close_session, session)
-                for sandbox in pool:
-                    tg.start_soon(close_sandbox, sandbox)
+                for seat in pool:
+                    tg.start_soon(close_sandbox, seat.sandbox)
 
-    async def _start_sandbox(self, name: str) -> Sandbox:
+    async def _start_sandbox(self, name: str) -> _Seat:
         assert self._tg is not None
-        sandbox = Sandbox(self.settings, self.runtime, name, image=self.image, agent_hash=self.agent_hash)
-        started: Sandbox = await self._tg.start(sandbox.run)
-        return started
+        sandbox = Sandbox.create(
+            self.settings, self.runtime, name, image=self.image, agent_hash=self.agent_hash
+        )
+        seat = _Seat(sandbox)
+        await self._tg.start(partial(sandbox.run, seat.handlers()))
+        return seat
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -253,9 +291,7 @@ class SessionRegistry:
         if not servers:
             return frozenset()
         if self._check_grants is None:
-            raise SessionError(
-                f"unknown server {servers[0]!r}: no host MCP servers are configured for this bridge"
-            )
+            raise SessionError(f"unknown server {servers[0]!r}: {NO_SERVERS_CONFIGURED} for this bridge")
         return frozenset(self._check_grants(servers))
 
     def _session_for(self, name: str) -> Session:
@@ -301,23 +337,21 @@ class SessionRegistry:
             "/workspace are gone."
         )
 
-    def _attach(self, session: Session, sandbox: Sandbox) -> None:
-        """Make ``sandbox`` the session's: its recorder, rpc broker and journal hooks."""
+    def _attach(self, session: Session, seat: _Seat) -> None:
+        """Make the seat's sandbox the session's: its recorder, rpc broker and journal hooks."""
         assert self._tg is not None
+        sandbox = seat.sandbox
         recorder = Recorder(
             self.settings.output_limit, on_client_cell=lambda cell: self._journal_client(session, cell)
         )
         broker = RpcBroker(
             session.name,
             self._dispatch or _no_hub,
-            sandbox.answer_rpc,
+            sandbox.agent.answer_rpc,
             self._tg.start_soon,
             lambda: session.grants,
         )
-        sandbox.listener = recorder.on_iopub
-        sandbox.reply_listener = recorder.on_reply
-        sandbox.on_end = recorder.wake_all
-        sandbox.rpc_handler = broker.on_request
+        seat.recorder, seat.broker = recorder, broker
         session.sandbox, session.recorder, session.broker = sandbox, recorder, broker
         session.needs_refresh = bool(session.grants)
 
@@ -328,8 +362,8 @@ class SessionRegistry:
         msg_id = uuid.uuid4().hex
         session.recorder.ignore(msg_id)
         try:
-            await session.sandbox.execute(REFRESH_CODE, msg_id=msg_id, silent=True)
-            reply = await session.sandbox.reply(msg_id, min(REFRESH_TIMEOUT, timeout))
+            await session.sandbox.kernel.execute(REFRESH_CODE, msg_id=msg_id, silent=True)
+            reply = await session.sandbox.kernel.reply(msg_id, min(REFRESH_TIMEOUT, timeout))
         except SandboxError as exc:  # the call itself will meet the same sandbox and say so
             log.warning("session %s: refreshing the mcp proxies failed: %s", session.name, exc)
             return
@@ -362,7 +396,7 @@ class SessionRegistry:
         state: State = "kept"
         try:
             try:
-                await sandbox.execute(code, msg_id=cell.msg_id, wait=False)
+                await sandbox.kernel.execute(code, msg_id=cell.msg_id, wait=False)
             except SandboxError as exc:
                 status, state = self._unreachable(session, str(exc), notes)
             else:

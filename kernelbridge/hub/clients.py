@@ -61,7 +61,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from kernelbridge import __version__
-from kernelbridge.errors import HubError
+from kernelbridge.errors import ServerFailure
 from kernelbridge.frames import MAX_RPC_BYTES
 from kernelbridge.hub.config import HttpServer, ServerConfig, StdioServer
 from kernelbridge.hub.streams import StderrLog, watch_transport
@@ -86,14 +86,6 @@ twice the rpc cap lets a result just over the cap be answered ``too_large`` rath
 transport, while still bounding what a remote server can make the hub buffer."""
 
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
-
-
-class ServerFailure(HubError):
-    """A host server could not answer (start failure, crash, transport error, protocol error).
-
-    The message is one line fit for sandboxed code: it names the server, never its command,
-    environment, URL or headers.
-    """
 
 
 class ClientState(enum.Enum):

@@ -27,7 +27,7 @@ import anyio
 import mcp_types as types
 
 from kernelbridge.config import Settings
-from kernelbridge.errors import HubError, RpcError, SkillError
+from kernelbridge.errors import ADD_SERVERS, NO_SERVERS_CONFIGURED, HubError, RpcError, SkillError
 from kernelbridge.frames import MAX_RPC_IN_FLIGHT
 from kernelbridge.hub import docs, skills
 from kernelbridge.hub.aliases import assign_aliases, resolve
@@ -145,7 +145,7 @@ class Hub(RpcHandler):
         names = self.server_names()
         if names:
             return "configured servers: " + ", ".join(names)
-        return "no host MCP servers are configured (add them to ~/MCPs/*.json or use --servers-config)"
+        return f"{NO_SERVERS_CONFIGURED} ({ADD_SERVERS})"
 
     # -- dispatch ----------------------------------------------------------------------------------
 

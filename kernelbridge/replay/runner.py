@@ -165,8 +165,8 @@ async def replay_notebook(
 ) -> ReplayReport:
     """``kernelbridge replay``: run ``path`` in a fresh sandbox and judge every cell; write the
     replayed notebook to ``output``. Raises ConfigError for a file that is not a notebook."""
+    from kernelbridge.host.policy import expected_image
     from kernelbridge.hub import Hub
-    from kernelbridge.kernel.launch import expected_image
     from kernelbridge.runtime import open_runtime
 
     nb = read_notebook(path)

@@ -32,8 +32,8 @@ from kernelbridge import __version__
 from kernelbridge.broker import Dispatch
 from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
+from kernelbridge.host import SandboxGate, SandboxPolicy, expected_image
 from kernelbridge.hub import Hub, RpcCall
-from kernelbridge.kernel.launch import SandboxGate, SandboxPolicy
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
@@ -271,8 +271,6 @@ def hub_dispatch(hub: Hub) -> Dispatch:
 
 
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:
-    from kernelbridge.kernel.launch import expected_image
-
     """The image and agent for an injected test runtime (the local double has no images)."""
     if testing and not settings.image:
         return "test-double", None  # an injected runtime (the local test double) has no images

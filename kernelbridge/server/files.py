@@ -33,8 +33,8 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
-from kernelbridge.errors import SandboxError
-from kernelbridge.kernel.sandbox import Sandbox, SandboxFileError
+from kernelbridge.errors import SandboxError, SandboxFileError
+from kernelbridge.host import Sandbox
 from kernelbridge.sessions import SessionRegistry
 
 MAX_RESOURCE_BYTES = 16 * 1024 * 1024
@@ -99,7 +99,7 @@ async def place_files(sandbox: Sandbox, files: list[tuple[str, bytes]]) -> str:
     placed = []
     for path, data in files:
         try:
-            await sandbox.files("write", path=path, data=base64.b64encode(data).decode("ascii"))
+            await sandbox.agent.files("write", path=path, data=base64.b64encode(data).decode("ascii"))
         except SandboxFileError as exc:
             raise ToolError(f"could not place {path!r}: {exc}") from None
         except SandboxError as exc:
@@ -119,7 +119,7 @@ def _live_sandbox(registry: SessionRegistry, session: str) -> Sandbox:
 async def _read(registry: SessionRegistry, session: str, path: str) -> bytes:
     sandbox = _live_sandbox(registry, session)
     try:
-        answer = await sandbox.files("read", path=path)
+        answer = await sandbox.agent.files("read", path=path)
     except SandboxFileError as exc:
         raise ResourceError(str(exc)) from None
     except SandboxError as exc:
@@ -136,7 +136,7 @@ async def list_files(registry: SessionRegistry, session: str) -> str:
     """The listing resource (JSON)."""
     sandbox = _live_sandbox(registry, session)
     try:
-        answer: dict[str, Any] = await sandbox.files("list", path=".") or {}
+        answer: dict[str, Any] = await sandbox.agent.files("list", path=".") or {}
     except SandboxError as exc:
         raise ResourceError(str(exc).splitlines()[0]) from None
     entries = []

@@ -2,21 +2,53 @@
 
 - :mod:`~kernelbridge.tunnel.core`: :class:`Tunnel`, the relay and router;
 - :mod:`~kernelbridge.tunnel.sockets`: the five kernel sockets for Jupyter clients, bounded in bytes;
+- :mod:`~kernelbridge.tunnel.events`: the control channel's typed messages (``Ready``, ``Exited``,
+  ``RpcRequest``, ... ), decoded once from frames;
 - :mod:`~kernelbridge.tunnel.channel`: the control channel to the tunnel's owner (memory or socket).
 
-A tunnel runs inside the bridge's process for the bridge's own sessions, or as a small process of
-its own (``kernelbridge.kernel.tunnel_process``) for a sandbox a plain Jupyter client started.
+A tunnel is run by its owner, :class:`kernelbridge.host.owner.TunnelOwner`: inside the bridge's
+process for the bridge's own sessions, or in a small process of its own
+(``python -m kernelbridge.jupyter.tunnel_process``) for a sandbox a plain Jupyter client started.
+It knows nothing of runtimes, sessions, Jupyter clients' kernels or MCP.
 """
 
-from kernelbridge.tunnel.channel import FrameChannel, SocketFrameChannel, memory_channel_pair
+from kernelbridge.tunnel.channel import ControlChannel, SocketControlChannel, memory_channel_pair
 from kernelbridge.tunnel.core import PeerMessage, Tunnel, TunnelState
+from kernelbridge.tunnel.events import (
+    Command,
+    ControlMessage,
+    Event,
+    Exited,
+    FsRequest,
+    FsResponse,
+    Interrupt,
+    Launch,
+    Ready,
+    Restart,
+    RpcRequest,
+    RpcResponse,
+    Shutdown,
+)
 from kernelbridge.tunnel.sockets import ClientSockets
 
 __all__ = [
     "ClientSockets",
-    "FrameChannel",
+    "Command",
+    "ControlChannel",
+    "ControlMessage",
+    "Event",
+    "Exited",
+    "FsRequest",
+    "FsResponse",
+    "Interrupt",
+    "Launch",
     "PeerMessage",
-    "SocketFrameChannel",
+    "Ready",
+    "Restart",
+    "RpcRequest",
+    "RpcResponse",
+    "Shutdown",
+    "SocketControlChannel",
     "Tunnel",
     "TunnelState",
     "memory_channel_pair",

@@ -1,17 +1,21 @@
-"""The control channel between a tunnel and its owner: frames both ways, over memory or a socket.
+"""The control channel between a tunnel and its owner: typed messages both ways, over memory or a socket.
 
-The owner (the bridge for its own sandboxes, the kernel provisioner for a plain Jupyter client's)
-talks to the tunnel only through this channel: ``ready``/``exit`` events with a structured kind,
-``rpc_request``s for the owner's hub, and the owner's ``interrupt``/``restart``/``shutdown`` and
-``rpc_response``s (see ``kernelbridge.frames`` for the table). Two implementations, one protocol:
+The owner (the bridge for its own sandboxes, the tunnel process of a plain Jupyter client) talks to
+the tunnel only through this channel, in the messages of :mod:`~kernelbridge.tunnel.events`:
+``Ready``/``Exited`` events with a structured kind, ``RpcRequest``s for the owner's hub, and the
+owner's ``Interrupt``/``Restart``/``Shutdown`` and ``RpcResponse``s. Two implementations, one
+protocol:
 
-- :func:`memory_channel_pair`: a tunnel running inside the owner's process (the bridge);
-- :class:`SocketFrameChannel`: the frame codec over a socket, for a tunnel *process*; the
-  socket is a ``socketpair`` end inherited by that process, so nobody else can connect to it
-  (authenticated by construction: no port, no path, no token to steal).
+- :func:`memory_channel_pair`: a tunnel running inside the owner's process (the bridge); the
+  messages travel as the objects they are;
+- :class:`SocketControlChannel`: the same messages as frames (the frame codec) over a socket,
+  between a tunnel process and its provisioner; the socket is a ``socketpair`` end inherited by
+  that process, so nobody else can connect to it (authenticated by construction: no port, no
+  path, no token to steal). A frame becomes a typed message here, once; what is not one is
+  dropped and counted.
 
-Both are bounded: a memory channel holds at most :data:`MEMORY_CHANNEL_FRAMES` frames per
-direction (senders wait), and a stream channel decodes with the frame cap.
+Both are bounded: a memory channel holds at most :data:`MEMORY_CHANNEL_FRAMES` messages per
+direction (senders wait), and a socket channel decodes with the frame cap.
 """
 
 from __future__ import annotations
@@ -25,44 +29,47 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from kernelbridge import frames
+from kernelbridge.tunnel.events import ControlMessage, from_frame
 
 MEMORY_CHANNEL_FRAMES = 64
-"""Frames queued per direction of an in-process channel; the sender waits beyond (backpressure)."""
+"""Messages queued per direction of an in-process channel; the sender waits beyond (backpressure)."""
 READ_CHUNK = 1 << 20
 
 
-class FrameChannel(Protocol):
-    """One end of a two-way channel of frames."""
+class ControlChannel(Protocol):
+    """One end of a two-way channel of control messages."""
 
-    async def send(self, frame: frames.Frame) -> None:
-        """Send one frame. Raises anyio.BrokenResourceError if the other end is gone."""
+    async def send(self, message: ControlMessage) -> None:
+        """Send one message. Raises anyio.BrokenResourceError if the other end is gone."""
         ...
 
-    async def receive(self) -> frames.Frame:
-        """The next frame. Raises anyio.EndOfStream when the other end closed."""
+    async def receive(self) -> ControlMessage:
+        """The next message. Raises anyio.EndOfStream when the other end closed."""
         ...
 
-    def receive_nowait(self) -> frames.Frame | None:
-        """A frame that is already there, else None (also once the other end closed)."""
+    def receive_nowait(self) -> ControlMessage | None:
+        """A message that is already there, else None (also once the other end closed)."""
         ...
 
     async def aclose(self) -> None: ...
 
 
-class MemoryFrameChannel(FrameChannel):
+class MemoryControlChannel(ControlChannel):
     def __init__(
-        self, send: MemoryObjectSendStream[frames.Frame], receive: MemoryObjectReceiveStream[frames.Frame]
+        self,
+        send: MemoryObjectSendStream[ControlMessage],
+        receive: MemoryObjectReceiveStream[ControlMessage],
     ):
         self._send = send
         self._receive = receive
 
-    async def send(self, frame: frames.Frame) -> None:
-        await self._send.send(frame)
+    async def send(self, message: ControlMessage) -> None:
+        await self._send.send(message)
 
-    async def receive(self) -> frames.Frame:
+    async def receive(self) -> ControlMessage:
         return await self._receive.receive()
 
-    def receive_nowait(self) -> frames.Frame | None:
+    def receive_nowait(self) -> ControlMessage | None:
         try:
             return self._receive.receive_nowait()
         except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
@@ -73,32 +80,33 @@ class MemoryFrameChannel(FrameChannel):
         await self._receive.aclose()
 
 
-def memory_channel_pair() -> tuple[FrameChannel, FrameChannel]:
+def memory_channel_pair() -> tuple[ControlChannel, ControlChannel]:
     """Two connected in-process ends: (owner end, tunnel end)."""
-    a_send, b_receive = anyio.create_memory_object_stream[frames.Frame](MEMORY_CHANNEL_FRAMES)
-    b_send, a_receive = anyio.create_memory_object_stream[frames.Frame](MEMORY_CHANNEL_FRAMES)
-    return MemoryFrameChannel(a_send, a_receive), MemoryFrameChannel(b_send, b_receive)
+    a_send, b_receive = anyio.create_memory_object_stream[ControlMessage](MEMORY_CHANNEL_FRAMES)
+    b_send, a_receive = anyio.create_memory_object_stream[ControlMessage](MEMORY_CHANNEL_FRAMES)
+    return MemoryControlChannel(a_send, a_receive), MemoryControlChannel(b_send, b_receive)
 
 
-class SocketFrameChannel(FrameChannel):
-    """The frame codec over a connected stream socket (a socketpair end), non-blocking.
+class SocketControlChannel(ControlChannel):
+    """Control messages as frames over a connected stream socket (a socketpair end), non-blocking.
 
     Reads and writes wait for readiness on whatever event loop is running at the time, so an
     owner that runs each call in a fresh loop (jupyter_client's synchronous managers do) can use
-    it too. Bad lines are skipped and counted.
+    it too. Lines that are not frames, and frames that are not control messages, are skipped and
+    counted in :attr:`dropped`.
     """
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int = frames.MAX_FRAME_BYTES) -> None:
         sock.setblocking(False)
         self.sock = sock
         self._decoder = frames.FrameDecoder(max_frame_bytes)
-        self._ready: collections.deque[frames.Frame] = collections.deque()
+        self._ready: collections.deque[ControlMessage] = collections.deque()
         self._send_lock = anyio.Lock()
         self._eof = False
         self.dropped = 0
 
-    async def send(self, frame: frames.Frame) -> None:
-        data = memoryview(frames.encode(frame))
+    async def send(self, message: ControlMessage) -> None:
+        data = memoryview(frames.encode(message.to_frame()))
         async with self._send_lock:
             while data:
                 try:
@@ -110,7 +118,7 @@ class SocketFrameChannel(FrameChannel):
                     raise anyio.BrokenResourceError(str(exc)) from exc
                 data = data[sent:]
 
-    async def receive(self) -> frames.Frame:
+    async def receive(self) -> ControlMessage:
         while not self._ready:
             if self._eof:
                 raise anyio.EndOfStream
@@ -118,8 +126,8 @@ class SocketFrameChannel(FrameChannel):
             self._read_available()
         return self._ready.popleft()
 
-    def receive_nowait(self) -> frames.Frame | None:
-        """A frame if one can be read without waiting, else None (also at EOF)."""
+    def receive_nowait(self) -> ControlMessage | None:
+        """A message if one can be read without waiting, else None (also at EOF)."""
         if not self._ready and not self._eof:
             self._read_available()
         return self._ready.popleft() if self._ready else None
@@ -136,10 +144,11 @@ class SocketFrameChannel(FrameChannel):
                 self._eof = True
                 return
             for item in self._decoder.feed(chunk):
-                if isinstance(item, frames.FrameError):
+                message = None if isinstance(item, frames.FrameError) else from_frame(item)
+                if message is None:
                     self.dropped += 1
                 else:
-                    self._ready.append(item)
+                    self._ready.append(message)
             if self._ready:
                 return
 

@@ -4,20 +4,24 @@
 
     Jupyter clients --ZMQ (host key)--> ClientSockets --+
     in-process peer (the bridge) --send_kernel()--------+--> kernel frames --> stream --> agent
-    owner --control channel (interrupt, restart, rpc_response, fs_request)--+
+    owner --control channel (Interrupt, Restart, RpcResponse, FsRequest, Shutdown)--+
 
     stream --> kernel frames --> iopub: peer first (awaited: backpressure), then the PUB socket
                              --> replies: to whoever asked (a client identity, or the peer)
-           --> ready / exit / rpc_request / fs_response --> owner, on the control channel
+           --> ready / exit / rpc_request / fs_response --> Ready, Exited, RpcRequest, FsResponse
+                                                            to the owner, on the control channel
 
 The tunnel moves frames and routes replies. It knows nothing of sessions, notebooks, runtimes
 or MCP: it gets a stream (from whatever started the container), a control channel and the
-connection info, and runs until the stream ends or it is cancelled.
+connection info, and runs until the stream ends or it is cancelled. Its last event is always one
+:class:`~kernelbridge.tunnel.events.Exited` (the agent's, or "the container ended" if it had none).
 
 Untrusted input: every frame from the stream is decoded with the frame cap and shape limits;
 frames a sandbox has no business sending at that moment (a ``ready`` while no start or restart is
-pending, a host-bound type) are dropped and counted; strings are clipped before being logged, and
-log lines are rate-limited, so a sandbox cannot flood the host's logs.
+pending, a host-bound type) are dropped and counted; the rest become typed events
+(:mod:`~kernelbridge.tunnel.events` clips their strings); strings are clipped before being logged,
+and log lines are rate-limited (:class:`~kernelbridge.ratelimit.RateLimitedLog`), so a sandbox
+cannot flood the host's logs.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,7 +36,22 @@ import anyio
 from anyio.abc import ByteStream, TaskStatus
 
 from kernelbridge import frames
-from kernelbridge.tunnel.channel import FrameChannel
+from kernelbridge.errors import ExitKind
+from kernelbridge.ratelimit import RateLimitedLog
+from kernelbridge.tunnel.channel import ControlChannel
+from kernelbridge.tunnel.events import (
+    Command,
+    Event,
+    Exited,
+    FsRequest,
+    FsResponse,
+    Interrupt,
+    Ready,
+    Restart,
+    RpcRequest,
+    RpcResponse,
+    Shutdown,
+)
 from kernelbridge.tunnel.sockets import ClientSockets
 
 log = logging.getLogger("kernelbridge.tunnel")
@@ -45,10 +63,15 @@ MAX_PENDING = 10_000
 LOG_BURST = 100
 LOG_WINDOW = 10.0
 """Sandbox log lines logged per window; the rest are counted (a sandbox can send without end)."""
-OWNER_FRAME_TYPES = frozenset(
-    {frames.RPC_RESPONSE, frames.FS_REQUEST, frames.INTERRUPT, frames.RESTART, frames.SHUTDOWN}
-)
+DROP_BURST = 20
+"""Warnings about dropped frames per LOG_WINDOW; every drop is counted in ``dropped``."""
+OWNER_COMMANDS = (RpcResponse, FsRequest, Interrupt, Restart, Shutdown)
 """What an owner may send to the sandbox through the tunnel."""
+SANDBOX_EVENTS = {
+    frames.READY: Ready.from_frame,
+    frames.RPC_REQUEST: RpcRequest.from_frame,
+    frames.FS_RESPONSE: FsResponse.from_frame,
+}
 BATCH_BYTES = 1 << 20
 """Owner frames gathered into one write to the sandbox's stdin."""
 PEER = "peer"
@@ -71,7 +94,7 @@ class Tunnel:
     def __init__(
         self,
         stream: ByteStream,
-        control: FrameChannel,
+        control: ControlChannel,
         *,
         connection: dict[str, Any] | None,
         session: str,
@@ -93,11 +116,17 @@ class Tunnel:
         self.clients: ClientSockets | None = None
         self.pending: collections.OrderedDict[str, list[bytes] | str] = collections.OrderedDict()
         self.decoder = frames.FrameDecoder()
-        self.exit_frame: frames.Frame | None = None
+        self.exited: Exited | None = None
+        """The agent's own exit frame, once it sent one."""
         self.dropped = 0
         self._send_lock = anyio.Lock()
-        self._log_window = (0.0, 0)
-        self._log_suppressed = 0
+        who = session.replace("%", "%%")
+        self._sandbox_log = RateLimitedLog(
+            log, f"session {who}: %d sandbox log lines suppressed", burst=LOG_BURST, window=LOG_WINDOW
+        )
+        self._drop_log = RateLimitedLog(
+            log, f"session {who}: %d more dropped frames not logged", burst=DROP_BURST, window=LOG_WINDOW
+        )
 
     def __repr__(self) -> str:
         return f"<Tunnel {self.session!r} {self.state.value}>"
@@ -128,11 +157,13 @@ class Tunnel:
                 tg.start_soon(self.pump_control)
                 await self.pump_stream()
                 tg.cancel_scope.cancel()
-            await self.tell_owner(self.exit_frame or _container_exited())
+            await self.tell_owner(self.exited or _container_exited())
         finally:
             self.state = TunnelState.ENDED
             if self.clients is not None:
                 self.clients.close()
+            self._sandbox_log.flush()
+            self._drop_log.flush()
             if self.dropped:
                 log.warning(
                     "session %s: dropped %d invalid frame(s) from the sandbox", self.session, self.dropped
@@ -171,24 +202,20 @@ class Tunnel:
             if batch:
                 await self.send_bytes(b"".join(batch), f"{len(batch)} frame(s) from the owner")
 
-    def from_owner(self, frame: frames.Frame) -> bytes | None:
-        """The encoded frame if it is one the owner may send to the sandbox, else None (logged)."""
-        kind = frame.get("type")
-        if kind == frames.RESTART:
-            self.state = TunnelState.RESTARTING
-        if kind not in (
-            frames.RPC_RESPONSE,
-            frames.FS_REQUEST,
-            frames.INTERRUPT,
-            frames.RESTART,
-            frames.SHUTDOWN,
-        ):
-            log.warning("session %s: ignored a %s frame from the owner", self.session, kind)
+    def from_owner(self, command: Command | Event) -> bytes | None:
+        """The encoded frame if ``command`` is one the owner may send to the sandbox, else None
+        (logged)."""
+        if not isinstance(command, OWNER_COMMANDS):
+            log.warning(
+                "session %s: ignored a %s message from the owner", self.session, type(command).__name__
+            )
             return None
+        if isinstance(command, Restart):
+            self.state = TunnelState.RESTARTING
         try:
-            return frames.encode(frame)
+            return frames.encode(command.to_frame())
         except (TypeError, ValueError) as exc:
-            log.warning("session %s: dropped an unencodable %s frame: %s", self.session, kind, exc)
+            log.warning("session %s: dropped an unencodable %s frame: %s", self.session, command.TYPE, exc)
             return None
 
     # -- sandbox -> host ------------------------------------------------------------------------
@@ -201,27 +228,12 @@ class Tunnel:
                 self.drop("a ready frame while no start or restart was pending")
                 return
             self.state = TunnelState.READY
-            await self.tell_owner(
-                {
-                    "type": frames.READY,
-                    "versions": _clipped_versions(frame.get("versions")),
-                    "agent_hash": frames.clip(frame.get("agent_hash"), 80),
-                }
-            )
+            await self.tell_owner(Ready.from_frame(frame))
         elif kind == frames.EXIT:
-            kind_value = frame.get("kind")
-            status = frame.get("status")
-            self.exit_frame = {
-                "type": frames.EXIT,
-                "status": status if isinstance(status, int) and not isinstance(status, bool) else None,
-                "kind": kind_value
-                if isinstance(kind_value, str) and kind_value in frames.EXIT_KINDS
-                else frames.EXIT_KERNEL_DIED,
-                "reason": frames.clip(frame.get("reason") or "the kernel exited", 500),
-            }
-            log.info("session %s: sandbox exit: %s", self.session, self.exit_frame["reason"])
-        elif kind in (frames.RPC_REQUEST, frames.FS_RESPONSE):
-            await self.tell_owner(frame)
+            self.exited = Exited.from_frame(frame)
+            log.info("session %s: sandbox exit: %s", self.session, self.exited.reason)
+        elif (decode := SANDBOX_EVENTS.get(kind)) is not None:
+            await self.tell_owner(decode(frame))
         elif kind == frames.LOG:
             self.log_from_sandbox(frame)
         else:
@@ -263,33 +275,26 @@ class Tunnel:
             log.debug("session %s: the peer failed on a %s message", self.session, channel, exc_info=True)
             self.drop(f"the bridge could not handle a {channel} message ({type(exc).__name__}: {exc})")
 
-    async def tell_owner(self, frame: frames.Frame) -> None:
+    async def tell_owner(self, event: Event) -> None:
         try:
-            await self.control.send(frame)
+            await self.control.send(event)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            log.info("session %s: the owner is gone; dropped a %s event", self.session, frame["type"])
+            log.info("session %s: the owner is gone; dropped a %s event", self.session, event.TYPE)
 
     def log_from_sandbox(self, frame: frames.Frame) -> None:
-        now = time.monotonic()
-        start, count = self._log_window
-        if now - start > LOG_WINDOW:
-            if self._log_suppressed:
-                log.info("session %s: %d sandbox log lines suppressed", self.session, self._log_suppressed)
-                self._log_suppressed = 0
-            start, count = now, 0
-        self._log_window = (start, count + 1)
-        if count >= LOG_BURST:
-            self._log_suppressed += 1
-            return
         level = frames.clip(frame.get("level"), 20)
-        log.info("session %s: sandbox %s: %s", self.session, level, frames.clip(frame.get("message")))
+        self._sandbox_log.log(
+            logging.INFO, "session %s: sandbox %s: %s", self.session, level, frames.clip(frame.get("message"))
+        )
 
     def drop(self, reason: str) -> None:
         self.dropped += 1
-        if self.dropped <= 20 or self.dropped % 1000 == 0:
-            log.warning(
-                "session %s: dropped a frame from the sandbox: %s", self.session, frames.clip(reason, 200)
-            )
+        self._drop_log.log(
+            logging.WARNING,
+            "session %s: dropped a frame from the sandbox: %s",
+            self.session,
+            frames.clip(reason, 200),
+        )
 
     # -- host -> sandbox ------------------------------------------------------------------------
     async def from_client(self, channel: str, wire: frames.WireMessage) -> None:
@@ -324,16 +329,9 @@ class Tunnel:
                 log.info("session %s: the sandbox's stdin is closed; dropped %s", self.session, what)
 
 
-def _container_exited() -> frames.Frame:
-    return {
-        "type": frames.EXIT,
-        "status": None,
-        "kind": frames.EXIT_CONTAINER_EXITED,
-        "reason": "the sandbox's stdout closed without an exit frame (the container ended)",
-    }
-
-
-def _clipped_versions(value: object) -> dict[str, str]:
-    if not isinstance(value, dict):
-        return {}
-    return {frames.clip(k, 40): frames.clip(v, 80) for k, v in list(value.items())[:20]}
+def _container_exited() -> Exited:
+    return Exited(
+        None,
+        ExitKind.CONTAINER_EXITED,
+        "the sandbox's stdout closed without an exit frame (the container ended)",
+    )

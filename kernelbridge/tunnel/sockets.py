@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from kernelbridge import frames
+from kernelbridge.ratelimit import RateLimitedLog
 
 log = logging.getLogger("kernelbridge.tunnel")
 
@@ -35,6 +36,8 @@ TRACK_BYTES = 64 * 1024
 """Messages at least this big are tracked byte by byte; smaller ones are bounded by SNDHWM."""
 SNDHWM = 1000
 RCVHWM = 1000
+LOG_WINDOW = 10.0
+"""Warnings about one tunnel's clients per window (bad messages, slow readers); the rest are counted."""
 
 ClientMessage = Callable[[str, frames.WireMessage], Awaitable[None]]
 """Called with (channel, message) for each verified message from a client."""
@@ -53,6 +56,12 @@ class ClientSockets:
         self._queued: collections.deque[tuple[zmq.MessageTracker, int]] = collections.deque()
         self._queued_bytes = 0
         self.dropped = 0
+        self._refused_log = RateLimitedLog(
+            log, "%d more refused client messages not logged", burst=20, window=LOG_WINDOW
+        )
+        self._slow_log = RateLimitedLog(
+            log, "%d more slow-client warnings not logged", burst=1, window=LOG_WINDOW
+        )
 
     def bind(self) -> None:
         """Bind every socket; a port of 0 in the connection info is replaced by a free port.
@@ -98,10 +107,12 @@ class ClientSockets:
             try:
                 wire = frames.from_wire(parts)
             except ValueError as exc:
-                log.warning("dropped a malformed %s message from a client: %s", channel, exc)
+                self._refused_log.log(
+                    logging.WARNING, "dropped a malformed %s message from a client: %s", channel, exc
+                )
                 continue
             if not frames.verify(self.key, wire):
-                log.warning("dropped a %s message with a bad signature", channel)
+                self._refused_log.log(logging.WARNING, "dropped a %s message with a bad signature", channel)
                 continue
             await on_message(channel, wire)
 
@@ -157,15 +168,17 @@ class ClientSockets:
 
     def _drop(self, channel: str, size: int) -> None:
         self.dropped += 1
-        if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
-            log.warning(
-                "a client is not reading: dropped %d message(s) (last: %s, %d bytes)",
-                self.dropped,
-                channel,
-                size,
-            )
+        self._slow_log.log(
+            logging.WARNING,
+            "a client is not reading: dropped %d message(s) (last: %s, %d bytes)",
+            self.dropped,
+            channel,
+            size,
+        )
 
     def close(self) -> None:
+        self._refused_log.flush()
+        self._slow_log.flush()
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.sockets.clear()

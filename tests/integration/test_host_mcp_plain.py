@@ -15,7 +15,7 @@ import pytest
 from nbclient import NotebookClient
 
 from kernelbridge.config import load_settings
-from kernelbridge.kernel import SandboxKernelManager, install_kernelspec
+from kernelbridge.jupyter import SandboxKernelManager, install_kernelspec
 
 pytestmark = pytest.mark.podman
 

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from kernelbridge.kernel import install_kernelspec
+from kernelbridge.jupyter import install_kernelspec
 
 pytestmark = pytest.mark.podman
 

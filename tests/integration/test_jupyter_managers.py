@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from jupyter_client import MultiKernelManager
 
-from kernelbridge.kernel import install_kernelspec
+from kernelbridge.jupyter import install_kernelspec
 
 pytestmark = pytest.mark.podman
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 import jupyter_kernel_test as jkt
 import pytest
 
-from kernelbridge.kernel import install_kernelspec
+from kernelbridge.jupyter import install_kernelspec
 
 pytestmark = [pytest.mark.podman, pytest.mark.slow]
 

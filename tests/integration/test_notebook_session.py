@@ -23,7 +23,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from nbclient import NotebookClient
 
 from kernelbridge.config import load_settings
-from kernelbridge.kernel import install_kernelspec
+from kernelbridge.jupyter import install_kernelspec
 from kernelbridge.replay import behaviour, judge
 from kernelbridge.runtime import cli_runtime, reap_orphans
 from kernelbridge.sessions import list_session_records

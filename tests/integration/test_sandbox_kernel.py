@@ -17,7 +17,7 @@ import pytest
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from kernelbridge.config import Settings, load_settings
-from kernelbridge.kernel import SandboxKernelManager, connect_client, wait_for_iopub
+from kernelbridge.jupyter import SandboxKernelManager, connect_client, wait_for_iopub
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 

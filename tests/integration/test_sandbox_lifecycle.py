@@ -12,7 +12,7 @@ import pytest
 
 from kernelbridge.config import Settings, load_settings
 from kernelbridge.errors import AgentMismatch
-from kernelbridge.kernel import SandboxKernelManager
+from kernelbridge.jupyter import SandboxKernelManager
 from kernelbridge.runtime import ContainerSpec, cli_runtime, reap_orphans
 
 pytestmark = pytest.mark.podman
@@ -27,12 +27,12 @@ def settings(tmp_path: Path, sandbox_image: str) -> Settings:
 async def test_a_stale_agent_is_refused_with_a_clear_message(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kernelbridge.kernel.provisioner
+    import kernelbridge.jupyter.provisioner
     from kernelbridge.image import default_image
 
     real_image = default_image()
     # A host whose own agent differs from the one baked into the image.
-    monkeypatch.setattr(kernelbridge.kernel.provisioner, "expected_image", lambda _: (real_image, "f" * 64))
+    monkeypatch.setattr(kernelbridge.jupyter.provisioner, "expected_image", lambda _: (real_image, "f" * 64))
     km = SandboxKernelManager(settings=settings, session_name="stale")
     with pytest.raises(AgentMismatch, match="rebuild it with `kernelbridge image build`"):
         await km.start_kernel()

@@ -18,10 +18,10 @@ import pytest
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from kernelbridge import frames
-from kernelbridge.kernel.launch import new_connection, write_connection_file
+from kernelbridge.host.connection import new_connection, write_connection_file
 from kernelbridge.runtime import ContainerSpec
 from kernelbridge.runtime.local import LocalProcessRuntime
-from kernelbridge.tunnel import FrameChannel, Tunnel, memory_channel_pair
+from kernelbridge.tunnel import ControlChannel, Event, Interrupt, Ready, Restart, Tunnel, memory_channel_pair
 
 # Before exec'ing the agent, the fake "container" writes what a hostile sandbox could: garbage,
 # JSON that is not an object, an unknown frame type, a reply nobody asked for, a 3 MiB line, a
@@ -46,14 +46,14 @@ def anyio_backend() -> str:
 @dataclass
 class Running:
     tunnel: Tunnel
-    owner: FrameChannel
+    owner: ControlChannel
     connection_file: str
 
-    async def event(self, kind: str) -> frames.Frame:
+    async def event(self, kind: type[Event]) -> Event:
         with anyio.fail_after(30):
-            while (frame := await self.owner.receive())["type"] != kind:
+            while not isinstance(event := await self.owner.receive(), kind):
                 pass
-        return frame
+        return event
 
 
 @asynccontextmanager
@@ -72,7 +72,7 @@ async def running_tunnel(tmp_path: Path, command: tuple[str, ...] = ()) -> Async
             path = tmp_path / "kernel.json"
             write_connection_file(path, tunnel.connection)
             running = Running(tunnel, owner, str(path))
-            await running.event(frames.READY)
+            await running.event(Ready)
             yield running
             tg.cancel_scope.cancel()
 
@@ -141,7 +141,7 @@ async def test_an_interrupt_frame_from_the_owner_interrupts_the_kernel(tmp_path:
         with anyio.fail_after(10):
             while (await kc.get_iopub_msg(timeout=10))["content"].get("text") != "started\n":
                 pass
-        await running.owner.send({"type": frames.INTERRUPT})
+        await running.owner.send(Interrupt())
         reply = await kc.get_shell_msg(timeout=10)
         assert reply["parent_header"]["msg_id"] == msg_id
         assert reply["content"]["ename"] == "KeyboardInterrupt"
@@ -190,8 +190,8 @@ async def test_malformed_client_messages_do_not_break_the_tunnel(
 async def test_a_restart_frame_replaces_the_kernel_behind_the_same_sockets(tmp_path: Path) -> None:
     async with running_tunnel(tmp_path) as running, connected(running.connection_file) as kc:
         await execute(kc, "before_restart = 1")
-        await running.owner.send({"type": frames.RESTART})
-        await running.event(frames.READY)
+        await running.owner.send(Restart())
+        await running.event(Ready)
         reply = await execute(kc, "before_restart")  # the same client, no reconnect
         assert reply["content"]["ename"] == "NameError"
 
@@ -202,5 +202,5 @@ async def test_a_ready_frame_nobody_asked_for_is_dropped(tmp_path: Path) -> None
         await running.tunnel.handle({"type": frames.READY, "versions": {}})
         assert running.tunnel.dropped == 1
         # Nothing reached the owner: the next event it sees is the one it asks for.
-        await running.owner.send({"type": frames.RESTART})
-        assert (await running.event(frames.READY))["type"] == frames.READY
+        await running.owner.send(Restart())
+        assert isinstance(await running.event(Ready), Ready)

@@ -176,7 +176,7 @@ def test_the_tunnel_handles_any_frame(batch: list[dict[str, Any]]) -> None:
     reached_owner: list[str] = []
 
     async def peer(channel: str, msg: dict[str, Any], buffers: list[bytes]) -> None:
-        # What the bridge's Sandbox does with each message (see kernel/sandbox.py).
+        # What the bridge's Sandbox does with each message (see host/client.py).
         if channel == "iopub":
             await recorder.on_iopub(msg)
         else:
@@ -190,7 +190,7 @@ def test_the_tunnel_handles_any_frame(batch: list[dict[str, Any]]) -> None:
 
         async def drain() -> None:
             while True:
-                reached_owner.append((await owner.receive())["type"])
+                reached_owner.append((await owner.receive()).TYPE)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(drain)

@@ -20,7 +20,7 @@ from anyio.abc import SocketStream
 from bridge_harness import reset_peak, status_kib
 
 from kernelbridge import frames
-from kernelbridge.tunnel import FrameChannel, Tunnel, TunnelState, memory_channel_pair
+from kernelbridge.tunnel import ControlChannel, ControlMessage, Tunnel, TunnelState, memory_channel_pair
 
 pytestmark = pytest.mark.anyio
 
@@ -38,8 +38,8 @@ class Hostile:
 
     sandbox: SocketStream
     tunnel: Tunnel
-    owner: FrameChannel
-    events: list[frames.Frame] = field(default_factory=list)
+    owner: ControlChannel
+    events: list[ControlMessage] = field(default_factory=list)
     iopub: list[dict[str, Any]] = field(default_factory=list)
     hello: frames.Frame | None = None
     changed: anyio.Event = field(default_factory=anyio.Event)
@@ -101,13 +101,13 @@ async def hostile_tunnel(tmp_path: Path) -> AsyncIterator[Hostile]:
                     hostile.hello = item if isinstance(item, dict) else None
         await hostile.frame({"type": frames.READY, "versions": {"python": "3"}, "agent_hash": "x"})
         await hostile.until(lambda: bool(hostile.events))
-        assert hostile.events[0]["type"] == frames.READY
+        assert hostile.events[0].TYPE == frames.READY
         yield hostile
         tg.cancel_scope.cancel()
     await sandbox.aclose()
 
 
-async def _frames(channel: FrameChannel) -> AsyncIterator[frames.Frame]:
+async def _frames(channel: ControlChannel) -> AsyncIterator[ControlMessage]:
     while True:
         try:
             yield await channel.receive()
@@ -163,12 +163,12 @@ async def test_forged_frames_of_every_type(tmp_path: Path, caplog: pytest.LogCap
         await h.settle()
         assert h.tunnel.state is TunnelState.READY
         # The owner heard the rpc_request and fs_response (its business to check), nothing else.
-        assert {e["type"] for e in h.events[1:]} <= {frames.RPC_REQUEST, frames.FS_RESPONSE}
+        assert {e.TYPE for e in h.events[1:]} <= {frames.RPC_REQUEST, frames.FS_RESPONSE}
         assert h.tunnel.dropped >= 9
         exit_frame = {"type": frames.EXIT, "status": -9, "kind": "oom", "reason": "r" * (10 * MiB)}
         await h.frame(exit_frame)
         await h.settle()
-        assert h.tunnel.exit_frame is not None and len(h.tunnel.exit_frame["reason"]) < 600
+        assert h.tunnel.exited is not None and len(h.tunnel.exited.reason) < 600
     assert len(caplog.text) < 100_000
 
 
@@ -178,7 +178,7 @@ async def test_thousands_of_ready_frames_neither_reach_the_owner_nor_block(tmp_p
         with anyio.fail_after(30):
             await h.write(ready * 3000)
             await h.settle()
-        assert [e["type"] for e in h.events] == [frames.READY]
+        assert [e.TYPE for e in h.events] == [frames.READY]
         assert h.tunnel.dropped == 3000
 
 

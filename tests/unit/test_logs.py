@@ -6,8 +6,8 @@ import logging
 import os
 from pathlib import Path
 
-from kernelbridge.kernel.provisioner import prune_logs
-from kernelbridge.kernel.tunnel_process import LOG_FILE_BYTES, configure_logging
+from kernelbridge.jupyter.provisioner import prune_logs
+from kernelbridge.jupyter.tunnel_process import LOG_FILE_BYTES, configure_logging
 
 
 def test_prune_keeps_the_newest(tmp_path: Path) -> None:

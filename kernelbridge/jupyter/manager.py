@@ -19,8 +19,8 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernelbridge.config import Settings, load_settings
 from kernelbridge.errors import KernelDied
-from kernelbridge.kernel.provisioner import SandboxProvisioner, private_dir
-from kernelbridge.kernel.spec import KERNEL_NAME, kernelspec_dict
+from kernelbridge.jupyter.kernelspec import KERNEL_NAME, kernelspec_dict
+from kernelbridge.jupyter.provisioner import SandboxProvisioner, private_dir
 
 # Why 0.05 s: the host's PUB->SUB subscription propagates in ~1 ms on loopback; re-asking every
 # 0.05 s keeps the handshake fast without flooding a kernel that is still busy starting.

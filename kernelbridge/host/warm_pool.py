@@ -3,7 +3,9 @@
 A sandbox takes ~0.5 s to start (container + ipykernel), and starts are CPU bound on small
 machines. The pool keeps ``size`` sandboxes started, one start at a time, and refills in the
 background whenever one is taken. It knows nothing about sessions: :mod:`kernelbridge.sessions`
-takes sandboxes from it and closes what is left at exit.
+takes sandboxes from it and closes what is left at exit. What it pools is whatever the starter
+returns that holds a sandbox (the session layer pools each sandbox with the handlers it was
+started with).
 """
 
 from __future__ import annotations
@@ -11,14 +13,25 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 
-from kernelbridge.kernel.sandbox import Sandbox
+from kernelbridge.host.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
-SandboxStarter = Callable[[str], Awaitable[Sandbox]]
+
+class Pooled(Protocol):
+    """What the pool holds: a started sandbox, with whatever its starter keeps beside it."""
+
+    @property
+    def sandbox(self) -> Sandbox: ...
+
+
+T = TypeVar("T", bound=Pooled)
+
+SandboxStarter = Callable[[str], Awaitable[T]]
 """Starts a sandbox named after its first user (a session, or ``warm-<id>``) and returns it ready."""
 
 SHUTDOWN_TIMEOUT = 15.0
@@ -38,14 +51,14 @@ async def close_sandbox(sandbox: Sandbox) -> None:
         log.warning("sandbox %s did not stop within %.0fs", sandbox.name, SHUTDOWN_TIMEOUT)
 
 
-class WarmPool:
+class WarmPool(Generic[T]):
     """Pre-started sandboxes. Run :meth:`run` in a task group; :meth:`take` one per new session."""
 
-    def __init__(self, size: int, start: SandboxStarter, start_timeout: float) -> None:
+    def __init__(self, size: int, start: SandboxStarter[T], start_timeout: float) -> None:
         self.size = size
         self._start = start
         self._start_timeout = start_timeout
-        self._sandboxes: list[Sandbox] = []
+        self._sandboxes: list[T] = []
         self._wanted = anyio.Event()
         self._changed = anyio.Event()
         self._starting = False
@@ -54,12 +67,12 @@ class WarmPool:
     def __len__(self) -> int:
         return len(self._sandboxes)
 
-    def drain(self) -> list[Sandbox]:
+    def drain(self) -> list[T]:
         """Hand over every pooled sandbox (to be closed); the pool is empty afterwards."""
         sandboxes, self._sandboxes = self._sandboxes, []
         return sandboxes
 
-    async def take(self, name: str) -> Sandbox:
+    async def take(self, name: str) -> T:
         """A started sandbox: from the pool when one is ready, else a fresh one for ``name``."""
         if not self._sandboxes and self._starting and not self._claimed:
             # A warm sandbox is half-way started (e.g. the first call right after `serve`):
@@ -73,11 +86,11 @@ class WarmPool:
             finally:
                 self._claimed = False
         while self._sandboxes:
-            sandbox = self._sandboxes.pop()
+            pooled = self._sandboxes.pop()
             self._wanted.set()
-            if sandbox.alive:
-                return sandbox
-            await close_sandbox(sandbox)
+            if pooled.sandbox.alive:
+                return pooled
+            await close_sandbox(pooled.sandbox)
         self._wanted.set()
         with anyio.fail_after(self._start_timeout + SHUTDOWN_TIMEOUT):
             return await self._start(name)
@@ -90,7 +103,7 @@ class WarmPool:
                 self._starting = True
                 try:
                     with anyio.fail_after(self._start_timeout + SHUTDOWN_TIMEOUT):
-                        sandbox = await self._start(f"warm-{secrets.token_hex(4)}")
+                        pooled = await self._start(f"warm-{secrets.token_hex(4)}")
                 except Exception as exc:
                     self._starting = False
                     self._notify()
@@ -100,7 +113,7 @@ class WarmPool:
                     await anyio.sleep(min(2.0**failures, MAX_BACKOFF))
                     continue
                 failures = 0
-                self._sandboxes.append(sandbox)
+                self._sandboxes.append(pooled)
                 self._starting = False
                 self._notify()
             self._wanted = anyio.Event()

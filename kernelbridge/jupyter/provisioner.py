@@ -2,23 +2,25 @@
 
 For plain Jupyter clients (``jupyter console --kernel kernelbridge``, nbclient, jupyter_server):
 the "kernel process" jupyter_client manages is a tunnel process
-(:mod:`kernelbridge.kernel.tunnel_process`). The provisioner talks to it over a control channel,
-one end of a ``socketpair`` the tunnel inherits (frames, not signals or stdout lines), so every
-Popen-style verb maps onto one frame or one process call:
+(:mod:`kernelbridge.jupyter.tunnel_process`), which runs the sandbox through the same tunnel owner
+as the bridge's own sandboxes. The provisioner talks to it over a control channel, one end of a
+``socketpair`` the tunnel inherits (typed messages as frames, not signals or stdout lines), so
+every Popen-style verb maps onto one message or one process call:
 
 ======================  ===================================================================
 verb                    what happens
 ======================  ===================================================================
 pre_launch              allocate ports (cached across restarts), write the 0600 connection
                         file (an absolute path, whatever ``connection_dir`` the manager has)
-launch_kernel           start the tunnel, send it a ``launch`` frame (container spec), wait
-                        for ``ready`` or turn its ``exit`` (structured kind) into an error
+launch_kernel           start the tunnel, send it a ``Launch`` (container spec), wait for
+                        ``Ready`` or turn its ``Exited`` (structured kind) into an error
 poll / wait             the tunnel process; it exits when the kernel or container does
-send_signal(SIGINT)     an ``interrupt`` frame (kernelspecs use message-mode interrupts anyway)
+send_signal(SIGINT)     an ``Interrupt`` (kernelspecs use message-mode interrupts anyway)
 terminate               SIGTERM: the tunnel stops the agent and removes the container
 kill                    SIGKILL to the tunnel; ``cleanup`` then force-removes the container
 cleanup                 remove the container (bounded), keep the ports on restart
-restart_in_place        (ours) a ``restart`` frame: a new kernel in the same container
+restart_in_place        (ours) a ``Restart``: a new kernel in the same container, answered
+                        ``Ready`` (the tunnel's owner does the restart-then-wait)
 ======================  ===================================================================
 
 Every wait happens inside the verb that needs it: no background task or thread, because
@@ -45,12 +47,13 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning import LocalProvisioner
 
-from kernelbridge import frames
 from kernelbridge.config import Settings, load_settings
-from kernelbridge.errors import KernelBridgeError, SandboxError
-from kernelbridge.kernel.launch import container_spec, expected_image, launch_frame, start_failure
+from kernelbridge.errors import KernelBridgeError, SandboxStartTimeout, start_error
+from kernelbridge.host.container import container_spec
+from kernelbridge.host.policy import expected_image
+from kernelbridge.jupyter.launch import launch_for
 from kernelbridge.runtime import ContainerSpec, open_runtime
-from kernelbridge.tunnel import SocketFrameChannel
+from kernelbridge.tunnel import ControlMessage, Exited, Interrupt, Ready, Restart, SocketControlChannel
 
 # Why 10 s: a graceful container stop is: kernel shutdown_reply, agent exit, the runtime tearing
 # the container down (~0.3 s here). Past 10 s, escalate to SIGTERM then SIGKILL.
@@ -59,15 +62,18 @@ SHUTDOWN_WAIT = 10.0
 REMOVE_TIMEOUT = 20.0
 # Tunnel logs kept for post-mortems: each is at most 2 MiB (one backup).
 KEEP_LOGS = 100
+ANSWER_MARGIN = 5.0
+"""Seconds the tunnel process gets beyond the start timeout to answer a launch or a restart: its
+own bound is the start timeout, and its answer says more than ours would."""
 
 
 class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
     """Runs the kernel inside a sandbox container behind a kernelbridge tunnel process."""
 
     spec: ContainerSpec | None = None
-    exit_event: dict[str, Any] | None = None
+    exit_event: Exited | None = None
     versions: dict[str, Any] | None = None
-    control: SocketFrameChannel | None = None
+    control: SocketControlChannel | None = None
 
     # -- configuration -------------------------------------------------------------------
     _settings: Settings | None = None
@@ -105,7 +111,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs["cmd"] = [
             sys.executable,
             "-m",
-            "kernelbridge.kernel.tunnel_process",
+            "kernelbridge.jupyter.tunnel_process",
             "--control-fd",
             "{control_fd}",
             "--log-file",
@@ -124,7 +130,8 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Start the tunnel and wait until the sandboxed kernel is ready.
 
         Raises ImageError (image missing), AgentMismatch (stale image), KernelDied or
-        SandboxError (any other start failure), each with a one-line reason.
+        SandboxError (any other start failure: :func:`~kernelbridge.errors.start_error` of the
+        tunnel's ``Exited``), each with a one-line reason.
         """
         self.exit_event = None
         settings = self.settings
@@ -151,23 +158,19 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
                 kwargs["stderr"].close()
         self.pid = self.process.pid
         self.pgid = os.getpgid(self.pid)
-        self.control = SocketFrameChannel(ours)
-        connection_file = absolute(self.parent.connection_file)
+        self.control = SocketControlChannel(ours)
+        launch = launch_for(
+            connection_file=absolute(self.parent.connection_file),
+            spec=self.spec,
+            agent_hash=agent_hash,
+            settings=settings,
+        )
         try:
-            with anyio.fail_after(settings.kernel_start_timeout):
-                await self.control.send(
-                    launch_frame(
-                        connection_file=connection_file,
-                        spec=self.spec,
-                        agent_hash=agent_hash,
-                        settings=settings,
-                    )
-                )
-                event = await self._next_event()
+            answer = await self._ask(launch, settings.kernel_start_timeout)
         except TimeoutError:
             await self.kill()
             await self.cleanup()
-            raise SandboxError(
+            raise SandboxStartTimeout(
                 f"the sandbox did not become ready within {settings.kernel_start_timeout:g} s"
             ) from None
         except BaseException:
@@ -175,24 +178,28 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             # and remove the container on its own, in its own process.
             self.process.send_signal(signal.SIGTERM)
             raise
-        if event is None or event.get("type") != frames.READY:
-            self.exit_event = event
+        if not isinstance(answer, Ready):
+            self.exit_event = answer
             await self.wait()
             await self.cleanup()
-            raise start_failure(event, [])
-        self.versions = event.get("versions")
+            raise start_error(answer.kind, answer.reason) if answer is not None else start_error(None)
+        self.versions = dict(answer.versions)
         return self.connection_info
 
-    async def _next_event(self) -> frames.Frame | None:
-        """The next ``ready`` or ``exit`` from the tunnel, or None when the channel closed."""
+    async def _ask(self, message: ControlMessage, timeout: float) -> Ready | Exited | None:
+        """Send ``message`` to the tunnel process and wait for its answer: ``Ready``, or ``Exited``
+        (None when the channel closed first). Raises TimeoutError past ``timeout`` plus
+        ANSWER_MARGIN, anyio.BrokenResourceError if the tunnel is gone."""
         assert self.control is not None
-        while True:
-            try:
-                frame = await self.control.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                return None
-            if frame.get("type") in (frames.READY, frames.EXIT):
-                return frame
+        with anyio.fail_after(timeout + ANSWER_MARGIN):
+            await self.control.send(message)
+            while True:
+                try:
+                    answer = await self.control.receive()
+                except anyio.EndOfStream:
+                    return None
+                if isinstance(answer, Ready | Exited):
+                    return answer
 
     # -- Popen verbs -----------------------------------------------------------------------
     async def poll(self) -> int | None:
@@ -201,21 +208,21 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.exit_event = self._pending_exit()
         return status
 
-    def _pending_exit(self) -> dict[str, Any] | None:
-        """An exit frame the tunnel left on the channel before ending (read without waiting)."""
+    def _pending_exit(self) -> Exited | None:
+        """The ``Exited`` the tunnel left on the channel before ending (read without waiting)."""
         if self.control is None:
             return None
-        while (frame := self.control.receive_nowait()) is not None:
-            if frame.get("type") == frames.EXIT:
-                return frame
+        while (message := self.control.receive_nowait()) is not None:
+            if isinstance(message, Exited):
+                return message
         return None
 
     async def send_signal(self, signum: int) -> None:
-        """SIGINT becomes an ``interrupt`` frame; other signals go to the tunnel process only (not
-        its group), which turns SIGTERM into a graceful container stop."""
+        """SIGINT becomes an ``Interrupt``; other signals go to the tunnel process only (not its
+        group), which turns SIGTERM into a graceful container stop."""
         if signum == signal.SIGINT and self.control is not None:
             with contextlib.suppress(anyio.BrokenResourceError), anyio.move_on_after(5):
-                await self.control.send({"type": frames.INTERRUPT})
+                await self.control.send(Interrupt())
             return
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signum)
@@ -255,28 +262,26 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     # -- kernelbridge additions ------------------------------------------------------------
     async def restart_in_place(self) -> bool:
-        """Replace the kernel but keep its container (and so /workspace and /tmp): a ``restart``
-        frame, answered by a new ``ready``. Returns False when that did not work; the caller then
+        """Replace the kernel but keep its container (and so /workspace and /tmp): a ``Restart``,
+        answered by a new ``Ready``. Returns False when that did not work; the caller then
         restarts the jupyter_client way."""
         if self.process is None or self.process.poll() is not None or self.control is None:
             return False
         try:
-            with anyio.fail_after(self.settings.kernel_start_timeout):
-                await self.control.send({"type": frames.RESTART})
-                event = await self._next_event()
+            answer = await self._ask(Restart(), self.settings.kernel_start_timeout)
         except (TimeoutError, anyio.BrokenResourceError):
             return False
-        if event is None or event.get("type") != frames.READY:
-            self.exit_event = event
+        if not isinstance(answer, Ready):
+            self.exit_event = answer
             return False
-        self.versions = event.get("versions")
+        self.versions = dict(answer.versions)
         return True
 
     def death_reason(self) -> str | None:
         """Why the sandbox ended, as reported by the agent or the runtime; None while alive."""
         if self.exit_event is None:
             return None
-        return str(self.exit_event.get("reason") or "the sandbox exited")
+        return self.exit_event.reason or "the sandbox exited"
 
 
 def single_use(settings: Settings) -> Settings:

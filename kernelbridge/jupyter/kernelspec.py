@@ -23,7 +23,7 @@ def kernelspec_dict() -> dict[str, Any]:
         "argv": [
             sys.executable,
             "-m",
-            "kernelbridge.kernel.tunnel_process",
+            "kernelbridge.jupyter.tunnel_process",
             "--connection-file",
             "{connection_file}",
         ],

@@ -1,0 +1,136 @@
+"""A sandbox's container: its spec from the settings, and how a sandbox obtains it with its stream.
+
+What a :class:`~kernelbridge.host.owner.TunnelOwner` needs is an :class:`AttachedContainer`: a
+container id and its stdio stream. How it was obtained is a :class:`ContainerSource`'s business,
+kept apart from the life of the sandbox once it has a stream:
+
+- :class:`NewContainer` creates one from a spec and attaches before starting it; when the sandbox
+  is done the stream is closed and the container removed (shielded, bounded);
+- adopting a container that already runs (a sandbox that outlived its bridge) will be another
+  source: attach only, and remove only when the sandbox is closed, not when its bridge goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+
+from kernelbridge.config import Settings
+from kernelbridge.runtime import ContainerInfo, ContainerSpec, ContainerStream, RuntimeBackend
+
+log = logging.getLogger(__name__)
+
+# Why 20 s: removing a container takes ~0.3 s here; a busy engine can take seconds; past this
+# the engine is wedged and the owner label lets the next start reap the container.
+REMOVE_TIMEOUT = 20.0
+INSPECT_TIMEOUT = 5.0
+"""Bound on asking the engine how a container ended (it only adds detail to the reason)."""
+
+NAMESPACE_LABEL = "kernelbridge.namespace"
+"""The HTTP client (token name) a sandbox serves; absent over stdio."""
+
+
+def container_spec(settings: Settings, session: str, image: str) -> ContainerSpec:
+    """The sandbox container of ``session``; its name carries a random suffix (a restart racing
+    the old container's removal, or two bridges, would otherwise collide) and, over HTTP, the
+    namespace of the client it serves (two clients may both call a session ``default``)."""
+    prefix = f"kernelbridge-{settings.namespace}-" if settings.namespace else "kernelbridge-"
+    labels = settings.labels
+    if settings.namespace:
+        labels = (*labels, (NAMESPACE_LABEL, settings.namespace))
+    return ContainerSpec(
+        image=image,
+        name=f"{prefix}{session}-{secrets.token_hex(3)}",
+        # The session label names the namespace too: two clients' "default" stay apart.
+        session=f"{settings.namespace}/{session}" if settings.namespace else session,
+        owner_pid=os.getpid(),
+        owner_host=socket.gethostname(),
+        limits=settings.limits,
+        labels=labels,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedContainer:
+    """A running sandbox container and its stdio stream, however they were obtained."""
+
+    id: str
+    name: str
+    stream: ContainerStream
+    runtime: RuntimeBackend | None = None
+    """Where to ask how it ended (None: nowhere, e.g. a scripted stream in a test)."""
+
+    async def inspect(self) -> ContainerInfo | None:
+        """What the engine knows of it now (exit code, OOM kill), or None; bounded, shielded
+        from cancellation, never raises (it only adds detail to a reason)."""
+        if self.runtime is None:
+            return None
+        with anyio.CancelScope(shield=True), anyio.move_on_after(INSPECT_TIMEOUT):
+            try:
+                return await self.runtime.inspect(self.id)
+            except Exception:
+                log.debug("inspecting %s failed", self.id, exc_info=True)
+        return None
+
+
+class ContainerSource(Protocol):
+    """How a sandbox gets its container and stream."""
+
+    @property
+    def name(self) -> str:
+        """The container's name (known before it exists)."""
+        ...
+
+    def open(self) -> AbstractAsyncContextManager[AttachedContainer]:
+        """The container, attached, for the sandbox's life; released on exit. Raises ImageError,
+        RuntimeUnavailable (from the runtime)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class NewContainer(ContainerSource):
+    """A container created from ``spec`` for one sandbox's life, removed after it."""
+
+    runtime: RuntimeBackend
+    spec: ContainerSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def open(self) -> AbstractAsyncContextManager[AttachedContainer]:
+        return started_container(self.runtime, self.spec)
+
+
+@contextlib.asynccontextmanager
+async def started_container(runtime: RuntimeBackend, spec: ContainerSpec) -> AsyncIterator[AttachedContainer]:
+    """Create and attach a container; on exit (or a failure half-way) close the stream and remove
+    the container, shielded and bounded. Raises ImageError / RuntimeUnavailable from the runtime."""
+    container = await runtime.create(spec)
+    stream: ContainerStream | None = None
+    try:
+        stream = await runtime.attach(container)
+        yield AttachedContainer(container, spec.name, stream, runtime)
+    finally:
+        with anyio.CancelScope(shield=True):
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
+            with anyio.move_on_after(REMOVE_TIMEOUT) as scope:
+                try:
+                    await runtime.remove([container])
+                except Exception as exc:
+                    log.warning("could not remove container %s: %s", spec.name, exc)
+            if scope.cancelled_caught:
+                log.warning(
+                    "removing container %s took over %.0f s; left for reaping", spec.name, REMOVE_TIMEOUT
+                )

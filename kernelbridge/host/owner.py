@@ -1,0 +1,356 @@
+"""The one owner of a sandbox's tunnel: an attached container in, a ready kernel out, until it ends.
+
+Both the bridge's :class:`~kernelbridge.host.sandbox.Sandbox` and the tunnel process of a plain
+Jupyter client (:mod:`kernelbridge.jupyter.tunnel_process`) run their tunnel through a
+:class:`TunnelOwner`, so waiting for ``ready`` or ``exit``, restarting then waiting, stopping and
+telling a death from a close exist once. The owner holds:
+
+- the life of the sandbox as a guarded state (:mod:`~kernelbridge.host.state`): every change goes
+  through one transition function, so a ``ready`` arriving mid-close cannot undo the close;
+- the :class:`~kernelbridge.tunnel.Tunnel` on the container's stream, and the control channel to
+  it: events in (``Ready``/``Exited`` it handles, ``RpcRequest``/``FsResponse`` go to the handler
+  given to :meth:`TunnelOwner.run`), commands out through a :class:`~.commands.CommandQueue`;
+- the connection file, when it writes one.
+
+It does not obtain the container (a :class:`~kernelbridge.host.container.ContainerSource` does,
+by creating or by adopting one) and knows nothing of Jupyter clients, sessions or MCP.
+
+Shutdown escalation
+-------------------
+The problem: a sandbox holds a kernel with the user's state and a container the engine must remove;
+closing must be graceful when it can be (the kernel's ``shutdown`` hooks run, the agent leaves and
+the container stops by itself) and bounded when it cannot (a wedged agent, a paused container, a
+stopped engine), also while the owner is being cancelled. Killing at once would skip the graceful
+part; waiting for the agent alone would hang on a wedged one. So, shielded from cancellation:
+
+1. :meth:`TunnelOwner.close` (or the tunnel process's SIGTERM) asks for a ``Shutdown`` and waits for
+   the tunnel to end, at most :data:`SHUTDOWN_GRACE` seconds;
+2. whatever happened, the container source closes the stream (the agent exits on EOF) and removes
+   the container (``rm -f``), bounded by its ``REMOVE_TIMEOUT``; a container still there after that
+   carries its owner's pid and is reaped by the next bridge.
+
+Its limit: a container that survives ``rm -f`` within the bound is left for reaping, logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import zmq
+from anyio.abc import TaskStatus
+
+from kernelbridge.errors import (
+    ExitKind,
+    KernelBridgeError,
+    SandboxError,
+    SandboxStartFailed,
+    SandboxStartTimeout,
+    start_error,
+)
+from kernelbridge.host.commands import CommandQueue
+from kernelbridge.host.connection import new_connection, write_connection_file
+from kernelbridge.host.container import AttachedContainer
+from kernelbridge.host.state import Change, Death, SandboxState, next_state
+from kernelbridge.tunnel import (
+    Command,
+    ControlChannel,
+    Exited,
+    FsResponse,
+    Interrupt,
+    PeerMessage,
+    Ready,
+    Restart,
+    RpcRequest,
+    Shutdown,
+    Tunnel,
+    memory_channel_pair,
+)
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE = 2.0
+"""Seconds a closing sandbox gets to stop its kernel cleanly before the container is removed."""
+SEND_TIMEOUT = 5.0
+"""Bound on handing one kernel message to the tunnel (it is in-process; only a wedged sandbox is
+slower: a paused container, a runtime client that stopped draining its stdin)."""
+
+AgentEvent = RpcRequest | FsResponse
+EventHandler = Callable[[AgentEvent], Awaitable[None]]
+"""Gets the events the owner does not handle itself; must return soon (it runs on the event pump)."""
+
+
+class TunnelOwner:
+    """Runs one sandbox's tunnel. ``await tg.start(partial(owner.run, container, ...))``."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        session: str,
+        agent_hash: str | None,
+        start_timeout: float,
+        connection: dict[str, Any] | None = None,
+        connection_file: Path | None = None,
+    ) -> None:
+        """``session``: what the agent is told in ``hello``. ``connection``: the Jupyter ports and
+        key to bind (None: fresh ones, ports chosen by ZMQ). ``connection_file``: where to write the
+        bound connection (0600), deleted when the sandbox ends; None: not written here."""
+        self.name = name
+        """For logs and errors (the sandbox's name)."""
+        self.session = session
+        self.agent_hash = agent_hash
+        """The agent the host expects in the image (None: any, e.g. the local test double)."""
+        self.start_timeout = start_timeout
+        """Seconds from attaching to ``ready``, at the start and for each restart it is asked for."""
+        self.connection_file = connection_file
+        self.state = SandboxState.STARTING
+        self.ready: Ready | None = None
+        """The latest ``ready`` (versions, agent hash)."""
+        self.exited: Exited | None = None
+        """The tunnel's last event: how the sandbox ended, as the agent (or the tunnel) said."""
+        self.death: Death | None = None
+        """Why it ended by itself (DEAD); None while alive, after a close, or a failed start."""
+        self.ended = anyio.Event()
+        self.commands = CommandQueue(name)
+        self._connection = connection
+        self._tunnel: Tunnel | None = None
+        self._ready = anyio.Event()
+        self._tunnel_ended = anyio.Event()
+        self._close_requested = anyio.Event()
+        self._wrote_file = False
+
+    def __repr__(self) -> str:
+        return f"<TunnelOwner {self.name!r} {self.state.value}>"
+
+    @property
+    def alive(self) -> bool:
+        return self.state.alive
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return dict(self.ready.versions) if self.ready is not None else {}
+
+    @property
+    def connection(self) -> dict[str, Any] | None:
+        """The bound connection info (ports filled in) once the tunnel runs."""
+        return self._tunnel.connection if self._tunnel is not None else self._connection
+
+    def _change(self, change: Change) -> SandboxState:
+        """The one place the state changes. Raises IllegalTransition (a bug) for a forbidden pair."""
+        self.state = next_state(self.state, change)
+        return self.state
+
+    # -- life -----------------------------------------------------------------------------------
+    async def run(
+        self,
+        container: AttachedContainer,
+        *,
+        peer: PeerMessage | None,
+        on_event: EventHandler,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the tunnel on ``container`` until the sandbox ends or is closed; ``started`` once its
+        kernel proved iopub delivers. ``peer`` gets the kernel's iopub and the replies to its own
+        requests (the bridge's client); ``on_event`` gets rpc requests and file answers.
+
+        Raises, before ``started``, the start failure of :func:`~kernelbridge.errors.start_error`
+        (AgentMismatch, ImageError, KernelDied, SandboxStartFailed, SandboxStartTimeout).
+        """
+        owner_end, tunnel_end = memory_channel_pair()
+        tunnel = Tunnel(
+            container.stream,
+            tunnel_end,
+            connection=self._connection if self._connection is not None else new_connection(),
+            session=self.session,
+            kernel_key=secrets.token_hex(32),
+            agent_hash=self.agent_hash,
+            peer=peer,
+        )
+        self._tunnel = tunnel
+        failure: KernelBridgeError | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                # A start failure is raised after the group is left: raised inside it, it would
+                # reach the caller wrapped in an ExceptionGroup.
+                try:
+                    await tg.start(_run_tunnel, tunnel)
+                    self._wrote_file = self._write_connection_file()
+                    tg.start_soon(self._pump_events, owner_end, on_event)
+                    tg.start_soon(self.commands.pump, owner_end)
+                    await self._wait_ready(container)
+                except zmq.ZMQError as exc:
+                    failure = SandboxStartFailed(f"cannot bind the kernel ports: {exc}")
+                except KernelBridgeError as exc:
+                    failure = exc
+                if failure is None:
+                    task_status.started()
+                    await _first(self._tunnel_ended.wait, self._close_requested.wait)
+                    await self._stop_gracefully()
+                tg.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
+            # Ended by itself or closed: tell which before anyone sees the state change (a death
+            # found while the state is still alive, as the inspection may take a moment).
+            death = await self._death(container) if self.state.alive else None
+            if self._change(Change.END) is SandboxState.DEAD:
+                self.death = death
+                log.info("sandbox %s ended: %s", self.name, death.reason if death else "?")
+        finally:
+            if self.state.alive or self.state is SandboxState.CLOSING:
+                self._change(Change.END)  # a failed start, or cancelled
+            self.commands.close()
+            self.ended.set()
+            if self._wrote_file and self.connection_file is not None:
+                with contextlib.suppress(OSError):
+                    self.connection_file.unlink()
+
+    def _write_connection_file(self) -> bool:
+        if self.connection_file is None or self.connection is None:
+            return False
+        try:
+            write_connection_file(self.connection_file, self.connection)
+        except OSError as exc:  # e.g. a full state directory: only Jupyter clients need it
+            log.warning("sandbox %s: no connection file: %s", self.name, exc.strerror or exc)
+            return False
+        return True
+
+    async def _wait_ready(self, container: AttachedContainer) -> None:
+        with anyio.move_on_after(self.start_timeout):
+            await _first(self._ready.wait, self._tunnel_ended.wait, self._close_requested.wait)
+        if self._ready.is_set():
+            return
+        if self._tunnel_ended.is_set():
+            info = await container.inspect()
+            exited = self.exited
+            tail = container.stream.stderr_tail()
+            raise start_error(
+                exited.kind if exited is not None else None,
+                exited.reason if exited is not None else "",
+                detail=next((line for line in reversed(tail) if line.strip()), ""),
+                oom=bool(info and info.oom_killed),
+            )
+        if self._close_requested.is_set():
+            raise SandboxStartFailed("it was closed while it started")
+        raise SandboxStartTimeout(f"the sandbox did not become ready within {self.start_timeout:g} s")
+
+    async def _stop_gracefully(self) -> None:
+        """Step 1 of the shutdown escalation (module docstring): ask, wait at most SHUTDOWN_GRACE."""
+        if self._tunnel_ended.is_set():
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_GRACE):
+            self.commands.put(Shutdown())
+            await self._tunnel_ended.wait()
+
+    async def _death(self, container: AttachedContainer) -> Death:
+        info = await container.inspect()
+        exited = self.exited
+        if info is not None and info.oom_killed:
+            return Death(ExitKind.OOM, "the sandbox ran out of memory (its memory limit was reached)")
+        if exited is not None and exited.kind is not ExitKind.CONTAINER_EXITED:
+            return Death(exited.kind, exited.reason)
+        code = info.exit_code if info is not None else None
+        tail = container.stream.stderr_tail()
+        detail = f": {tail[-1]}" if tail else ""
+        status = f" with status {code}" if code is not None else ""
+        return Death(ExitKind.CONTAINER_EXITED, f"the sandbox container exited{status}{detail}")
+
+    def request_close(self) -> bool:
+        """Ask the sandbox to stop (its state is gone); True if it was running and now stops
+        (wait for :attr:`ended`), False if it had ended already."""
+        if self._change(Change.CLOSE) is not SandboxState.CLOSING or self.ended.is_set():
+            return False
+        self._close_requested.set()
+        return True
+
+    async def close(self) -> None:
+        """:meth:`request_close`, then wait until the tunnel ended (bounded, shielded)."""
+        if self.request_close():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_GRACE + SEND_TIMEOUT):
+                await self.ended.wait()
+
+    # -- events from the tunnel -------------------------------------------------------------------
+    async def _pump_events(self, channel: ControlChannel, on_event: EventHandler) -> None:
+        """Tunnel -> owner until the tunnel's last event (its Exited)."""
+        try:
+            while True:
+                try:
+                    event = await channel.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+                if isinstance(event, Ready):
+                    self._on_ready(event)
+                elif isinstance(event, Exited):
+                    self.exited = event
+                    return
+                elif isinstance(event, (RpcRequest, FsResponse)):
+                    await on_event(event)
+                else:
+                    log.warning("sandbox %s: ignored a %s from the tunnel", self.name, event.TYPE)
+        finally:
+            self._tunnel_ended.set()
+
+    def _on_ready(self, ready: Ready) -> None:
+        if self._change(Change.READY) is SandboxState.READY:
+            self.ready = ready
+            self._ready.set()
+        else:
+            log.info("sandbox %s: a ready arrived while it was %s; ignored", self.name, self.state.value)
+
+    # -- commands -----------------------------------------------------------------------------------
+    def send(self, command: Command) -> None:
+        """Queue a command for the sandbox (never waits; dropped once it ended)."""
+        self.commands.put(command)
+
+    async def send_kernel(self, channel: str, msg: dict[str, Any]) -> None:
+        """A kernel message from the in-process peer (its replies come back to the peer).
+        Raises SandboxError if the sandbox is not running or does not take the message within
+        SEND_TIMEOUT (bounded: a sandbox whose stdin nobody drains would otherwise hold the
+        caller forever, past any timeout it promised)."""
+        if not self.alive or self._tunnel is None:
+            raise SandboxError(f"the sandbox of {self.name!r} is not running")
+        with anyio.move_on_after(SEND_TIMEOUT) as scope:
+            await self._tunnel.send_kernel(channel, msg)
+        if scope.cancelled_caught:
+            raise SandboxError(
+                f"the sandbox did not take a request within {SEND_TIMEOUT:g} s (it is stopped or wedged)"
+            )
+
+    def interrupt(self) -> None:
+        """SIGINT to the kernel's process group (through the agent)."""
+        if self.alive:
+            self.send(Interrupt())
+
+    async def restart(self, timeout: float) -> bool:
+        """A new kernel in the same container (files in /workspace stay); True once it proved
+        iopub delivers, False if that did not happen within ``timeout`` (or the sandbox ended
+        or is closing meanwhile)."""
+        if self.state not in (SandboxState.READY, SandboxState.RESTARTING):
+            return False
+        self._ready = anyio.Event()
+        self._change(Change.RESTART)
+        with anyio.move_on_after(timeout):
+            self.send(Restart())
+            await _first(self._ready.wait, self._tunnel_ended.wait)
+        return self._ready.is_set() and self.state is SandboxState.READY
+
+
+async def _run_tunnel(tunnel: Tunnel, *, task_status: TaskStatus[None]) -> None:
+    await tunnel.run(task_status=task_status)
+
+
+async def _first(*waits: Callable[[], Awaitable[Any]]) -> None:
+    """Return as soon as the first of ``waits`` returns."""
+    async with anyio.create_task_group() as tg:
+
+        async def one(wait: Callable[[], Awaitable[Any]]) -> None:
+            await wait()
+            tg.cancel_scope.cancel()
+
+        for wait in waits:
+            tg.start_soon(one, wait)

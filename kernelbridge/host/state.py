@@ -1,0 +1,87 @@
+"""The life of one sandbox as a state machine: its states, what changes them, and the one table.
+
+::
+
+    STARTING --ready--> READY --restart--> RESTARTING --ready--> READY
+        |                 |                     |
+        +--------+--------+---------------------+--end--> DEAD   (the container or kernel ended)
+                 |
+              close (from any live state) --> CLOSING --end--> CLOSED   (asked for: no death)
+
+Every change goes through :func:`next_state`; a pair that is not in its table raises
+IllegalTransition (a bug). Some events are legal and change nothing, because a sandbox can cause
+them at any moment: a ``ready`` that arrives while the sandbox is closing (the answer to a restart
+sent just before the close) leaves it CLOSING, so the close is not undone and, when the tunnel
+ends, recorded as CLOSED, not as a death. Closing twice, or closing what already ended, is a no-op.
+
+Pure (no I/O, no event loop): tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from kernelbridge.errors import ExitKind, IllegalTransition
+
+
+class SandboxState(enum.Enum):
+    STARTING = "starting"
+    """The container runs; its kernel has not proved iopub delivers yet."""
+    READY = "ready"
+    RESTARTING = "restarting"
+    """A new kernel is starting in the same container."""
+    CLOSING = "closing"
+    """The owner asked it to stop; requests are refused from here on."""
+    DEAD = "dead"
+    """It ended by itself (see the owner's ``death``)."""
+    CLOSED = "closed"
+
+    @property
+    def alive(self) -> bool:
+        """Whether the sandbox takes requests."""
+        return self in (SandboxState.STARTING, SandboxState.READY, SandboxState.RESTARTING)
+
+
+class Change(enum.Enum):
+    READY = "ready"
+    """The tunnel reported ``ready`` (the kernel proved iopub delivers)."""
+    RESTART = "restart"
+    """The owner sent a restart."""
+    CLOSE = "close"
+    """The owner asked the sandbox to stop."""
+    END = "end"
+    """The tunnel ended (the container's stdout closed), or the owner gave up on it."""
+
+
+_S, _C = SandboxState, Change
+_TABLE: dict[tuple[SandboxState, Change], SandboxState] = {
+    (_S.STARTING, _C.READY): _S.READY,
+    (_S.RESTARTING, _C.READY): _S.READY,
+    (_S.CLOSING, _C.READY): _S.CLOSING,  # a restart's answer racing the close: the close stands
+    (_S.READY, _C.RESTART): _S.RESTARTING,
+    (_S.RESTARTING, _C.RESTART): _S.RESTARTING,  # restarting again (the first did not answer)
+    **{(state, _C.CLOSE): _S.CLOSING for state in (_S.STARTING, _S.READY, _S.RESTARTING, _S.CLOSING)},
+    (_S.DEAD, _C.CLOSE): _S.DEAD,
+    (_S.CLOSED, _C.CLOSE): _S.CLOSED,
+    **{(state, _C.END): _S.DEAD for state in (_S.STARTING, _S.READY, _S.RESTARTING)},
+    (_S.CLOSING, _C.END): _S.CLOSED,
+}
+
+
+def next_state(state: SandboxState, change: Change) -> SandboxState:
+    """The state after ``change``. Raises IllegalTransition for a pair the table does not have
+    (e.g. ``ready`` after the end: the tunnel tells nothing after its last event)."""
+    try:
+        return _TABLE[(state, change)]
+    except KeyError:
+        raise IllegalTransition(f"a sandbox that is {state.value} cannot take {change.value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """Why a sandbox ended by itself."""
+
+    kind: ExitKind
+    reason: str
+    """One line for a model or a person."""
