@@ -25,14 +25,15 @@ from runtime_harness import (
 from kernelbridge.config import EngineSettings, Settings
 from kernelbridge.errors import ConfigError, RuntimeUnavailable
 from kernelbridge.runtime import ContainerState, open_runtime, open_selection
-from kernelbridge.runtime.engine import EngineRuntime
-from kernelbridge.runtime.engine_endpoint import system_sockets
-from kernelbridge.runtime.engine_placement import EngineSet
+from kernelbridge.runtime.engine.api import EngineRuntime
+from kernelbridge.runtime.engine.endpoint import system_sockets
+from kernelbridge.runtime.engine.placement import EngineSet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
 STEP = 60.0
 TINY = "localhost/kernelbridge-test-tiny:1"
+TINY_BUILT = "localhost/kernelbridge-test-tiny:built"
 
 
 def settings(tmp_path: Path, runtime: str | None = None, **engine: object) -> Settings:
@@ -148,12 +149,21 @@ async def test_least_loaded_placement(tmp_path: Path, private_podman: str, docke
             assert selected.reason == f"2 engines, least-loaded placement: {private_podman}, {docker_url}"
             podman, docker = engines.backends
             assert (podman.engine, docker.engine) == ("podman", "docker")
-            # The same image on both (an import goes to every engine).
-            await engines.import_image(
+            # The same image on both (an import, a tag and a build go to every engine).
+            await engines.images.import_rootfs(
                 tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]', "LABEL tiny=1"]
             )
-            assert await engines.image_labels(TINY) == {"tiny": "1"}
-            assert TINY in await engines.list_images(TINY.rpartition(":")[0])
+            assert await engines.images.labels(TINY) == {"tiny": "1"}
+            for backend in engines.backends:
+                assert await backend.images.labels(TINY) == {"tiny": "1"}, backend
+            listed = await engines.images.list(TINY.rpartition(":")[0])
+            assert [TINY in i.tags for i in listed] == [True, True], "one image per engine"
+            context = tmp_path / "context"
+            context.mkdir()
+            (context / "Containerfile").write_text(f"FROM {TINY}\nLABEL built=1\n")
+            await engines.images.build(context, TINY_BUILT)
+            for backend in engines.backends:
+                assert await backend.images.labels(TINY_BUILT) == {"tiny": "1", "built": "1"}, backend
             base = await engines.loads()
             assert base[0] is not None and base[1] is not None
             # Fill in from the less loaded engine; ties go to the first listed (podman).
@@ -175,15 +185,16 @@ async def test_least_loaded_placement(tmp_path: Path, private_podman: str, docke
             assert await stream.receive() == b"stays put\n"
             info = await engines.inspect(placed[1])
             assert info is not None and info.state is ContainerState.RUNNING
-            await engines.stop(placed[1], timeout=0)
             await stream.aclose()
             listed = {c.id for c in await engines.list({"kernelbridge.test-run": str(os.getpid())})}
             assert set(placed) <= listed
             await engines.remove(placed)
             assert [await engines.inspect(c) for c in placed] == [None] * 4
             assert await engines.loads() == base
+            assert await engines.images.remove(TINY_BUILT)
+            assert await engines.images.remove(TINY)
             for backend in engines.backends:
-                assert await backend.remove_image(TINY)
+                assert await backend.images.labels(TINY) is None, backend
 
 
 async def test_placement_skips_an_engine_that_stopped(tmp_path: Path, docker_url: str) -> None:

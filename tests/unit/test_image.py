@@ -5,13 +5,21 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import anyio
 import pytest
 
-from kernelbridge import image, image_build
+from kernelbridge import image
 from kernelbridge.config import load_settings
 from kernelbridge.errors import AgentMismatch, ConfigError, ImageError
+from kernelbridge.image import containerfile, recipe, rootfs
 
-REPO = Path(image.__file__).resolve().parent.parent
+REPO = Path(image.__file__).resolve().parents[2]
+INSIDE = image.INSIDE_PACKAGE
+INSIDE_FILE = max(
+    (name for name in image.image_files(REPO) if name.startswith(f"{INSIDE}/")),
+    key=lambda name: (REPO / name).stat().st_size,
+)
+"""The largest file of the code that runs inside the container (whatever its modules are called)."""
 
 
 @pytest.fixture
@@ -39,7 +47,7 @@ def test_image_files_cover_agent_imports_and_recipe() -> None:
     files = image.image_files()
     for name in (
         "kernelbridge/frames.py",
-        "kernelbridge/sandbox/agent.py",
+        INSIDE_FILE,
         "sandbox_kernel_image/requirements.txt",
         "sandbox_kernel_image/customize.sh",
         "sandbox_kernel_image/Containerfile",
@@ -47,7 +55,7 @@ def test_image_files_cover_agent_imports_and_recipe() -> None:
         assert name in files
     assert files == sorted(files)
     # Only what runs in the sandbox: host settings and the bridge never make an image stale.
-    for host_only in ("kernelbridge/image.py", "kernelbridge/__init__.py", "kernelbridge/config.py"):
+    for host_only in ("kernelbridge/image/recipe.py", "kernelbridge/__init__.py", "kernelbridge/config.py"):
         assert host_only not in files
 
 
@@ -62,7 +70,7 @@ def test_changing_host_code_keeps_the_hash(tree: Path) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["kernelbridge/sandbox/agent.py", "kernelbridge/frames.py", "sandbox_kernel_image/requirements.txt"],
+    [INSIDE_FILE, "kernelbridge/frames.py", "sandbox_kernel_image/requirements.txt"],
 )
 def test_hash_changes_when_an_image_file_changes(tree: Path, name: str) -> None:
     before = image.agent_hash(tree)
@@ -73,19 +81,19 @@ def test_hash_changes_when_an_image_file_changes(tree: Path, name: str) -> None:
 
 def test_hash_changes_when_a_sandbox_module_is_added(tree: Path) -> None:
     before = image.agent_hash(tree)
-    (tree / "kernelbridge/sandbox/extra").mkdir()
-    (tree / "kernelbridge/sandbox/extra/helpers.py").write_text("X = 1\n")
+    (tree / INSIDE / "extra").mkdir()
+    (tree / INSIDE / "extra/helpers.py").write_text("X = 1\n")
     assert image.agent_hash(tree) != before
-    assert "kernelbridge/sandbox/extra/helpers.py" in image.image_files(tree)
+    assert f"{INSIDE}/extra/helpers.py" in image.image_files(tree)
 
 
 def test_hash_ignores_bytecode_and_baked_hash(tree: Path) -> None:
     before = image.agent_hash(tree)
-    cache = tree / "kernelbridge/sandbox/__pycache__"
+    cache = tree / INSIDE / "__pycache__"
     cache.mkdir()
     (cache / "agent.cpython-311.pyc").write_bytes(b"\0" * 16)
     (cache / "stray.py").write_text("not source\n")
-    (tree / "kernelbridge/sandbox/AGENT_HASH").write_text("0" * 64 + "\n")
+    (tree / INSIDE / "AGENT_HASH").write_text("0" * 64 + "\n")
     assert image.agent_hash(tree) == before
 
 
@@ -98,7 +106,7 @@ def test_hash_ignores_files_outside_the_image(tree: Path) -> None:
 
 def test_moving_bytes_across_files_changes_the_hash(tree: Path) -> None:
     before = image.agent_hash(tree)
-    first, second = tree / "kernelbridge/frames.py", tree / "kernelbridge/sandbox/agent.py"
+    first, second = tree / "kernelbridge/frames.py", tree / INSIDE_FILE
     a, b = first.read_bytes(), second.read_bytes()
     first.write_bytes(a + b[:1])
     second.write_bytes(b[1:])
@@ -119,11 +127,16 @@ def test_image_tag_format() -> None:
 
 def test_import_changes_come_from_the_containerfile() -> None:
     labels = {image.HASH_LABEL: "ab" * 32, image.PACKAGES_LABEL: "numpy==2.0 pandas==2.2"}
-    changes = image_build._import_changes(REPO / "sandbox_kernel_image/Containerfile", labels)
+    changes = containerfile.import_changes(REPO / "sandbox_kernel_image/Containerfile", labels)
     assert "ENV PYTHONPATH=/opt/kernelbridge" in changes
     assert "ENV MPLBACKEND=module://matplotlib_inline.backend_inline" in changes
     assert "WORKDIR /workspace" in changes
-    assert 'CMD ["python3", "-m", "kernelbridge.sandbox.agent"]' in changes
+    (cmd,) = [
+        line
+        for line in (REPO / "sandbox_kernel_image/Containerfile").read_text().splitlines()
+        if line.startswith("CMD ")
+    ]
+    assert cmd.startswith('CMD ["python3", "-m", "kernelbridge.') and cmd in changes
     assert f"LABEL kernelbridge.agent-hash={'ab' * 32}" in changes
     # podman import reads a change like a Containerfile line: a value with spaces is quoted.
     assert 'LABEL kernelbridge.packages="numpy==2.0 pandas==2.2"' in changes
@@ -132,18 +145,17 @@ def test_import_changes_come_from_the_containerfile() -> None:
 
 def test_staged_agent_carries_its_hash(tree: Path, tmp_path: Path) -> None:
     prefix = tmp_path / "staged"
-    image_build._stage_agent(tree, prefix, "f" * 64)
-    assert (prefix / "kernelbridge/sandbox/agent.py").is_file()
-    assert (prefix / "kernelbridge/sandbox/AGENT_HASH").read_text() == "f" * 64 + "\n"
+    recipe.stage_agent(tree, prefix, "f" * 64)
+    assert (prefix / INSIDE_FILE).is_file()
+    assert (prefix / INSIDE / "AGENT_HASH").read_text() == "f" * 64 + "\n"
     assert not (prefix / "sandbox_kernel_image").exists()
 
 
 def test_missing_mmdebstrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(image_build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(rootfs.shutil, "which", lambda name: None)
+    labels = {image.HASH_LABEL: "0" * 64}
     with pytest.raises(ImageError, match="apt-get install mmdebstrap"):
-        image_build._build_without_registry(
-            "podman", REPO, tmp_path, {image.HASH_LABEL: "0" * 64}, "t", lambda line: None, image.NO_EXTRAS
-        )
+        anyio.run(rootfs.make_rootfs, REPO, tmp_path, labels, image.NO_EXTRAS, lambda line: None)
 
 
 # -- the recipe ships in the package -------------------------------------------------------------------
@@ -242,7 +254,7 @@ def test_packages_label_lists_wanted_packages_with_versions(tmp_path: Path) -> N
         info = tmp_path / f"{name}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    installed = image_build.installed_packages(tmp_path)
+    installed = rootfs.installed_packages(tmp_path)
     assert installed == {"numpy": "2.1.0", "scikit-learn": "1.5.2", "joblib": "1.4.0"}
     label = image.packages_label(installed, ["numpy", "scikit-learn", "absent"])
     assert label == "numpy==2.1.0 scikit-learn==1.5.2"
@@ -253,10 +265,10 @@ def test_packages_label_lists_wanted_packages_with_versions(tmp_path: Path) -> N
 def test_subid_ranges_are_read_by_name_or_uid(tmp_path: Path) -> None:
     subuid = tmp_path / "subuid"
     subuid.write_text("alice:100000:65536\n1001:200000:1000\nbob:300000:65536\n")
-    assert image_build._subid_range(subuid, "alice", 1000) == 65536
-    assert image_build._subid_range(subuid, "carol", 1001) == 1000
-    assert image_build._subid_range(subuid, "dave", 1002) is None
-    assert image_build._subid_range(tmp_path / "absent", "alice", 1000) is None
+    assert rootfs._subid_range(subuid, "alice", 1000) == 65536
+    assert rootfs._subid_range(subuid, "carol", 1001) == 1000
+    assert rootfs._subid_range(subuid, "dave", 1002) is None
+    assert rootfs._subid_range(tmp_path / "absent", "alice", 1000) is None
 
 
 def test_the_work_tree_becomes_readable_for_unshare_mode(
@@ -268,8 +280,8 @@ def test_the_work_tree_becomes_readable_for_unshare_mode(
     script.write_text("true\n")
     script.chmod(0o700)
     work.chmod(0o700)
-    monkeypatch.setattr(image_build.os, "geteuid", lambda: 1000)
-    image_build._readable_by_others(work)
+    monkeypatch.setattr(rootfs.os, "geteuid", lambda: 1000)
+    rootfs._readable_by_others(work)
     assert work.stat().st_mode & 0o777 == 0o755
     assert script.stat().st_mode & 0o777 == 0o755
     assert (work / "overlay").stat().st_mode & 0o005 == 0o005

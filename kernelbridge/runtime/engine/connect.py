@@ -14,17 +14,17 @@ import anyio
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import RuntimeUnavailable
-from kernelbridge.runtime.engine import EngineRuntime, open_engine
-from kernelbridge.runtime.engine_endpoint import (
+from kernelbridge.runtime.cli.podman import default_oci_runtime
+from kernelbridge.runtime.engine.api import EngineRuntime, open_engine
+from kernelbridge.runtime.engine.endpoint import (
     Endpoint,
     Engine,
     default_remote_socket,
     parse_endpoint,
     system_sockets,
 )
-from kernelbridge.runtime.engine_service import HelperProcess, podman_service, ssh_forward
-from kernelbridge.runtime.engine_transport import API_TIMEOUT, EngineClient
-from kernelbridge.runtime.podman import default_oci_runtime
+from kernelbridge.runtime.engine.service import HelperProcess, podman_service, ssh_forward
+from kernelbridge.runtime.engine.transport import API_TIMEOUT, EngineClient
 
 PROBE_TIMEOUT = 3.0
 """Bound of asking a candidate socket whether an engine answers: a local engine answers in

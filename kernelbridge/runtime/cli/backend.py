@@ -1,9 +1,14 @@
 """The command-line backend: ``podman`` or ``docker`` driven through their CLI (the fallback).
 
-Every operation is one bounded CLI call, except ``attach``: it starts ``<cli> start --attach
---interactive <id>``, a client process that lives as long as the sandbox and carries its stdio
-(the engine-API backend needs no such process). The container's flags are the DESIGN.md set; the
-two CLIs agree on them except the log driver and podman's ``--runtime``.
+Every operation is one bounded CLI call (``command.Cli``), except ``attach``: it starts ``<cli>
+start --attach --interactive <id>``, a client process that lives as long as the sandbox and carries
+its stdio (the engine-API backend needs no such process). The container's flags are rendered from
+:mod:`kernelbridge.runtime.flags`; the two CLIs agree on them except podman's ``--runtime``. The
+images of the same CLI are :class:`~kernelbridge.runtime.cli.images.CliImages`.
+
+What the CLI cannot do: keep a sandbox's stdin open for a later attachment (``create -i`` plus
+``start -ai`` is one attachment; ``RuntimeInfo.reattach`` is False), so a reattachable spec is
+refused.
 """
 
 from __future__ import annotations
@@ -18,70 +23,57 @@ import anyio.abc
 
 from kernelbridge.errors import ImageError, RuntimeUnavailable
 from kernelbridge.runtime.base import (
-    READ_ONLY_TMPFS,
     SESSION_LABEL,
-    WORKDIR,
     ContainerInfo,
     ContainerSpec,
     ContainerState,
     ContainerStream,
+    ImageStore,
     RuntimeBackend,
     RuntimeInfo,
 )
-from kernelbridge.runtime.streams import ProcessStream
+from kernelbridge.runtime.cli.command import Cli, container_gone, image_missing
+from kernelbridge.runtime.cli.images import CliImages
+from kernelbridge.runtime.cli.stream import ProcessStream
+from kernelbridge.runtime.flags import sandbox_flags
 
-# Why 30 s: `podman ps`/`rm` answer in well under a second here, but a busy machine starting 20
-# sandboxes at once can stall the client for several seconds. Past this the runtime is wedged.
-CLI_TIMEOUT = 30.0
-IMPORT_TIMEOUT = 600.0
-"""An image import copies hundreds of MB."""
 ATTACH_TIMEOUT = 10.0
 ATTACH_POLL = 0.02
 """How often a freshly attached container is checked until its client has started it."""
 REMOVE_ATTEMPTS = 3
 REMOVE_RETRY_DELAY = 0.5
-_MISSING_IMAGE = ("image not known", "no such image", "unable to find image", "not found: image")
 
 
 def container_flags(spec: ContainerSpec) -> list[str]:
-    """The DESIGN.md sandbox flags for ``create`` (both CLIs accept them)."""
-    lim = spec.limits
-    flags = [
-        # Never reach for a registry: the image is built locally, and a miss must fail fast.
-        "--pull", "never",
-        "--name", spec.name,
-        "--network", lim.network,
-        "--cap-drop", "ALL",
-        "--security-opt", "no-new-privileges",
-        "--user", lim.user,
-        "--memory", lim.memory,
-        "--memory-swap", lim.memory,
-        "--pids-limit", str(lim.pids),
-        "--cpus", f"{lim.cpus:g}",
-        # Sized tmpfs: unsized, --read-only gives a huge /tmp counted against the memory limit.
-        "--tmpfs", f"/tmp:rw,size={lim.tmp_size},mode=1777,nosuid,nodev",
-        "--tmpfs", f"{WORKDIR}:rw,size={lim.workspace_size},mode=1777,nosuid,nodev",
-        "--workdir", WORKDIR,
-        # Explicit ulimits: the defaults would be raised past what we may set without
-        # CAP_SYS_RESOURCE on these machines, and the container would fail to start.
-        "--ulimit", f"nofile={lim.nofile}:{lim.nofile}",
-        "--ulimit", f"nproc={lim.nproc}:{lim.nproc}",
-        # Nothing reads the engine's log of a sandbox: its stdio goes to the tunnel only, and a
-        # log driver would write every byte the kernel prints to the host's disk.
-        "--log-driver", "none",
+    """The sandbox flags of ``spec`` for ``create`` (both CLIs accept them)."""
+    flags = sandbox_flags(spec)
+    argv = [
+        "--pull", "always" if flags.pull else "never",
+        "--name", flags.name,
+        "--network", flags.network,
+        *(arg for cap in flags.cap_drop for arg in ("--cap-drop", cap)),
+        *(["--security-opt", "no-new-privileges"] if flags.no_new_privileges else []),
+        "--user", flags.user,
+        "--memory", flags.memory,
+        "--memory-swap", flags.memory,
+        "--pids-limit", str(flags.pids),
+        "--cpus", f"{flags.cpus:g}",
+        *(arg for mount in flags.tmpfs for arg in ("--tmpfs", f"{mount.path}:{mount.options}")),
+        "--workdir", flags.workdir,
+        *(arg for u in flags.ulimits for arg in ("--ulimit", f"{u.name}={u.soft}:{u.hard}")),
+        "--log-driver", flags.log_driver,
     ]  # fmt: skip
-    if lim.read_only:
-        flags.append("--read-only")
-        # podman's --read-only also mounts *unsized* tmpfs on /run and /var/tmp
-        # (--read-only-tmpfs, on by default): writable space bounded by nothing but the memory
-        # limit, where nobody looks. Mounting them read-only ourselves replaces podman's mounts
-        # and says the same thing to docker (which adds none) and to the engine API (HostConfig.Tmpfs).
-        flags += ["--tmpfs", f"/var/tmp:{READ_ONLY_TMPFS}", "--tmpfs", f"/run:{READ_ONLY_TMPFS}"]
-    for key, value in spec.all_labels().items():
-        flags += ["--label", f"{key}={value}"]
-    for key, value in spec.env:
-        flags += ["--env", f"{key}={value}"]
-    return flags
+    if flags.read_only:
+        argv.append("--read-only")
+    if flags.init:
+        argv.append("--init")
+    if flags.auto_remove:
+        argv.append("--rm")
+    for key, value in flags.labels.items():
+        argv += ["--label", f"{key}={value}"]
+    for key, value in flags.env:
+        argv += ["--env", f"{key}={value}"]
+    return argv
 
 
 @dataclass
@@ -94,13 +86,18 @@ class CliRuntime(RuntimeBackend):
     oci_runtime: str | None = None
     """podman's ``--runtime`` to force (e.g. ``runc`` where crun fails on hybrid cgroups)."""
     workdir: Path | None = None
-    """Working directory of the CLI processes: podman's conmon drops an ``oom`` file in its working
-    directory after an OOM kill, which must not land wherever the bridge was started."""
+    """Working directory of the CLI processes (see ``command.Cli.workdir``)."""
     name: str = field(init=False)
+    images: ImageStore = field(init=False, repr=False)
+    cli: Cli = field(init=False, repr=False)
     _tg: anyio.abc.TaskGroup | None = field(default=None, init=False, repr=False)
+    _never_started: set[str] = field(default_factory=set, init=False, repr=False)
+    """Ids this backend created and has not attached to: ``attach`` starts them without asking."""
 
     def __post_init__(self) -> None:
         self.name = f"{self.engine}-cli"
+        self.cli = Cli(self.engine, self.executable, self.workdir)
+        self.images = CliImages(self.cli)
 
     async def __aenter__(self) -> CliRuntime:
         self._tg = anyio.create_task_group()
@@ -124,21 +121,40 @@ class CliRuntime(RuntimeBackend):
         return [*argv, spec.image, *spec.command]
 
     async def create(self, spec: ContainerSpec) -> str:
+        if spec.reattachable:
+            raise RuntimeUnavailable(
+                f"the {self.engine} CLI cannot keep a sandbox's stdin open for a later attachment;"
+                f" use the engine API (KERNELBRIDGE_RUNTIME={self.engine}-api)"
+            )
         try:
-            return (await self._cli(*self.create_argv(spec)[1:])).strip().splitlines()[-1]
+            container = (await self.cli.run(*self.create_argv(spec)[1:])).strip().splitlines()[-1]
         except RuntimeUnavailable as exc:
-            if any(marker in str(exc).lower() for marker in _MISSING_IMAGE):
+            if image_missing(exc):
                 raise ImageError(
                     f"the sandbox image {spec.image} is missing; run `kernelbridge image build`"
                 ) from None
             raise
+        self._never_started.add(container)
+        return container
 
     async def attach(self, container: str) -> ContainerStream:
         if self._tg is None:
             raise RuntimeError("CliRuntime.attach outside `async with`")
+        if container in self._never_started:
+            self._never_started.discard(container)
+        else:
+            # `start --attach` would run an exited container again, and cannot attach a second
+            # client to a running one: the CLI attaches to created containers only.
+            info = await self.inspect(container)
+            if info is None or info.state is not ContainerState.CREATED:
+                why = "does not exist" if info is None else f"is {info.state.value}"
+                raise RuntimeUnavailable(
+                    f"cannot attach to {container}: it {why} (the {self.engine} CLI attaches to a"
+                    " container once, before it starts)"
+                )
         argv = [self.executable, "start", "--attach", "--interactive", container]
         try:
-            process = await anyio.open_process(argv, stdin=-1, stdout=-1, stderr=-1, cwd=self._cwd())
+            process = await anyio.open_process(argv, stdin=-1, stdout=-1, stderr=-1, cwd=self.cli.cwd())
         except OSError as exc:
             raise RuntimeUnavailable(f"cannot run {self.executable}: {exc.strerror}") from None
         stream = ProcessStream(process)
@@ -148,7 +164,7 @@ class CliRuntime(RuntimeBackend):
 
     async def _wait_started(self, container: str, process: anyio.abc.Process) -> None:
         """Return once the client has really started the container (or given up). ``start -ai``
-        attaches before it starts: a ``stop`` landing in between finds a created container, and
+        attaches before it starts: a removal landing in between finds a created container, and
         the client would then start it anyway (a race seen with both podman and docker)."""
         with anyio.move_on_after(ATTACH_TIMEOUT):
             while process.returncode is None:
@@ -157,23 +173,17 @@ class CliRuntime(RuntimeBackend):
                     return
                 await anyio.sleep(ATTACH_POLL)
 
-    async def stop(self, container: str, timeout: float = 0) -> None:
-        try:
-            await self._cli("stop", "--time", str(int(timeout)), container)
-        except RuntimeUnavailable as exc:
-            if not _gone(exc):
-                raise
-
     async def remove(self, containers: list[str]) -> None:
+        self._never_started.difference_update(containers)
         if not containers:
             return
         extra = ["--ignore", "--time", "0"] if self.engine == "podman" else []
         for attempt in range(REMOVE_ATTEMPTS):
             try:
-                await self._cli("rm", "--force", *extra, *containers)
+                await self.cli.run("rm", "--force", *extra, *containers)
                 return
             except RuntimeUnavailable as exc:
-                if _gone(exc):
+                if container_gone(exc):
                     return
                 if attempt == REMOVE_ATTEMPTS - 1:
                     raise
@@ -183,9 +193,9 @@ class CliRuntime(RuntimeBackend):
 
     async def inspect(self, container: str) -> ContainerInfo | None:
         try:
-            text = await self._cli("container", "inspect", container)
+            text = await self.cli.run("container", "inspect", container)
         except RuntimeUnavailable as exc:
-            if _gone(exc):
+            if container_gone(exc):
                 return None
             raise
         rows = json.loads(text or "[]")
@@ -195,12 +205,12 @@ class CliRuntime(RuntimeBackend):
         args = ["ps", "--all", "--no-trunc", "--format", "{{json .}}"]
         for key, value in (labels or {SESSION_LABEL: ""}).items():
             args += ["--filter", f"label={key}={value}" if value else f"label={key}"]
-        return parse_ps_output(await self._cli(*args))
+        return parse_ps_output(await self.cli.run(*args))
 
     async def info(self) -> RuntimeInfo:
-        version = (await self._cli("--version")).strip()
+        version = (await self.cli.run("--version")).strip()
         if self.engine != "podman":
-            data = json.loads(await self._cli("info", "--format", "{{json .}}"))
+            data = json.loads(await self.cli.run("info", "--format", "{{json .}}"))
             return RuntimeInfo(
                 name=self.name,
                 engine=self.engine,
@@ -209,8 +219,10 @@ class CliRuntime(RuntimeBackend):
                 rootless="rootless" in str(data.get("SecurityOptions", "")),
                 cgroup_version=f"v{data.get('CgroupVersion', '?')}",
                 oci_runtime=str(data.get("DefaultRuntime", "")),
+                storage_driver=str(data.get("Driver") or ""),
             )
-        host = json.loads(await self._cli("info", "--format", "json")).get("host", {})
+        data = json.loads(await self.cli.run("info", "--format", "json"))
+        host = data.get("host", {})
         rootless = bool(host.get("security", {}).get("rootless"))
         cgroups = str(host.get("cgroupVersion", "?"))
         return RuntimeInfo(
@@ -222,75 +234,8 @@ class CliRuntime(RuntimeBackend):
             cgroup_version=cgroups,
             oci_runtime=self.oci_runtime or str(host.get("ociRuntime", {}).get("name", "")),
             limits_enforced=not (rootless and cgroups == "v1"),
+            storage_driver=str((data.get("store") or {}).get("graphDriverName") or ""),
         )
-
-    # -- images ---------------------------------------------------------------------------------
-    async def image_labels(self, image: str) -> dict[str, str] | None:
-        try:
-            text = await self._cli("image", "inspect", image)
-        except RuntimeUnavailable as exc:
-            if any(marker in str(exc).lower() for marker in (*_MISSING_IMAGE, "no such object")):
-                return None
-            raise
-        try:
-            (info,) = json.loads(text)
-        except ValueError:
-            return None
-        # podman puts the labels at top level and under Config; docker only under Config.
-        labels = (info.get("Config") or {}).get("Labels") or info.get("Labels") or {}
-        return {str(key): str(value) for key, value in labels.items()}
-
-    async def import_image(self, tarball: Path, tag: str, changes: list[str]) -> None:
-        argv = ["import", *(f"--change={change}" for change in changes), str(tarball), tag]
-        try:
-            await self._cli(*argv, timeout=IMPORT_TIMEOUT)
-        except RuntimeUnavailable as exc:
-            raise ImageError(f"{exc}; check free disk space and `{self.engine} info`") from None
-
-    async def tag_image(self, image: str, tag: str) -> None:
-        try:
-            await self._cli("tag", image, tag)
-        except RuntimeUnavailable as exc:
-            raise ImageError(str(exc)) from None
-
-    async def list_images(self, repository: str) -> list[str]:
-        text = await self._cli("images", "--format", "{{.Repository}}:{{.Tag}}", repository)
-        return [ref for ref in text.split() if not ref.endswith(":<none>")]
-
-    async def remove_image(self, image: str) -> bool:
-        try:
-            await self._cli("rmi", image)
-        except RuntimeUnavailable:
-            return False
-        return True
-
-    # -- the CLI --------------------------------------------------------------------------------
-    def _cwd(self) -> str | None:
-        if self.workdir is None:
-            return None
-        self.workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return str(self.workdir)
-
-    async def _cli(self, *args: str, timeout: float = CLI_TIMEOUT) -> str:
-        try:
-            with anyio.fail_after(timeout):
-                result = await anyio.run_process([self.executable, *args], check=False, cwd=self._cwd())
-        except TimeoutError:
-            raise RuntimeUnavailable(
-                f"`{self.engine} {args[0]}` did not answer within {timeout:g} s"
-            ) from None
-        except OSError as exc:
-            raise RuntimeUnavailable(f"cannot run {self.executable}: {exc.strerror}") from None
-        if result.returncode != 0:
-            err = result.stderr.decode(errors="replace").strip().splitlines()
-            reason = err[-1] if err else f"exit status {result.returncode}"
-            raise RuntimeUnavailable(f"`{self.engine} {args[0]}` failed: {reason[:500]}")
-        return result.stdout.decode(errors="replace")
-
-
-def _gone(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return "no such container" in text or "no container with name or id" in text
 
 
 _STATES = {state.value: state for state in ContainerState}

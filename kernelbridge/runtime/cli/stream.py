@@ -1,4 +1,5 @@
-"""A :class:`ContainerStream` over a child process's stdio (the CLI backend and the test double).
+"""A :class:`ContainerStream` over a child process's stdio (the CLI backend, and the test double in
+:mod:`kernelbridge.testing`).
 
 The child is a runtime client (``podman start --attach --interactive``) or, in tests, the agent
 itself. Its stdout carries the frames; its stderr is drained into a bounded tail by a task in the

@@ -26,7 +26,7 @@ import anyio
 import anyio.abc
 
 from kernelbridge.errors import RuntimeUnavailable
-from kernelbridge.runtime.engine_endpoint import UNIX_PATH_MAX, Endpoint
+from kernelbridge.runtime.engine.endpoint import UNIX_PATH_MAX, Endpoint
 
 START_TIMEOUT = 20.0
 """Bound of a helper's start until the engine answers through it: podman's service answers in
