@@ -134,8 +134,8 @@ class MemoryImages(ImageStore):
                 args.setdefault(name.strip(), default)
             elif instruction == "LABEL" and labels is not None:
                 labels.update(_pairs(rest, args))
-            elif instruction in ("COPY", "ADD"):
-                for source in shlex.split(rest)[:-1]:
+            elif instruction in ("COPY", "ADD") and "--from=" not in rest:  # not from another stage
+                for source in [word for word in shlex.split(rest)[:-1] if not word.startswith("--")]:
                     if not (context / source).exists():
                         raise ImageError(f"building {tag} failed: {source} is not in the build context")
         if labels is None:

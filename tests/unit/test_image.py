@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import io
 import shutil
+import tarfile
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -11,7 +15,8 @@ import pytest
 from kernelbridge import image
 from kernelbridge.config import load_settings
 from kernelbridge.errors import AgentMismatch, ConfigError, ImageError
-from kernelbridge.image import containerfile, recipe, rootfs
+from kernelbridge.image import build, containerfile, recipe, rootfs
+from kernelbridge.testing import MemoryImages
 
 REPO = Path(image.__file__).resolve().parents[2]
 INSIDE = image.INSIDE_PACKAGE
@@ -285,3 +290,76 @@ def test_the_work_tree_becomes_readable_for_unshare_mode(
     assert work.stat().st_mode & 0o777 == 0o755
     assert script.stat().st_mode & 0o777 == 0o755
     assert (work / "overlay").stat().st_mode & 0o005 == 0o005
+
+
+# -- the builder, through an image store ---------------------------------------------------------------
+def tiny_tarball(path: Path) -> Path:
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("etc/hostname")
+        data = b"tiny\n"
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def run(coro: Any, *args: Any, **kwargs: Any) -> Any:
+    return anyio.run(functools.partial(coro, *args, **kwargs))
+
+
+def test_a_current_image_is_kept_and_named_latest(tmp_path: Path) -> None:
+    store = MemoryImages()
+    tag = image.default_image()
+    labels = [
+        f"LABEL {image.HASH_LABEL}={image.agent_hash()}",
+        f"LABEL {image.IMAGE_HASH_LABEL}={image.image_hash()}",
+    ]
+    run(store.import_rootfs, tiny_tarball(tmp_path / "t.tar"), tag, labels)
+    lines: list[str] = []
+    assert run(image.build_image, store, log=lines.append) == tag
+    assert lines == [f"sandbox image {tag} is current"]
+    assert run(image.image_status, store, f"{image.REPOSITORY}:latest") == "current"
+    assert run(image.image_status, store, tag) == "current"
+    assert run(image.image_status, store, image.default_image(image.NO_EXTRAS.plus(["six"]))) == "missing"
+
+
+def test_the_containerfile_builder_stages_what_the_recipe_copies(tmp_path: Path) -> None:
+    """``--containerfile`` through a store: the recipe's Containerfile gets a context with every
+    file it copies and the build args its labels read (the double checks both)."""
+    store = MemoryImages()
+    extras = image.NO_EXTRAS.plus(["six"])
+    with pytest.raises(ImageError, match="registry is reachable"):  # no base image: no pull here
+        run(image.build_image, store, containerfile=True, extras=extras, log=lambda line: None)
+    run(store.import_rootfs, tiny_tarball(tmp_path / "t.tar"), "docker.io/library/debian:bookworm-slim", [])
+    tag = run(image.build_image, store, containerfile=True, extras=extras, log=lambda line: None)
+    assert tag == image.default_image(extras)
+    labels = run(store.labels, tag)
+    assert labels[image.HASH_LABEL] == image.agent_hash()
+    assert labels[image.IMAGE_HASH_LABEL] == image.image_hash(extras)
+    assert labels[image.PACKAGES_LABEL].split()[-1] == "six", "the requested names (no versions yet)"
+    assert run(image.image_status, store, tag, extras) == "current"
+    assert run(store.labels, f"{image.REPOSITORY}:latest") is None, "only the plain image is :latest"
+
+
+def test_old_images_are_pruned_but_the_newest_and_the_used_are_kept(tmp_path: Path) -> None:
+    used: set[str] = set()
+    store = MemoryImages(in_use=lambda: used)
+    tarball = tiny_tarball(tmp_path / "t.tar")
+    mark = [f"LABEL {image.HASH_LABEL}=x"]
+    old = [f"{image.REPOSITORY}:old{i}" for i in range(7)]  # oldest first
+    for ref in old:
+        run(store.import_rootfs, tarball, ref, mark)
+    used.add(old[0])
+    # A rebuild under the same tag leaves the previous image untagged (dangling).
+    keep = f"{image.REPOSITORY}:current"
+    run(store.import_rootfs, tarball, keep, mark)
+    run(store.import_rootfs, tarball, keep, mark)
+    other = "localhost/someone-else:1"
+    run(store.import_rootfs, tarball, other, [])
+    lines: list[str] = []
+    run(build._remove_other_images, store, keep, lines.append)
+    left = {t for i in run(store.list) for t in i.tags}
+    assert left == {keep, other, old[0], *old[-build.KEEP_IMAGES :]}
+    assert f"kept old image {old[0]} (in use)" in lines
+    assert [i for i in run(store.list) if not i.tags] == [], "the dangling image went too"
+    # old1 and old2 (past the newest four, not in use) and the dangling image.
+    assert sum(line.startswith("removed old image") for line in lines) == 3
