@@ -159,6 +159,10 @@ class ImageInfo:
     """When the image was made, in seconds since the epoch (0 if the engine did not say)."""
     labels: dict[str, str] = field(default_factory=dict)
 
+    def in_repository(self, repository: str) -> bool:
+        """Whether one of the image's tags is of ``repository`` (``localhost/kernelbridge-sandbox``)."""
+        return any(tag.rpartition(":")[0] == repository for tag in self.tags)
+
 
 class ContainerStream(ByteStream):
     """The container's stdin and stdout as one duplex byte stream (an anyio ByteStream).

@@ -85,9 +85,9 @@ class MemoryImages(ImageStore):
             ):
                 continue
             tags = tuple(sorted(t for t, i in self._tags.items() if i == image.id))
-            if repository and not any(t.rpartition(":")[0] == repository for t in tags):
-                continue
-            found.append(ImageInfo(image.id, tags, image.created, dict(image.labels)))
+            info = ImageInfo(image.id, tags, image.created, dict(image.labels))
+            if not repository or info.in_repository(repository):
+                found.append(info)
         return found
 
     async def remove(self, image: str) -> bool:

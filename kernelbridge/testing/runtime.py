@@ -36,7 +36,7 @@ from kernelbridge.runtime.base import (
     RuntimeBackend,
     RuntimeInfo,
 )
-from kernelbridge.runtime.cli.stream import ProcessStream
+from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
 from kernelbridge.testing.images import MemoryImages
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ class LocalProcessRuntime(RuntimeBackend):
     engine: str = "local"
     images: ImageStore = field(init=False, repr=False)
     _containers: dict[str, _Local] = field(default_factory=dict, init=False)
-    _tg: anyio.abc.TaskGroup | None = field(default=None, init=False, repr=False)
+    _drains: StderrDrains = field(default_factory=StderrDrains, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.images = MemoryImages(in_use=self._images_in_use)
@@ -67,8 +67,7 @@ class LocalProcessRuntime(RuntimeBackend):
         return {local.spec.image for local in self._containers.values() if not local.removed}
 
     async def __aenter__(self) -> LocalProcessRuntime:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        await self._drains.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -76,10 +75,7 @@ class LocalProcessRuntime(RuntimeBackend):
 
     async def aclose(self) -> None:
         await self.remove(list(self._containers))
-        if self._tg is not None:
-            tg, self._tg = self._tg, None
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
+        await self._drains.aclose()
 
     async def create(self, spec: ContainerSpec) -> str:
         if spec.reattachable:
@@ -92,7 +88,7 @@ class LocalProcessRuntime(RuntimeBackend):
 
     async def attach(self, container: str) -> ContainerStream:
         local = self._containers.get(container)
-        if local is None or local.removed or self._tg is None:
+        if local is None or local.removed or not self._drains.is_open:
             raise RuntimeUnavailable(f"no such container {container}")
         if local.process is not None:
             raise RuntimeUnavailable(f"{container} was attached already (stdin is open once)")
@@ -121,7 +117,7 @@ class LocalProcessRuntime(RuntimeBackend):
         )
         local.process = process
         stream = ProcessStream(process)
-        self._tg.start_soon(stream.drain_stderr)
+        self._drains.drain(stream)
         return stream
 
     async def remove(self, containers: list[str]) -> None:

@@ -34,7 +34,7 @@ from kernelbridge.runtime.base import (
 )
 from kernelbridge.runtime.cli.command import Cli, container_gone, image_missing
 from kernelbridge.runtime.cli.images import CliImages
-from kernelbridge.runtime.cli.stream import ProcessStream
+from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
 from kernelbridge.runtime.flags import sandbox_flags
 
 ATTACH_TIMEOUT = 10.0
@@ -90,7 +90,7 @@ class CliRuntime(RuntimeBackend):
     name: str = field(init=False)
     images: ImageStore = field(init=False, repr=False)
     cli: Cli = field(init=False, repr=False)
-    _tg: anyio.abc.TaskGroup | None = field(default=None, init=False, repr=False)
+    _drains: StderrDrains = field(default_factory=StderrDrains, init=False, repr=False)
     _never_started: set[str] = field(default_factory=set, init=False, repr=False)
     """Ids this backend created and has not attached to: ``attach`` starts them without asking."""
 
@@ -100,18 +100,14 @@ class CliRuntime(RuntimeBackend):
         self.images = CliImages(self.cli)
 
     async def __aenter__(self) -> CliRuntime:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        await self._drains.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._tg is not None:
-            tg, self._tg = self._tg, None
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
+        await self._drains.aclose()
 
     # -- containers ----------------------------------------------------------------------------
     def create_argv(self, spec: ContainerSpec) -> list[str]:
@@ -138,7 +134,7 @@ class CliRuntime(RuntimeBackend):
         return container
 
     async def attach(self, container: str) -> ContainerStream:
-        if self._tg is None:
+        if not self._drains.is_open:
             raise RuntimeError("CliRuntime.attach outside `async with`")
         if container in self._never_started:
             self._never_started.discard(container)
@@ -158,7 +154,7 @@ class CliRuntime(RuntimeBackend):
         except OSError as exc:
             raise RuntimeUnavailable(f"cannot run {self.executable}: {exc.strerror}") from None
         stream = ProcessStream(process)
-        self._tg.start_soon(stream.drain_stderr)
+        self._drains.drain(stream)
         await self._wait_started(container, process)
         return stream
 

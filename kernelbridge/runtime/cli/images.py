@@ -71,7 +71,7 @@ class CliImages(ImageStore):
         rows = await self._inspect(ids)
         found = [_image(row) for row in rows]
         if repository:
-            found = [i for i in found if any(t.rpartition(":")[0] == repository for t in i.tags)]
+            found = [image for image in found if image.in_repository(repository)]
         return found
 
     async def _inspect(self, ids: list[str]) -> list[dict[str, Any]]:

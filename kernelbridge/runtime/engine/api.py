@@ -133,10 +133,14 @@ class EngineRuntime(RuntimeBackend):
 
     async def attach(self, container: str) -> ContainerStream:
         path = f"/containers/{quote(container)}"
+        if container in self._never_started:
+            self._never_started.discard(container)
+            start = True
+        else:
+            start = await self._created_not_started(container)
         # Attach first, start second: output written before we attached would be lost otherwise
         # (there is no log to replay it from). podman prepares (runtime-creates) the container
-        # on attach, so an OCI failure may already surface here as a 409. An exited container
-        # refuses the attachment (409): it is never started again here.
+        # on attach, so an OCI failure may already surface here as a 409.
         response, network = await self.client.hijack(
             f"{path}/attach",
             {"stream": True, "stdin": True, "stdout": True, "stderr": True},
@@ -144,25 +148,22 @@ class EngineRuntime(RuntimeBackend):
         )
         stream = EngineStream(response, network)
         try:
-            if await self._needs_start(container):
+            if start:
                 await self.client.request("POST", f"{path}/start", what=f"to start {container}")
         except BaseException:
             await stream.aclose()
             raise
         return stream
 
-    async def _needs_start(self, container: str) -> bool:
-        """Whether ``container`` (just attached to) is still to be started: one we created and
-        never attached to is, without a question; another (a running sandbox a new bridge
-        adopts) only if the engine says it was created and not started. A start of a running
-        container would be harmless (304), of an exited one not: it would run it again. docker
-        lets a client attach to an exited container and then waits for a start that never
-        comes, so that is refused here.
+    async def _created_not_started(self, container: str) -> bool:
+        """Whether a container this backend did not just create (a running sandbox a new bridge
+        adopts, say) is still to be started: only if the engine says it was created and not
+        started. Asked *before* attaching, because attaching to an exited container is no
+        question to leave to the engines: podman's compat attach starts it again by itself
+        (podman 4.3), docker's waits for a start that never comes. (One that exits between this
+        question and the attachment is run again by podman: the window is one round trip.)
 
         Raises RuntimeUnavailable when the container is gone or has exited."""
-        if container in self._never_started:
-            self._never_started.discard(container)
-            return True
         info = await self.inspect(container)
         if info is None or info.state in (ContainerState.EXITED, ContainerState.REMOVING):
             why = "does not exist" if info is None else f"has exited (status {info.exit_code})"

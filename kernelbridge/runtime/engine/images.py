@@ -101,7 +101,7 @@ class EngineImages(ImageStore):
         answer = await self.client.request("GET", "/images/json", query=query, what="to list images")
         found = [_listed(row) for row in answer.json() or [] if isinstance(row, dict)]
         if repository:
-            found = [i for i in found if any(t.rpartition(":")[0] == repository for t in i.tags)]
+            found = [image for image in found if image.in_repository(repository)]
         return found
 
     async def remove(self, image: str) -> bool:
