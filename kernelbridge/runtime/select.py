@@ -109,18 +109,17 @@ async def select_runtime(settings: Settings) -> Selection:
                 runtime = await connect.connect_engine(url, settings, engine=engine)
                 return Selection(runtime, f"{runtime.engine} API at {runtime.endpoint.url} ({variable})")
         for engine in engines:
-            runtime, reasons = await connect.connect_system_socket(engine, settings)
-            if runtime is not None:
-                return Selection(runtime, f"{runtime.engine} API at {runtime.endpoint.url}")
+            found, reasons = await connect.connect_system_socket(engine, settings)
+            if found is not None:
+                return Selection(found, f"{found.engine} API at {found.endpoint.url}")
             tried += reasons
             if engine == "podman" and es.start_service and shutil.which("podman"):
                 try:
-                    runtime = await connect.start_own_podman(settings)
+                    own = await connect.start_own_podman(settings)
                 except RuntimeUnavailable as exc:
                     tried.append(str(exc))
                 else:
-                    why = f"podman API at {runtime.endpoint.url} (started by kernelbridge)"
-                    return Selection(runtime, why)
+                    return Selection(own, f"podman API at {own.endpoint.url} (started by kernelbridge)")
         if mode == "api":
             raise RuntimeUnavailable(f"no {' or '.join(engines)} engine answers: {'; '.join(tried)}")
     why = "no engine socket answered" if tried else f"KERNELBRIDGE_RUNTIME={settings.runtime}"

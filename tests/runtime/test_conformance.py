@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import anyio
 import pytest
@@ -367,7 +368,7 @@ async def run_image(backend: RuntimeBackend, image: str) -> bytes:
     return out
 
 
-async def test_image_import_tag_list_remove(backend: RuntimeBackend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_image_import_tag_list_remove(backend: RuntimeBackend, tmp_path: Path) -> None:
     images = backend.images
     tag, other = unique_image("tiny"), unique_image("again")
     repository = tag.rpartition(":")[0]
@@ -406,7 +407,7 @@ async def test_image_import_tag_list_remove(backend: RuntimeBackend, tmp_path) -
                 await images.remove(ref)
 
 
-async def test_image_import_of_a_file_that_is_no_tarball(backend: RuntimeBackend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_image_import_of_a_file_that_is_no_tarball(backend: RuntimeBackend, tmp_path: Path) -> None:
     junk = tmp_path / "junk.tar"
     junk.write_bytes(b"this is not a tarball\n" * 100)
     tag = unique_image("junk")
@@ -416,7 +417,7 @@ async def test_image_import_of_a_file_that_is_no_tarball(backend: RuntimeBackend
         await backend.images.remove(tag)
 
 
-async def test_image_build_from_a_containerfile(backend: RuntimeBackend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_image_build_from_a_containerfile(backend: RuntimeBackend, tmp_path: Path) -> None:
     images = backend.images
     base, built = unique_image("base"), unique_image("built")
     context = tmp_path / "context"

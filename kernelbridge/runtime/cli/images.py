@@ -7,6 +7,7 @@ cannot reach its engine) with the CLI's last line of stderr.
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -74,7 +75,7 @@ class CliImages(ImageStore):
             found = [image for image in found if image.in_repository(repository)]
         return found
 
-    async def _inspect(self, ids: list[str]) -> list[dict[str, Any]]:
+    async def _inspect(self, ids: builtins.list[str]) -> builtins.list[dict[str, Any]]:
         """``image inspect`` of ``ids``; one by one (skipping the missing) if one went meanwhile
         (another build pruning its old images)."""
         if not ids:
@@ -86,7 +87,7 @@ class CliImages(ImageStore):
                 raise
         if len(ids) == 1:
             return []
-        rows: list[dict[str, Any]] = []
+        rows: builtins.list[dict[str, Any]] = []
         for one in ids:
             rows += await self._inspect([one])
         return rows

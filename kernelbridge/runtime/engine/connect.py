@@ -71,7 +71,7 @@ async def connect_engine(
 
 async def connect_system_socket(engine: Engine, settings: Settings) -> tuple[EngineRuntime | None, list[str]]:
     """The first of ``engine``'s default sockets that answers; else None and why each did not."""
-    reasons = []
+    reasons: list[str] = []
     for path in system_sockets(engine):
         try:
             return await connect_engine(f"unix://{path}", settings, engine=engine, probe=True), reasons
@@ -91,7 +91,7 @@ async def start_own_podman(settings: Settings) -> EngineRuntime:
     return await open_engine(_client(endpoint, "podman"), helpers=[helper], note="started by kernelbridge")
 
 
-async def _start_until_it_answers(helper: HelperProcess, sock: Path, engine: Engine) -> None:
+async def _start_until_it_answers(helper: HelperProcess, sock: Path, engine: Engine | None) -> None:
     """Start ``helper`` (an ssh forward, a podman service) and wait until the engine answers a
     ping on the local socket ``sock`` it provides."""
     ping = _client(Endpoint("unix", path=str(sock)), engine)

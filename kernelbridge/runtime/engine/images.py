@@ -11,6 +11,7 @@ and stream JSON progress: a failure, and the new image's id, are inside that str
 
 from __future__ import annotations
 
+import builtins
 import json
 import tarfile
 import tempfile
@@ -141,7 +142,7 @@ class EngineImages(ImageStore):
 
     async def _upload(
         self, path: str, query: Mapping[str, object], tarball: Path, *, timeout: float, what: str
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         """POST ``tarball`` to ``path``; the progress events the engine streamed back. Raises
         ImageError with the engine's reason when it refused or reported an error."""
         try:
