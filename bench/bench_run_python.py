@@ -25,7 +25,7 @@ from mcp.client.stdio import StdioServerParameters
 from kernelbridge.config import load_settings
 from kernelbridge.image import default_image
 from kernelbridge.runtime import ContainerSpec, cli_runtime
-from kernelbridge.runtime.cli import container_flags
+from kernelbridge.runtime.cli.backend import container_flags
 
 
 def stateless_call(code: str) -> float:

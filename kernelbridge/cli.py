@@ -124,24 +124,37 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_image(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.image import build_image, default_image, extras_from_settings, image_status
-    from kernelbridge.runtime import cli_runtime
+    """``image status`` / ``image build``, in the image store of the selected runtime (the one
+    ``serve`` would use: local, remote or several engines)."""
+    return anyio.run(_image, args, settings)
 
-    runtime = cli_runtime(settings)
+
+async def _image(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.image import (
+        agent_hash,
+        build_image,
+        check_labels,
+        default_image,
+        extras_from_settings,
+        image_status,
+    )
+    from kernelbridge.runtime import open_runtime
+
     extras = extras_from_settings(settings)
-    if args.image_command == "status":
-        if settings.image:  # used as given: only its agent matters (raises ImageError if wrong)
-            from kernelbridge.image import agent_hash, check_labels, image_labels
-
-            check_labels(settings.image, image_labels(runtime.executable, settings.image), agent_hash())
-            print(f"{settings.image}: usable (KERNELBRIDGE_IMAGE)")
-            return 0
-        image = default_image(extras)
-        status = image_status(runtime.executable, image, extras)
-        print(f"{image}: {status}")
-        return 0 if status == "current" else 1
-    wanted = extras.plus(args.packages)
-    tag = build_image(runtime.executable, force=args.force, containerfile=args.containerfile, extras=wanted)
+    wanted = extras.plus(args.packages) if args.image_command == "build" else extras
+    async with open_runtime(settings) as runtime:
+        if args.image_command == "status":
+            if settings.image:  # used as given: only its agent matters (raises ImageError if wrong)
+                check_labels(settings.image, await runtime.images.labels(settings.image), agent_hash())
+                print(f"{settings.image}: usable (KERNELBRIDGE_IMAGE)")
+                return 0
+            image = default_image(extras)
+            status = await image_status(runtime.images, image, extras)
+            print(f"{image}: {status}")
+            return 0 if status == "current" else 1
+        tag = await build_image(
+            runtime.images, force=args.force, containerfile=args.containerfile, extras=wanted
+        )
     if settings.image:
         print(f"note: KERNELBRIDGE_IMAGE={settings.image} is set, so bridges use that image, not {tag}")
     elif wanted != extras:

@@ -3,6 +3,8 @@
 One line per check (``ok``, ``warn`` or ``FAIL``), and a non-zero exit status if any check
 failed. Checks that depend on an earlier failed one are reported as skipped, not run. The last
 line is the host MCP config (servers found, files or entries skipped), which needs no runtime.
+Everything it asks of the container engine goes through the selected runtime (its info, its
+image store, a probe container), so a remote engine is checked like a local one.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import anyio
 
 from kernelbridge.config import SandboxLimits, Settings
 from kernelbridge.errors import ADD_SERVERS, NO_HOST_SERVERS, KernelBridgeError
-from kernelbridge.host_setup import VFS_WARNING, rootless_storage_driver
-from kernelbridge.runtime import ContainerSpec, RuntimeBackend, cgroup_layout, open_selection
+from kernelbridge.runtime import VFS_WARNING, ContainerSpec, RuntimeBackend, cgroup_layout, open_selection
 
 PROBE_MEMORY_MIB = 96
 PROBE_MEMORY = f"{PROBE_MEMORY_MIB}m"
@@ -101,7 +102,7 @@ class Doctor:
                 detail + ignored + "; `serve` refuses to start sandboxes: run podman as root or on"
                 " cgroup v2, or accept unlimited sandboxes with KERNELBRIDGE_ALLOW_UNLIMITED=1"
             )
-        if info.rootless and rootless_storage_driver() == "vfs":
+        if info.engine == "podman" and info.rootless and info.storage_driver == "vfs":
             return "warn", detail + f"; {VFS_WARNING}"
         return "ok", detail
 

@@ -4,6 +4,7 @@ boundaries (e.g. a failing ``podman`` call becomes RuntimeUnavailable inside ``r
     KernelBridgeError                 base of everything kernelbridge raises on purpose
     ├── ConfigError                   a bad setting or config file (one line says which and why)
     ├── RuntimeUnavailable            no usable container runtime (podman/docker missing or broken)
+    │   └── EngineRefused             the engine API answered a call with an error status
     ├── ImageError                    sandbox image missing, stale, or its build failed
     ├── SandboxError                  a sandbox failed to start or misbehaved
     │   ├── AgentMismatch             the image's agent is not the one this host expects
@@ -48,6 +49,21 @@ class ConfigError(KernelBridgeError, ValueError):
 
 class RuntimeUnavailable(KernelBridgeError):
     """No container runtime can run sandboxes here."""
+
+
+class EngineRefused(RuntimeUnavailable):
+    """A container engine's API answered a call with an error status (its message in one line).
+
+    Raised and caught inside ``kernelbridge.runtime`` (which turns a missing container or image
+    into None or ImageError); what escapes it is an engine refusing something it should not.
+    """
+
+    def __init__(self, message: str, status: int, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status (404, 409, 500...)."""
+        self.reason = reason
+        """The engine's own message (``No such container: x``), for the branches in ``runtime/``."""
 
 
 class ImageError(KernelBridgeError):

@@ -88,12 +88,10 @@ fi
 
 # -- the sandbox image -----------------------------------------------------------------------------------
 if [[ ${KERNELBRIDGE_SKIP_IMAGE:-0} != 1 ]]; then
-    # The image of this tree and of the configured extra packages (KERNELBRIDGE_IMAGE_PACKAGES...).
-    status=$("$VENV/bin/python" -c '
-from kernelbridge.config import load_settings
-from kernelbridge.image import default_image, extras_from_settings, image_status
-extras = extras_from_settings(load_settings())
-print(image_status("podman", default_image(extras), extras))')
+    # The image of this tree and of the configured extra packages (KERNELBRIDGE_IMAGE_PACKAGES...),
+    # in the store of the runtime a bridge would use: `image status` prints "<tag>: <status>".
+    status=$("$VENV/bin/kernelbridge" image status 2>&1) || true
+    status=${status##*: }
     if [[ $status != current ]]; then
         say "sandbox image is $status: building it (about a minute) ..."
         "$VENV/bin/python" -m kernelbridge.image

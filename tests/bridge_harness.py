@@ -38,9 +38,9 @@ def ensure_image() -> str:
     """The current sandbox image (built once if missing or stale); skips without podman."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
-    from kernelbridge import image
+    from kernelbridge.testing import ensure_sandbox_image
 
-    return image.ensure_image("podman", log=lambda line: None)
+    return ensure_sandbox_image()
 
 
 def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
@@ -222,8 +222,8 @@ async def local_bridge(state_dir: Path, **env: str) -> AsyncIterator[Client]:
     """The MCP server in this process over the local test-double runtime (no container, no
     isolation: for the bridge's own logic only), with an in-memory MCP client."""
     from kernelbridge.config import load_settings
-    from kernelbridge.runtime.local import LocalProcessRuntime
     from kernelbridge.server import build_server
+    from kernelbridge.testing import LocalProcessRuntime
 
     settings = load_settings({"KERNELBRIDGE_STATE_DIR": str(state_dir), "KERNELBRIDGE_WARM_POOL": "0", **env})
     async with LocalProcessRuntime() as runtime:

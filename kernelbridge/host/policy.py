@@ -58,7 +58,7 @@ async def verify_image(
     Checking before starting matters for a plain image: its own command would read our frames as
     input and never answer, so the start would only fail at its timeout.
     """
-    labels = await runtime.image_labels(image)
+    labels = await runtime.images.labels(image)
     check_labels(image, labels, expected_agent, explicit=explicit)
     assert labels is not None
     return labels
@@ -94,7 +94,7 @@ async def preflight(
         why = f"{'rootless ' if info.rootless else ''}{info.engine} on cgroups {info.cgroup_version or '?'}"
         raise LimitsNotEnforced(UNLIMITED_REFUSAL.format(why=why))
     if agent is None:
-        labels = await runtime.image_labels(image) or {}
+        labels = await runtime.images.labels(image) or {}
     else:
         labels = await verify_image(runtime, image, agent, explicit=bool(settings.image))
     return labels, not info.limits_enforced

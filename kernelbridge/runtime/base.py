@@ -1,33 +1,41 @@
 """The container runtime seam: what a sandbox needs from a container engine, as streams and records.
 
-A backend creates a container from a :class:`ContainerSpec`, attaches to its stdio as one duplex
-byte stream (:class:`ContainerStream`: the frame tunnel runs over it), and stops, removes, inspects
-and lists containers; it also owns every engine-specific chore around the image (presence, labels,
-import, tag, removal). Nothing above this package spawns a runtime CLI or speaks an engine API:
-they talk to :class:`RuntimeBackend`, and only ``runtime/`` branches on runtime names.
+Two Protocols on one engine connection:
 
-Backends:
+- :class:`RuntimeBackend`, the containers: ``create`` one from a :class:`ContainerSpec`, ``attach``
+  to its stdio as one duplex byte stream (:class:`ContainerStream`: the frame tunnel runs over it),
+  ``remove``, ``inspect`` and ``list`` them, ``info`` about the engine, ``aclose``. Nothing else:
+  these are the verbs the product calls.
+- :class:`ImageStore` (``backend.images``), the images on the same engine: their labels (None: no
+  such image), importing a root file system tarball, tagging, listing, removing, building from a
+  Containerfile. The image builder, ``doctor``, ``setup`` and ``kernelbridge image`` use it, so a
+  remote engine or several engines build and check their image like a local one.
+
+Nothing above this package spawns a runtime CLI or speaks an engine API: everything talks to these
+two, and only ``runtime/select.py`` branches on runtime names. Backends implement them explicitly
+(``class EngineRuntime(RuntimeBackend)``), so a missing or misspelt verb fails at the definition:
 
 - ``engine.EngineRuntime``: the Docker Engine API (dockerd, or ``podman system service``), local
   or remote, over one shared async connection pool; attaching hijacks the HTTP connection, so no
-  client process runs per sandbox;
+  client process runs per sandbox; ``engine.EngineSet`` puts several engines behind one backend;
 - ``cli.CliRuntime``: the ``podman`` / ``docker`` command line (the fallback): one ``start -ai``
   client process per sandbox carries its stdio;
-- ``local.LocalProcessRuntime``: a TEST DOUBLE that runs the agent as a plain local subprocess
-  (no container, no isolation) for fast tests of the tunnel and the sessions; it can never be
-  selected by a user setting.
+- ``unavailable.UnavailableRuntime``: what the server serves with when no engine can be used;
+- ``kernelbridge.testing.LocalProcessRuntime``: a TEST DOUBLE outside the product package that runs
+  the agent as a plain local subprocess; it can never be selected by a user setting.
 
-Errors: a backend raises :class:`~kernelbridge.errors.RuntimeUnavailable` when the engine cannot
-be reached or refuses (its own message translated into one line), and
-:class:`~kernelbridge.errors.ImageError` when the image is missing. A container that does not
-exist is never an error for ``stop``/``remove`` (they are idempotent) and is ``None`` for
-``inspect``.
+Errors (all in :mod:`kernelbridge.errors`, translated from engine and CLI errors inside
+``runtime/`` only): RuntimeUnavailable when the engine cannot be reached or refuses (its own
+message in one line; EngineRefused, a subclass, when the engine API answered with an error
+status), ImageError when an image is missing or an image chore fails. A container that does not
+exist is never an error for ``remove`` (idempotent) and is ``None`` for ``inspect``.
 """
 
 from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -42,14 +50,12 @@ OWNER_LABEL = "kernelbridge.owner"
 HOST_LABEL = "kernelbridge.host"
 """Label holding the host name of the owning bridge: an engine shared by several machines must
 not let one bridge reap another machine's containers because a pid happens to be unused here."""
-WORKDIR = "/workspace"
-READ_ONLY_TMPFS = "ro,size=64k,mode=755,nosuid,nodev,noexec"
-"""Options of the empty, read-only tmpfs mounted over /run and /var/tmp of a read-only sandbox."""
 
 
 @dataclass(frozen=True, slots=True)
 class ContainerSpec:
-    """Everything needed to create one sandbox container (see DESIGN.md for the flags)."""
+    """Everything needed to create one sandbox container (see DESIGN.md for the flags; the backends
+    render them from :func:`kernelbridge.runtime.flags.sandbox_flags`)."""
 
     image: str
     name: str
@@ -63,6 +69,12 @@ class ContainerSpec:
     """Overrides the image's CMD (the agent) when not empty."""
     labels: tuple[tuple[str, str], ...] = ()
     """Labels beyond the session/owner/host ones."""
+    reattachable: bool = False
+    """Keep the container's stdin open when the attached client goes away, so that another
+    client can ``attach`` to the running container later (a sandbox that outlives its bridge).
+    False, the default: stdin is open for exactly one attachment and closed for good when that
+    client closes it (the agent sees EOF and exits, as with ``run -i``). Backends whose
+    :attr:`RuntimeInfo.reattach` is False refuse a reattachable spec."""
 
     def all_labels(self) -> dict[str, str]:
         labels = {SESSION_LABEL: self.session, OWNER_LABEL: str(self.owner_pid)}
@@ -113,7 +125,7 @@ class ContainerInfo:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeInfo:
-    """What ``doctor`` and the capabilities text need to know about an engine."""
+    """What ``doctor``, ``setup`` and the capabilities text need to know about an engine."""
 
     name: str
     """The backend, e.g. ``podman-api``, ``docker-cli``."""
@@ -128,6 +140,28 @@ class RuntimeInfo:
     oci_runtime: str = ""
     limits_enforced: bool = True
     """False where the engine silently ignores --memory and --pids-limit (rootless on cgroup v1)."""
+    storage_driver: str = ""
+    """The engine's image storage driver (``overlay``, ``vfs``, ``overlay2``...); empty if unknown.
+    ``vfs`` copies the whole image for every container: seconds per sandbox start."""
+    reattach: bool = False
+    """Whether a :attr:`ContainerSpec.reattachable` container can be created here and attached to
+    again while it runs (the engine API backends; not the CLI fallback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    """One image as an engine lists it."""
+
+    id: str
+    tags: tuple[str, ...]
+    """``repository:tag`` references; empty for a dangling image (untagged by a rebuild)."""
+    created: float
+    """When the image was made, in seconds since the epoch (0 if the engine did not say)."""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def in_repository(self, repository: str) -> bool:
+        """Whether one of the image's tags is of ``repository`` (``localhost/kernelbridge-sandbox``)."""
+        return any(tag.rpartition(":")[0] == repository for tag in self.tags)
 
 
 class ContainerStream(ByteStream):
@@ -145,6 +179,54 @@ class ContainerStream(ByteStream):
         few dozen of bounded length: they explain a failed start."""
 
 
+class ImageStore(Protocol):
+    """The images of one engine (or of every engine of a set), on the runtime's own connection.
+
+    Every method is bounded in time by the backend. Image references are the engines' own
+    (``localhost/kernelbridge-sandbox:0123abcd``, an id). No registry is ever contacted.
+    """
+
+    async def labels(self, image: str) -> dict[str, str] | None:
+        """The labels of ``image`` ({} for an image without labels); None when there is no such
+        image. Raises RuntimeUnavailable when the engine cannot be asked."""
+        ...
+
+    async def import_rootfs(self, tarball: Path, tag: str, changes: Sequence[str]) -> None:
+        """Import a root file system tarball as image ``tag``, applying Containerfile-style
+        ``changes`` (``ENV K=V``, ``WORKDIR /x``, ``CMD [...]``, ``LABEL k=v``). Raises ImageError."""
+        ...
+
+    async def tag(self, image: str, tag: str) -> None:
+        """Add ``tag`` to ``image``. Raises ImageError."""
+        ...
+
+    async def list(
+        self, repository: str | None = None, *, labels: Mapping[str, str] | None = None
+    ) -> list[ImageInfo]:
+        """Images carrying all of ``labels`` (an empty value matches any value of that key) and,
+        when ``repository`` is given, a tag of that repository (``localhost/kernelbridge-sandbox``).
+        Dangling images are listed only without ``repository``."""
+        ...
+
+    async def remove(self, image: str) -> bool:
+        """Remove an image reference (a tag, or the id of an untagged image); True when it is
+        gone (or was not there), False when a container still uses it (kept)."""
+        ...
+
+    async def build(
+        self,
+        context: Path,
+        tag: str,
+        *,
+        containerfile: str = "Containerfile",
+        build_args: Mapping[str, str] | None = None,
+    ) -> None:
+        """Build image ``tag`` from ``context/containerfile`` with ``build_args``. A base image that
+        exists on the engine is used as it is (nothing is pulled for it). Raises ImageError with
+        the build's last words."""
+        ...
+
+
 class RuntimeBackend(Protocol):
     """A container engine, driven through its API or its command line.
 
@@ -156,6 +238,8 @@ class RuntimeBackend(Protocol):
     """The backend's name, e.g. ``podman-api``, ``docker-cli``, ``local-test-double``."""
     engine: str
     """``podman`` or ``docker`` (``local`` for the test double)."""
+    images: ImageStore
+    """The images of this engine, on the same connection."""
 
     async def create(self, spec: ContainerSpec) -> str:
         """Create (not start) a container for ``spec``; return its id.
@@ -166,13 +250,15 @@ class RuntimeBackend(Protocol):
         ...
 
     async def attach(self, container: str) -> ContainerStream:
-        """Attach to the created container's stdio, then start it (attaching first, so that no
-        byte of output is lost), and return the stream. Raises RuntimeUnavailable."""
-        ...
+        """Attach to the container's stdio and return the stream; start it if it was created and
+        not started yet (attaching first, so that no byte of its output is lost). Attaching to a
+        container that already runs only attaches: where :attr:`RuntimeInfo.reattach`, a second
+        attachment to a :attr:`ContainerSpec.reattachable` one, after the first was closed, gets
+        its stdout and writes its stdin (elsewhere a running container is refused). A container
+        that has exited is never run again.
 
-    async def stop(self, container: str, timeout: float = 0) -> None:
-        """Stop the container: SIGTERM, then SIGKILL after ``timeout`` seconds (0: at once).
-        A container that is already stopped or gone is fine."""
+        Raises RuntimeUnavailable (also for a container that is gone, has exited, or cannot be
+        attached to again here)."""
         ...
 
     async def remove(self, containers: list[str]) -> None:
@@ -190,29 +276,8 @@ class RuntimeBackend(Protocol):
         ...
 
     async def info(self) -> RuntimeInfo:
-        """Version, endpoint, rootless, cgroups and whether limits are enforced.
+        """Version, endpoint, rootless, cgroups, storage and whether limits are enforced.
         Raises RuntimeUnavailable when the engine does not answer."""
-        ...
-
-    async def image_labels(self, image: str) -> dict[str, str] | None:
-        """The labels of ``image``; None when no such image exists locally."""
-        ...
-
-    async def import_image(self, tarball: Path, tag: str, changes: list[str]) -> None:
-        """Import a root file system tarball as image ``tag``, applying Containerfile-style
-        ``changes`` (``ENV K=V``, ``WORKDIR /x``, ``CMD [...]``, ``LABEL k=v``). Raises ImageError."""
-        ...
-
-    async def tag_image(self, image: str, tag: str) -> None:
-        """Add ``tag`` to ``image``. Raises ImageError."""
-        ...
-
-    async def list_images(self, repository: str) -> list[str]:
-        """``repository:tag`` references of the images of ``repository``."""
-        ...
-
-    async def remove_image(self, image: str) -> bool:
-        """Remove an image reference; False when it is still used by a container (kept)."""
         ...
 
     async def aclose(self) -> None:

@@ -1,13 +1,14 @@
 """A stand-in for a container runtime that cannot be used (podman and docker missing or broken).
 
 The server keeps answering ``tools/list`` and its resources without one; every operation that
-needs a sandbox raises :class:`~kernelbridge.errors.RuntimeUnavailable` with the reason found at
-start-up (which says what to install), so each call fails with that one line.
+needs a sandbox or an image raises :class:`~kernelbridge.errors.RuntimeUnavailable` with the
+reason found at start-up (which says what to install), so each call fails with that one line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelbridge.errors import RuntimeUnavailable
@@ -15,9 +16,45 @@ from kernelbridge.runtime.base import (
     ContainerInfo,
     ContainerSpec,
     ContainerStream,
+    ImageInfo,
+    ImageStore,
     RuntimeBackend,
     RuntimeInfo,
 )
+
+
+@dataclass
+class UnavailableImages(ImageStore):
+    """Refuses every image chore with ``reason``."""
+
+    reason: str
+
+    async def labels(self, image: str) -> dict[str, str] | None:
+        raise RuntimeUnavailable(self.reason)
+
+    async def import_rootfs(self, tarball: Path, tag: str, changes: Sequence[str]) -> None:
+        raise RuntimeUnavailable(self.reason)
+
+    async def tag(self, image: str, tag: str) -> None:
+        raise RuntimeUnavailable(self.reason)
+
+    async def list(
+        self, repository: str | None = None, *, labels: Mapping[str, str] | None = None
+    ) -> list[ImageInfo]:
+        raise RuntimeUnavailable(self.reason)
+
+    async def remove(self, image: str) -> bool:
+        raise RuntimeUnavailable(self.reason)
+
+    async def build(
+        self,
+        context: Path,
+        tag: str,
+        *,
+        containerfile: str = "Containerfile",
+        build_args: Mapping[str, str] | None = None,
+    ) -> None:
+        raise RuntimeUnavailable(self.reason)
 
 
 @dataclass
@@ -27,18 +64,16 @@ class UnavailableRuntime(RuntimeBackend):
     reason: str
     name: str = "unavailable"
     engine: str = "none"
+    images: ImageStore = field(init=False)
 
-    def _refuse(self) -> RuntimeUnavailable:
-        return RuntimeUnavailable(self.reason)
+    def __post_init__(self) -> None:
+        self.images = UnavailableImages(self.reason)
 
     async def create(self, spec: ContainerSpec) -> str:
-        raise self._refuse()
+        raise RuntimeUnavailable(self.reason)
 
     async def attach(self, container: str) -> ContainerStream:
-        raise self._refuse()
-
-    async def stop(self, container: str, timeout: float = 0) -> None:
-        return None
+        raise RuntimeUnavailable(self.reason)
 
     async def remove(self, containers: list[str]) -> None:
         return None
@@ -50,22 +85,7 @@ class UnavailableRuntime(RuntimeBackend):
         return []
 
     async def info(self) -> RuntimeInfo:
-        raise self._refuse()
-
-    async def image_labels(self, image: str) -> dict[str, str] | None:
-        raise self._refuse()
-
-    async def import_image(self, tarball: Path, tag: str, changes: list[str]) -> None:
-        raise self._refuse()
-
-    async def tag_image(self, image: str, tag: str) -> None:
-        raise self._refuse()
-
-    async def list_images(self, repository: str) -> list[str]:
-        raise self._refuse()
-
-    async def remove_image(self, image: str) -> bool:
-        raise self._refuse()
+        raise RuntimeUnavailable(self.reason)
 
     async def aclose(self) -> None:
         return None

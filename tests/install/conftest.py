@@ -105,9 +105,9 @@ def sandbox_image() -> str:
     """The checkout's sandbox image (root's podman), built once if missing or stale."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
-    from kernelbridge import image
+    from kernelbridge.testing import ensure_sandbox_image
 
-    return image.ensure_image("podman", log=lambda line: None)
+    return ensure_sandbox_image()
 
 
 @pytest.fixture

@@ -35,6 +35,16 @@ def test_the_distributions_carry_the_recipe_and_the_licence(dists: Dists) -> Non
             assert wheel.read(name) == (REPO / "sandbox_kernel_image" / Path(name).name).read_bytes()
         assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
         assert "kernelbridge/inside/agent/__main__.py" in names
+        # The code that runs inside, and the packages of the host side (every one, not only
+        # the top-level modules: packages.find must see them).
+        assert any(n.startswith(f"{image.INSIDE_PACKAGE}/") and n.endswith(".py") for n in names)
+        for module in (
+            "image/recipe.py",
+            "runtime/engine/api.py",
+            "runtime/cli/images.py",
+            "testing/runtime.py",
+        ):
+            assert f"kernelbridge/{module}" in names, module
         metadata = next(wheel.read(n) for n in names if n.endswith(".dist-info/METADATA")).decode()
         assert "License-Expression: MIT" in metadata
     with tarfile.open(dists.sdist) as sdist:

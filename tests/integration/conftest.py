@@ -38,10 +38,11 @@ def sandbox_image() -> str:
         pytest.skip("podman is not installed")
     from kernelbridge import image
     from kernelbridge.config import load_settings
+    from kernelbridge.testing import ensure_sandbox_image
 
     # The image of the configured extra packages, if any (the bridges the tests start expect it).
     extras = image.extras_from_settings(load_settings())
-    return image.ensure_image("podman", log=lambda line: None, extras=extras)
+    return ensure_sandbox_image(extras=extras)
 
 
 def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:

@@ -1,7 +1,8 @@
 """The built sandbox image, through podman: label, contents, and the agent's hello/ready handshake.
 
-These tests never rebuild: ``ensure_image`` builds once (about a minute) if the image is missing or
-stale, and reuses it afterwards.
+These tests never rebuild: ``ensure_sandbox_image`` builds once (about a minute) if the image is
+missing or stale, and reuses it afterwards. Its labels and status are read through the image
+store of each podman backend (API and CLI), as ``kernelbridge image status`` and the bridge read them.
 """
 
 from __future__ import annotations
@@ -9,10 +10,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
+import anyio
 import pytest
 
 from kernelbridge import image
+from kernelbridge.config import load_settings
+from kernelbridge.runtime import open_runtime
+from kernelbridge.testing import ensure_sandbox_image
 
 pytestmark = [
     pytest.mark.podman,
@@ -32,20 +38,35 @@ RUN_TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def tag() -> str:
-    return image.ensure_image("podman", log=lambda line: None)
+    return ensure_sandbox_image()
 
 
-def test_image_is_current_and_labelled_with_the_agent_hash(tag: str) -> None:
+def store_view(runtime: str, tag: str, state: Path) -> tuple[str, str, str, dict[str, str] | None]:
+    """(status of ``tag``, of ``:latest``, of a tag that does not exist, ``tag``'s labels), as the
+    image store of ``runtime`` reports them."""
+
+    async def ask() -> tuple[str, str, str, dict[str, str] | None]:
+        settings = load_settings({"KERNELBRIDGE_RUNTIME": runtime, "KERNELBRIDGE_STATE_DIR": str(state)})
+        async with open_runtime(settings) as backend:
+            store = backend.images
+            return (
+                await image.image_status(store, tag),
+                await image.image_status(store, f"{image.REPOSITORY}:latest"),
+                await image.image_status(store, f"{image.REPOSITORY}:no-such-tag"),
+                await store.labels(tag),
+            )
+
+    return anyio.run(ask)
+
+
+@pytest.mark.parametrize("runtime", ["podman-api", "podman-cli"])
+def test_image_is_current_and_labelled_with_the_agent_hash(tag: str, runtime: str, tmp_path: Path) -> None:
     assert tag == image.default_image()
-    assert image.image_status("podman", tag) == "current"
-    labels = image.image_labels("podman", tag)
+    status, latest, missing, labels = store_view(runtime, tag, tmp_path / "state")
+    assert (status, latest, missing) == ("current", "current", "missing")
     assert labels is not None
     assert labels[image.HASH_LABEL] == image.agent_hash()
-    assert image.image_status("podman", "localhost/kernelbridge-sandbox:latest") == "current"
-
-
-def test_missing_image_is_reported_missing() -> None:
-    assert image.image_status("podman", "localhost/kernelbridge-sandbox:no-such-tag") == "missing"
+    assert labels[image.IMAGE_HASH_LABEL] == image.image_hash()
 
 
 def test_image_contents(tag: str) -> None:

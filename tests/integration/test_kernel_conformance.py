@@ -33,9 +33,9 @@ class _KernelspecEnv:
     def __enter__(self) -> _KernelspecEnv:
         if shutil.which("podman") is None:
             pytest.skip("podman is not installed")
-        from kernelbridge import image
+        from kernelbridge.testing import ensure_sandbox_image
 
-        image.ensure_image("podman", log=lambda line: None)
+        ensure_sandbox_image()
         install_kernelspec(prefix=str(self.root / "prefix"))
         for key, value in {
             "JUPYTER_PATH": str(self.root / "prefix" / "share" / "jupyter"),

@@ -20,7 +20,7 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from kernelbridge import frames
 from kernelbridge.host.connection import new_connection, write_connection_file
 from kernelbridge.runtime import ContainerSpec
-from kernelbridge.runtime.local import LocalProcessRuntime
+from kernelbridge.testing import LocalProcessRuntime
 from kernelbridge.tunnel import ControlChannel, Event, Interrupt, Ready, Restart, Tunnel, memory_channel_pair
 
 # Before exec'ing the agent, the fake "container" writes what a hostile sandbox could: garbage,

@@ -34,11 +34,11 @@ from runtime_harness import (
 )
 
 from kernelbridge.runtime.base import RuntimeBackend
-from kernelbridge.runtime.cli import CliRuntime
-from kernelbridge.runtime.engine import open_engine
-from kernelbridge.runtime.engine_endpoint import parse_endpoint
-from kernelbridge.runtime.engine_transport import EngineClient
-from kernelbridge.runtime.local import LocalProcessRuntime
+from kernelbridge.runtime.cli.backend import CliRuntime
+from kernelbridge.runtime.engine.api import open_engine
+from kernelbridge.runtime.engine.endpoint import parse_endpoint
+from kernelbridge.runtime.engine.transport import EngineClient
+from kernelbridge.testing import LocalProcessRuntime
 
 BACKENDS = ["podman-api", "docker-api", "podman-cli", "docker-cli", "local"]
 
@@ -55,9 +55,9 @@ def sandbox_image() -> Iterator[str]:
     on this machine removes the images of other agent hashes, except those a container uses."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
-    from kernelbridge import image
+    from kernelbridge.testing import ensure_sandbox_image
 
-    tag = image.ensure_image("podman", log=lambda line: None)
+    tag = ensure_sandbox_image()
     pin = f"kbtest-pin-{os.getpid()}"
     label = f"{TEST_RUN_LABEL}={os.getpid()}"
     subprocess.run(

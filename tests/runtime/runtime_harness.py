@@ -281,7 +281,12 @@ _names = iter(range(1, 1 << 30))
 
 
 def make_spec(
-    image: str, command: tuple[str, ...] = (), session: str = "conformance", **limits: Any
+    image: str,
+    command: tuple[str, ...] = (),
+    session: str = "conformance",
+    *,
+    reattachable: bool = False,
+    **limits: Any,
 ) -> ContainerSpec:
     return ContainerSpec(
         image=image,
@@ -291,7 +296,13 @@ def make_spec(
         limits=dataclasses.replace(SandboxLimits(), **limits),
         command=command,
         labels=((TEST_RUN_LABEL, str(os.getpid())),),
+        reattachable=reattachable,
     )
+
+
+def unique_image(name: str) -> str:
+    """A unique image reference of this test run (``localhost/kbtest-<pid>:<name>``)."""
+    return f"localhost/kbtest-{os.getpid()}:{name}-{secrets.token_hex(3)}"
 
 
 def start_private_podman(directory: Path, netns: str | None = None, url: str | None = None) -> Daemon:

@@ -1,8 +1,10 @@
-"""One suite, every backend: what the rest of kernelbridge may rely on from ``RuntimeBackend``.
+"""One suite, every backend: what the rest of kernelbridge may rely on from ``RuntimeBackend`` and
+its ``ImageStore``.
 
-Parametrized by the ``backend`` fixture (conftest) over the engine API (podman, docker) and, once
-they are on this branch, the CLI backend and the local test double; absent ones are skipped with
-the reason. Every wait is bounded.
+Parametrized by the ``backend`` fixture (conftest) over the engine API (podman, docker), the CLI
+backend (podman, docker) and the local test double; absent ones are skipped with the reason.
+Every wait is bounded. The image tests import a root file system of a few MB (``tiny_rootfs``)
+and build on top of it: no registry is reachable here, and none is ever asked.
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import anyio
 import pytest
-from runtime_harness import LIMITS_PROBE, TEST_RUN_LABEL, make_spec
+from runtime_harness import LIMITS_PROBE, TEST_RUN_LABEL, make_spec, tiny_rootfs, unique_image
 
-from kernelbridge.errors import ImageError
+from kernelbridge.errors import ImageError, RuntimeUnavailable
 from kernelbridge.runtime.base import ContainerState, ContainerStream, RuntimeBackend
-from kernelbridge.runtime.engine_spec import size_bytes
+from kernelbridge.runtime.flags import size_bytes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -118,7 +121,7 @@ async def test_stderr_tail_of_a_failing_start(backend: RuntimeBackend, sandbox_i
 
 async def test_missing_image_is_an_image_error(backend: RuntimeBackend) -> None:
     if not is_engine(backend):
-        pytest.skip("the local double has no images")
+        pytest.skip("the local double runs any image name (its containers ignore images)")
     spec = make_spec("localhost/kernelbridge-no-such-image:0", CAT)
     with anyio.fail_after(STEP), pytest.raises(ImageError, match=r"missing.*kernelbridge image build"):
         await backend.create(spec)
@@ -171,22 +174,75 @@ async def test_limits_are_applied(backend: RuntimeBackend, sandbox_image: str) -
     assert seen["interfaces"] == ["lo"], "network none"
 
 
-async def test_stop_and_remove_are_idempotent(backend: RuntimeBackend, sandbox_image: str) -> None:
+async def test_remove_is_idempotent(backend: RuntimeBackend, sandbox_image: str) -> None:
     with anyio.fail_after(STEP):
+        never_started = await backend.create(make_spec(sandbox_image, CAT))
+        await backend.remove([never_started])
+        assert await backend.inspect(never_started) is None
         container = await backend.create(make_spec(sandbox_image, CAT))
-        await backend.stop(container)  # never started
         stream = await backend.attach(container)
-        await backend.stop(container, timeout=1)  # cat dies on SIGTERM at once
+        await backend.remove([container])  # running: killed
+        try:
+            assert await read_all(stream) == b""
+        except anyio.BrokenResourceError:  # a broken connection is an end too, never a hang
+            pass
+        await stream.aclose()
+        await backend.remove([container, "kbtest-no-such-container"])  # gone: not an error
+        await backend.remove([])
+        assert await backend.inspect(container) is None
+
+
+async def receive_line(stream: ContainerStream) -> bytes:
+    """stdout up to and including the next newline."""
+    got = b""
+    while not got.endswith(b"\n"):
+        got += await stream.receive()
+    return got
+
+
+async def test_a_second_attachment_to_a_running_container(
+    backend: RuntimeBackend, sandbox_image: str
+) -> None:
+    """A reattachable sandbox outlives its first attachment: a second one gets its stdout and
+    writes its stdin (what a bridge adopting a detached sandbox needs)."""
+    spec = make_spec(sandbox_image, CAT, reattachable=True)
+    with anyio.fail_after(STEP):
+        if not (await backend.info()).reattach:
+            with pytest.raises(RuntimeUnavailable, match="stdin open"):
+                await backend.create(spec)
+            pytest.skip(f"{backend.name} cannot attach again (RuntimeInfo.reattach is False)")
+        container = await backend.create(spec)
+        try:
+            first = await backend.attach(container)
+            await first.send(b"one\n")
+            assert await receive_line(first) == b"one\n"
+            await first.aclose()  # the client goes away without closing stdin
+            info = await backend.inspect(container)
+            assert info is not None and info.state is ContainerState.RUNNING, info
+            second = await backend.attach(container)  # attach only: it runs already
+            await second.send(b"two\n")
+            assert await receive_line(second) == b"two\n"
+            info = await backend.inspect(container)
+            assert info is not None and info.state is ContainerState.RUNNING, info
+            await second.aclose()
+        finally:
+            await backend.remove([container])
+
+
+async def test_an_exited_container_is_not_run_again(backend: RuntimeBackend, sandbox_image: str) -> None:
+    with anyio.fail_after(STEP):
+        container = await backend.create(make_spec(sandbox_image, ECHO))
+        stream = await backend.attach(container)
+        await stream.send_eof()
         assert await read_all(stream) == b""
         await stream.aclose()
-        info = await wait_exited(backend, container)
-        await backend.stop(container)  # already stopped
+        await wait_exited(backend, container)
+        with pytest.raises(RuntimeUnavailable):
+            again = await backend.attach(container)
+            await again.aclose()
+        info = await backend.inspect(container)
         await backend.remove([container])
-        await backend.remove([container, "kbtest-no-such-container"])  # gone: not an error
-        await backend.stop(container)
-        assert await backend.inspect(container) is None
-    # 128 + SIGTERM/SIGKILL from an engine; the local double reports a signal as -N (Popen's way).
-    assert info.exit_code in (143, 137, -15, -9)  # type: ignore[attr-defined]
+    assert info is not None and info.state is ContainerState.EXITED and info.exit_code == 7
 
 
 async def test_remove_while_running_ends_the_stream(backend: RuntimeBackend, sandbox_image: str) -> None:
@@ -295,3 +351,104 @@ async def test_a_cancelled_attach_leaves_a_removable_container(
             await backend.attach(container)
         await backend.remove([container])
         assert await backend.inspect(container) is None
+
+
+# -- the image store ----------------------------------------------------------------------------------
+async def run_image(backend: RuntimeBackend, image: str) -> bytes:
+    """The stdout of a container of ``image`` run with its own CMD and stdin closed at once."""
+    spec = make_spec(image)
+    container = await backend.create(spec)
+    try:
+        stream = await backend.attach(container)
+        await stream.send_eof()
+        out = await read_all(stream)
+        await stream.aclose()
+    finally:
+        await backend.remove([container])
+    return out
+
+
+async def test_image_import_tag_list_remove(backend: RuntimeBackend, tmp_path: Path) -> None:
+    images = backend.images
+    tag, other = unique_image("tiny"), unique_image("again")
+    repository = tag.rpartition(":")[0]
+    mark = {"kbtest.store": str(os.getpid())}
+    changes = ['CMD ["cat"]', "LABEL kbtest.store=" + mark["kbtest.store"], 'LABEL kbtest.words="a b c"']
+    with anyio.fail_after(STEP):
+        assert await images.labels(tag) is None
+        await images.import_rootfs(tiny_rootfs(tmp_path / "tiny.tar"), tag, changes)
+        try:
+            labels = await images.labels(tag)
+            assert labels is not None and labels["kbtest.store"] == mark["kbtest.store"]
+            assert labels["kbtest.words"] == "a b c", "a quoted label value keeps its spaces"
+            await images.tag(tag, other)
+            assert await images.labels(other) == labels
+            (listed,) = await images.list(repository)
+            assert set(listed.tags) == {tag, other} and listed.labels == labels and listed.created > 0
+            assert listed.id in {i.id for i in await images.list(labels=mark)}
+            assert await images.list(repository, labels={"kbtest.store": "someone-else"}) == []
+            if is_engine(backend):
+                assert await run_image(backend, tag) == b"", "the imported CMD runs (cat, stdin closed)"
+            assert await images.remove(other)  # one of two tags: the image stays
+            assert await images.labels(other) is None and await images.labels(tag) == labels
+            # A container that uses the image keeps it.
+            user = await backend.create(make_spec(tag, CAT))
+            try:
+                assert not await images.remove(tag)
+                assert await images.labels(tag) == labels
+            finally:
+                await backend.remove([user])
+            assert await images.remove(tag)
+            assert await images.labels(tag) is None
+            assert await images.remove(tag), "removing what is gone is fine"
+            assert await images.list(repository) == []
+        finally:
+            for ref in (tag, other):
+                await images.remove(ref)
+
+
+async def test_image_import_of_a_file_that_is_no_tarball(backend: RuntimeBackend, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"this is not a tarball\n" * 100)
+    tag = unique_image("junk")
+    with anyio.fail_after(STEP), pytest.raises(ImageError):
+        await backend.images.import_rootfs(junk, tag, ['CMD ["cat"]'])
+    with anyio.fail_after(STEP):
+        await backend.images.remove(tag)
+
+
+async def test_image_build_from_a_containerfile(backend: RuntimeBackend, tmp_path: Path) -> None:
+    images = backend.images
+    base, built = unique_image("base"), unique_image("built")
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "hello.txt").write_text("hello from the context\n")
+    (context / "Containerfile").write_text(
+        f"FROM {base}\n"
+        "ARG GREETING=none\n"
+        "COPY hello.txt /hello.txt\n"
+        "LABEL kbtest.built=yes kbtest.greeting=$GREETING\n"
+        'CMD ["cat", "/hello.txt"]\n'
+    )
+    with anyio.fail_after(STEP * 2):
+        await images.import_rootfs(
+            tiny_rootfs(tmp_path / "tiny.tar"), base, ['CMD ["cat"]', "LABEL kbtest.base=1"]
+        )
+        try:
+            await images.build(context, built, build_args={"GREETING": "hi"})
+            labels = await images.labels(built)
+            assert labels is not None
+            assert (labels["kbtest.built"], labels["kbtest.greeting"], labels["kbtest.base"]) == (
+                "yes",
+                "hi",
+                "1",
+            )
+            if is_engine(backend):
+                assert await run_image(backend, built) == b"hello from the context\n"
+            # A base that is not on the engine is an error, never a pull from a registry.
+            (context / "Containerfile").write_text("FROM localhost/kbtest-no-such-base:0\nLABEL x=1\n")
+            with pytest.raises(ImageError):
+                await images.build(context, unique_image("orphan"))
+        finally:
+            for ref in (built, base):
+                await images.remove(ref)

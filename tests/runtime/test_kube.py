@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from runtime_harness import LIMITS_PROBE, make_spec
 
-from kernelbridge.runtime.engine_spec import size_bytes
-from kernelbridge.runtime.kube import CONTAINER_NAME, pod_manifest, to_yaml
+from kernelbridge.runtime.flags import size_bytes
+from kernelbridge.runtime.kube.manifest import CONTAINER_NAME, pod_manifest, to_yaml
 
 pytestmark = [pytest.mark.podman]
 

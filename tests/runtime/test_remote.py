@@ -101,9 +101,9 @@ async def test_podman_service_over_tcp(netns: NetNs, tmp_path: Path) -> None:
             async with open_selection(settings) as selected:
                 assert selected.reason == f"podman API at {url} (CONTAINER_HOST)"
                 backend = selected.backend
-                await backend.import_image(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
+                await backend.images.import_rootfs(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
                 await round_trip(backend)
-                assert await backend.remove_image(TINY)
+                assert await backend.images.remove(TINY)
     finally:
         service.stop()
         remove_private_podman(directory)
@@ -129,9 +129,9 @@ async def test_dockerd_over_tls(netns: NetNs, tmp_path: Path) -> None:
             async with open_selection(settings) as selected:
                 assert selected.reason == f"docker API at https://{netns.ns_ip}:2376 (DOCKER_HOST)"
                 backend = selected.backend
-                await backend.import_image(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
+                await backend.images.import_rootfs(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
                 await round_trip(backend)
-                assert await backend.remove_image(TINY)
+                assert await backend.images.remove(TINY)
             # Without our client certificate the engine refuses the handshake.
             (tmp_path / "nocert").mkdir()
             shutil.copy(tls / "ca.pem", tmp_path / "nocert" / "ca.pem")
@@ -195,13 +195,13 @@ async def test_podman_service_over_ssh(netns: NetNs, tmp_path: Path) -> None:
                     == f"podman API at ssh://root@{netns.ns_ip}:22{podman_dir}/p.sock (CONTAINER_HOST)"
                 )
                 backend = selected.backend
-                await backend.import_image(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
+                await backend.images.import_rootfs(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
                 async with anyio.create_task_group() as tg:
                     for _ in range(3):
                         tg.start_soon(round_trip, backend)
                 # One forward per engine, whatever the number of sandboxes and calls.
                 assert len(ssh_processes(str(run_dir))) == 1
-                assert await backend.remove_image(TINY)
+                assert await backend.images.remove(TINY)
         assert ssh_processes(str(run_dir)) == [], "closing the runtime stops its ssh forward"
         assert not list(run_dir.glob("ssh-*.sock"))
     finally:

@@ -20,14 +20,15 @@ from runtime_harness import (
     remove_private_podman,
     start_private_podman,
     tiny_rootfs,
+    unique_image,
 )
 
 from kernelbridge.config import EngineSettings, Settings
 from kernelbridge.errors import ConfigError, RuntimeUnavailable
 from kernelbridge.runtime import ContainerState, open_runtime, open_selection
-from kernelbridge.runtime.engine import EngineRuntime
-from kernelbridge.runtime.engine_endpoint import system_sockets
-from kernelbridge.runtime.engine_placement import EngineSet
+from kernelbridge.runtime.engine.api import EngineRuntime
+from kernelbridge.runtime.engine.endpoint import system_sockets
+from kernelbridge.runtime.engine.placement import EngineSet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -139,6 +140,40 @@ def private_podman() -> Iterator[str]:
         remove_private_podman(directory)
 
 
+async def test_an_engine_set_puts_images_on_every_engine(
+    tmp_path: Path, private_podman: str, docker_url: str
+) -> None:
+    with anyio.fail_after(STEP * 2):
+        async with open_selection(settings(tmp_path, urls=(private_podman, docker_url))) as selected:
+            engines = selected.backend
+            assert isinstance(engines, EngineSet)
+            images = engines.images
+            tag, built = unique_image("set"), unique_image("set-built")
+            try:
+                await images.import_rootfs(tiny_rootfs(tmp_path / "tiny.tar"), tag, ["LABEL tiny=1"])
+                assert await images.labels(tag) == {"tiny": "1"}
+                for backend in engines.backends:
+                    assert await backend.images.labels(tag) == {"tiny": "1"}, backend
+                listed = await images.list(tag.rpartition(":")[0])
+                assert [tag in i.tags for i in listed] == [True, True], "one image per engine"
+                context = tmp_path / "context"
+                context.mkdir()
+                (context / "Containerfile").write_text(f"FROM {tag}\nLABEL built=1\n")
+                await images.build(context, built)
+                for backend in engines.backends:
+                    labels = await backend.images.labels(built) or {}
+                    assert {"tiny": "1", "built": "1"}.items() <= labels.items(), (backend, labels)
+                # Missing on one engine is missing for the set: a sandbox could not be placed there.
+                assert await engines.backends[1].images.remove(built)
+                assert await images.labels(built) is None
+                assert await images.remove(built) and await images.remove(tag)
+                for backend in engines.backends:
+                    assert await backend.images.labels(tag) is None, backend
+            finally:
+                for ref in (built, tag):
+                    await images.remove(ref)
+
+
 async def test_least_loaded_placement(tmp_path: Path, private_podman: str, docker_url: str) -> None:
     urls = (private_podman, docker_url)
     with anyio.fail_after(STEP * 2):
@@ -149,41 +184,41 @@ async def test_least_loaded_placement(tmp_path: Path, private_podman: str, docke
             podman, docker = engines.backends
             assert (podman.engine, docker.engine) == ("podman", "docker")
             # The same image on both (an import goes to every engine).
-            await engines.import_image(
-                tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]', "LABEL tiny=1"]
-            )
-            assert await engines.image_labels(TINY) == {"tiny": "1"}
-            assert TINY in await engines.list_images(TINY.rpartition(":")[0])
-            base = await engines.loads()
-            assert base[0] is not None and base[1] is not None
-            # Fill in from the less loaded engine; ties go to the first listed (podman).
-            specs = [make_spec(TINY, ("cat",), session=f"p{i}") for i in range(4)]
-            placed: list[str] = []
-            for spec in specs:
-                before = await engines.loads()
-                expected = min((load, i) for i, load in enumerate(before) if load is not None)[1]
-                container = await engines.create(spec)
-                on = [b for b in engines.backends if await b.inspect(container) is not None]
-                assert on == [engines.backends[expected]], f"{spec.name} went to {on}, loads {before}"
-                placed.append(container)
-            after = await engines.loads()
-            assert sum(a - b for a, b in zip(after, base, strict=True)) == 4  # type: ignore[operator]
-            assert abs(after[0] - after[1]) <= max(1, abs(base[0] - base[1]))  # type: ignore[operator]
-            # Every later call reaches the container's own engine.
-            stream = await engines.attach(placed[1])
-            await stream.send(b"stays put\n")
-            assert await stream.receive() == b"stays put\n"
-            info = await engines.inspect(placed[1])
-            assert info is not None and info.state is ContainerState.RUNNING
-            await engines.stop(placed[1], timeout=0)
-            await stream.aclose()
-            listed = {c.id for c in await engines.list({"kernelbridge.test-run": str(os.getpid())})}
-            assert set(placed) <= listed
-            await engines.remove(placed)
-            assert [await engines.inspect(c) for c in placed] == [None] * 4
-            assert await engines.loads() == base
-            for backend in engines.backends:
-                assert await backend.remove_image(TINY)
+            await engines.images.import_rootfs(tiny_rootfs(tmp_path / "tiny.tar"), TINY, ['CMD ["cat"]'])
+            try:
+                await place_four(engines)
+            finally:
+                await engines.images.remove(TINY)
+
+
+async def place_four(engines: EngineSet) -> None:
+    base = await engines.loads()
+    assert base[0] is not None and base[1] is not None
+    # Fill in from the less loaded engine; ties go to the first listed (podman).
+    specs = [make_spec(TINY, ("cat",), session=f"p{i}") for i in range(4)]
+    placed: list[str] = []
+    for spec in specs:
+        before = await engines.loads()
+        expected = min((load, i) for i, load in enumerate(before) if load is not None)[1]
+        container = await engines.create(spec)
+        on = [b for b in engines.backends if await b.inspect(container) is not None]
+        assert on == [engines.backends[expected]], f"{spec.name} went to {on}, loads {before}"
+        placed.append(container)
+    after = await engines.loads()
+    assert sum(a - b for a, b in zip(after, base, strict=True)) == 4  # type: ignore[operator]
+    assert abs(after[0] - after[1]) <= max(1, abs(base[0] - base[1]))  # type: ignore[operator]
+    # Every later call reaches the container's own engine.
+    stream = await engines.attach(placed[1])
+    await stream.send(b"stays put\n")
+    assert await stream.receive() == b"stays put\n"
+    info = await engines.inspect(placed[1])
+    assert info is not None and info.state is ContainerState.RUNNING
+    await stream.aclose()
+    listed = {c.id for c in await engines.list({"kernelbridge.test-run": str(os.getpid())})}
+    assert set(placed) <= listed
+    await engines.remove(placed)
+    assert [await engines.inspect(c) for c in placed] == [None] * 4
+    assert await engines.loads() == base
 
 
 async def test_placement_skips_an_engine_that_stopped(tmp_path: Path, docker_url: str) -> None:

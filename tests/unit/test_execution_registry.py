@@ -21,8 +21,8 @@ from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
 from kernelbridge.notebook import read_journal
 from kernelbridge.runtime import ContainerSpec
-from kernelbridge.runtime.local import LocalProcessRuntime
 from kernelbridge.sessions import SessionRegistry, validate_session_name
+from kernelbridge.testing import LocalProcessRuntime
 
 pytestmark = pytest.mark.anyio
 

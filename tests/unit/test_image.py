@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import functools
+import io
 import shutil
+import tarfile
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
-from kernelbridge import image, image_build
+from kernelbridge import image
 from kernelbridge.config import load_settings
 from kernelbridge.errors import AgentMismatch, ConfigError, ImageError
+from kernelbridge.image import build, containerfile, recipe, rootfs
+from kernelbridge.testing import MemoryImages
 
-REPO = Path(image.__file__).resolve().parent.parent
+REPO = Path(image.__file__).resolve().parents[2]
+INSIDE = image.INSIDE_PACKAGE
+INSIDE_FILE = max(
+    (name for name in image.image_files(REPO) if name.startswith(f"{INSIDE}/")),
+    key=lambda name: (REPO / name).stat().st_size,
+)
+"""The largest file of the code that runs inside the container (whatever its modules are called)."""
 
 
 @pytest.fixture
@@ -39,7 +52,7 @@ def test_image_files_cover_agent_imports_and_recipe() -> None:
     files = image.image_files()
     for name in (
         "kernelbridge/frames.py",
-        "kernelbridge/inside/agent/relay.py",
+        INSIDE_FILE,
         "sandbox_kernel_image/requirements.txt",
         "sandbox_kernel_image/customize.sh",
         "sandbox_kernel_image/Containerfile",
@@ -47,7 +60,7 @@ def test_image_files_cover_agent_imports_and_recipe() -> None:
         assert name in files
     assert files == sorted(files)
     # Only what runs in the sandbox: host settings and the bridge never make an image stale.
-    for host_only in ("kernelbridge/image.py", "kernelbridge/__init__.py", "kernelbridge/config.py"):
+    for host_only in ("kernelbridge/image/recipe.py", "kernelbridge/__init__.py", "kernelbridge/config.py"):
         assert host_only not in files
 
 
@@ -62,7 +75,7 @@ def test_changing_host_code_keeps_the_hash(tree: Path) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["kernelbridge/inside/agent/relay.py", "kernelbridge/frames.py", "sandbox_kernel_image/requirements.txt"],
+    [INSIDE_FILE, "kernelbridge/frames.py", "sandbox_kernel_image/requirements.txt"],
 )
 def test_hash_changes_when_an_image_file_changes(tree: Path, name: str) -> None:
     before = image.agent_hash(tree)
@@ -73,19 +86,19 @@ def test_hash_changes_when_an_image_file_changes(tree: Path, name: str) -> None:
 
 def test_hash_changes_when_a_sandbox_module_is_added(tree: Path) -> None:
     before = image.agent_hash(tree)
-    (tree / "kernelbridge/inside/extra").mkdir()
-    (tree / "kernelbridge/inside/extra/helpers.py").write_text("X = 1\n")
+    (tree / INSIDE / "extra").mkdir()
+    (tree / INSIDE / "extra/helpers.py").write_text("X = 1\n")
     assert image.agent_hash(tree) != before
-    assert "kernelbridge/inside/extra/helpers.py" in image.image_files(tree)
+    assert f"{INSIDE}/extra/helpers.py" in image.image_files(tree)
 
 
 def test_hash_ignores_bytecode_and_baked_hash(tree: Path) -> None:
     before = image.agent_hash(tree)
-    cache = tree / "kernelbridge/inside/agent/__pycache__"
+    cache = tree / INSIDE / "__pycache__"
     cache.mkdir()
     (cache / "agent.cpython-311.pyc").write_bytes(b"\0" * 16)
     (cache / "stray.py").write_text("not source\n")
-    (tree / "kernelbridge/inside/AGENT_HASH").write_text("0" * 64 + "\n")
+    (tree / INSIDE / "AGENT_HASH").write_text("0" * 64 + "\n")
     assert image.agent_hash(tree) == before
 
 
@@ -98,7 +111,7 @@ def test_hash_ignores_files_outside_the_image(tree: Path) -> None:
 
 def test_moving_bytes_across_files_changes_the_hash(tree: Path) -> None:
     before = image.agent_hash(tree)
-    first, second = tree / "kernelbridge/frames.py", tree / "kernelbridge/inside/agent/relay.py"
+    first, second = tree / "kernelbridge/frames.py", tree / INSIDE_FILE
     a, b = first.read_bytes(), second.read_bytes()
     first.write_bytes(a + b[:1])
     second.write_bytes(b[1:])
@@ -119,11 +132,16 @@ def test_image_tag_format() -> None:
 
 def test_import_changes_come_from_the_containerfile() -> None:
     labels = {image.HASH_LABEL: "ab" * 32, image.PACKAGES_LABEL: "numpy==2.0 pandas==2.2"}
-    changes = image_build._import_changes(REPO / "sandbox_kernel_image/Containerfile", labels)
+    changes = containerfile.import_changes(REPO / "sandbox_kernel_image/Containerfile", labels)
     assert "ENV PYTHONPATH=/opt/kernelbridge" in changes
     assert "ENV MPLBACKEND=module://matplotlib_inline.backend_inline" in changes
     assert "WORKDIR /workspace" in changes
-    assert 'CMD ["python3", "-m", "kernelbridge.inside.agent"]' in changes
+    (cmd,) = [
+        line
+        for line in (REPO / "sandbox_kernel_image/Containerfile").read_text().splitlines()
+        if line.startswith("CMD ")
+    ]
+    assert cmd.startswith('CMD ["python3", "-m", "kernelbridge.') and cmd in changes
     assert f"LABEL kernelbridge.agent-hash={'ab' * 32}" in changes
     # podman import reads a change like a Containerfile line: a value with spaces is quoted.
     assert 'LABEL kernelbridge.packages="numpy==2.0 pandas==2.2"' in changes
@@ -132,18 +150,17 @@ def test_import_changes_come_from_the_containerfile() -> None:
 
 def test_staged_agent_carries_its_hash(tree: Path, tmp_path: Path) -> None:
     prefix = tmp_path / "staged"
-    image_build._stage_agent(tree, prefix, "f" * 64)
-    assert (prefix / "kernelbridge/inside/agent/relay.py").is_file()
-    assert (prefix / "kernelbridge/inside/AGENT_HASH").read_text() == "f" * 64 + "\n"
+    recipe.stage_agent(tree, prefix, "f" * 64)
+    assert (prefix / INSIDE_FILE).is_file()
+    assert (prefix / INSIDE / "AGENT_HASH").read_text() == "f" * 64 + "\n"
     assert not (prefix / "sandbox_kernel_image").exists()
 
 
 def test_missing_mmdebstrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(image_build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(rootfs.shutil, "which", lambda name: None)
+    labels = {image.HASH_LABEL: "0" * 64}
     with pytest.raises(ImageError, match="apt-get install mmdebstrap"):
-        image_build._build_without_registry(
-            "podman", REPO, tmp_path, {image.HASH_LABEL: "0" * 64}, "t", lambda line: None, image.NO_EXTRAS
-        )
+        anyio.run(rootfs.make_rootfs, REPO, tmp_path, labels, image.NO_EXTRAS, lambda line: None)
 
 
 # -- the recipe ships in the package -------------------------------------------------------------------
@@ -242,7 +259,7 @@ def test_packages_label_lists_wanted_packages_with_versions(tmp_path: Path) -> N
         info = tmp_path / f"{name}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    installed = image_build.installed_packages(tmp_path)
+    installed = rootfs.installed_packages(tmp_path)
     assert installed == {"numpy": "2.1.0", "scikit-learn": "1.5.2", "joblib": "1.4.0"}
     label = image.packages_label(installed, ["numpy", "scikit-learn", "absent"])
     assert label == "numpy==2.1.0 scikit-learn==1.5.2"
@@ -253,10 +270,10 @@ def test_packages_label_lists_wanted_packages_with_versions(tmp_path: Path) -> N
 def test_subid_ranges_are_read_by_name_or_uid(tmp_path: Path) -> None:
     subuid = tmp_path / "subuid"
     subuid.write_text("alice:100000:65536\n1001:200000:1000\nbob:300000:65536\n")
-    assert image_build._subid_range(subuid, "alice", 1000) == 65536
-    assert image_build._subid_range(subuid, "carol", 1001) == 1000
-    assert image_build._subid_range(subuid, "dave", 1002) is None
-    assert image_build._subid_range(tmp_path / "absent", "alice", 1000) is None
+    assert rootfs._subid_range(subuid, "alice", 1000) == 65536
+    assert rootfs._subid_range(subuid, "carol", 1001) == 1000
+    assert rootfs._subid_range(subuid, "dave", 1002) is None
+    assert rootfs._subid_range(tmp_path / "absent", "alice", 1000) is None
 
 
 def test_the_work_tree_becomes_readable_for_unshare_mode(
@@ -268,8 +285,81 @@ def test_the_work_tree_becomes_readable_for_unshare_mode(
     script.write_text("true\n")
     script.chmod(0o700)
     work.chmod(0o700)
-    monkeypatch.setattr(image_build.os, "geteuid", lambda: 1000)
-    image_build._readable_by_others(work)
+    monkeypatch.setattr(rootfs.os, "geteuid", lambda: 1000)
+    rootfs._readable_by_others(work)
     assert work.stat().st_mode & 0o777 == 0o755
     assert script.stat().st_mode & 0o777 == 0o755
     assert (work / "overlay").stat().st_mode & 0o005 == 0o005
+
+
+# -- the builder, through an image store ---------------------------------------------------------------
+def tiny_tarball(path: Path) -> Path:
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("etc/hostname")
+        data = b"tiny\n"
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def run(coro: Any, *args: Any, **kwargs: Any) -> Any:
+    return anyio.run(functools.partial(coro, *args, **kwargs))
+
+
+def test_a_current_image_is_kept_and_named_latest(tmp_path: Path) -> None:
+    store = MemoryImages()
+    tag = image.default_image()
+    labels = [
+        f"LABEL {image.HASH_LABEL}={image.agent_hash()}",
+        f"LABEL {image.IMAGE_HASH_LABEL}={image.image_hash()}",
+    ]
+    run(store.import_rootfs, tiny_tarball(tmp_path / "t.tar"), tag, labels)
+    lines: list[str] = []
+    assert run(image.build_image, store, log=lines.append) == tag
+    assert lines == [f"sandbox image {tag} is current"]
+    assert run(image.image_status, store, f"{image.REPOSITORY}:latest") == "current"
+    assert run(image.image_status, store, tag) == "current"
+    assert run(image.image_status, store, image.default_image(image.NO_EXTRAS.plus(["six"]))) == "missing"
+
+
+def test_the_containerfile_builder_stages_what_the_recipe_copies(tmp_path: Path) -> None:
+    """``--containerfile`` through a store: the recipe's Containerfile gets a context with every
+    file it copies and the build args its labels read (the double checks both)."""
+    store = MemoryImages()
+    extras = image.NO_EXTRAS.plus(["six"])
+    with pytest.raises(ImageError, match="registry is reachable"):  # no base image: no pull here
+        run(image.build_image, store, containerfile=True, extras=extras, log=lambda line: None)
+    run(store.import_rootfs, tiny_tarball(tmp_path / "t.tar"), "docker.io/library/debian:bookworm-slim", [])
+    tag = run(image.build_image, store, containerfile=True, extras=extras, log=lambda line: None)
+    assert tag == image.default_image(extras)
+    labels = run(store.labels, tag)
+    assert labels[image.HASH_LABEL] == image.agent_hash()
+    assert labels[image.IMAGE_HASH_LABEL] == image.image_hash(extras)
+    assert labels[image.PACKAGES_LABEL].split()[-1] == "six", "the requested names (no versions yet)"
+    assert run(image.image_status, store, tag, extras) == "current"
+    assert run(store.labels, f"{image.REPOSITORY}:latest") is None, "only the plain image is :latest"
+
+
+def test_old_images_are_pruned_but_the_newest_and_the_used_are_kept(tmp_path: Path) -> None:
+    used: set[str] = set()
+    store = MemoryImages(in_use=lambda: used)
+    tarball = tiny_tarball(tmp_path / "t.tar")
+    mark = [f"LABEL {image.HASH_LABEL}=x"]
+    old = [f"{image.REPOSITORY}:old{i}" for i in range(7)]  # oldest first
+    for ref in old:
+        run(store.import_rootfs, tarball, ref, mark)
+    used.add(old[0])
+    # A rebuild under the same tag leaves the previous image untagged (dangling).
+    keep = f"{image.REPOSITORY}:current"
+    run(store.import_rootfs, tarball, keep, mark)
+    run(store.import_rootfs, tarball, keep, mark)
+    other = "localhost/someone-else:1"
+    run(store.import_rootfs, tarball, other, [])
+    lines: list[str] = []
+    run(build._remove_other_images, store, keep, lines.append)
+    left = {t for i in run(store.list) for t in i.tags}
+    assert left == {keep, other, old[0], *old[-build.KEEP_IMAGES :]}
+    assert f"kept old image {old[0]} (in use)" in lines
+    assert [i for i in run(store.list) if not i.tags] == [], "the dangling image went too"
+    # old1 and old2 (past the newest four, not in use) and the dangling image.
+    assert sum(line.startswith("removed old image") for line in lines) == 3

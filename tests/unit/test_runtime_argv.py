@@ -6,7 +6,7 @@ import itertools
 
 from kernelbridge.config import SandboxLimits
 from kernelbridge.runtime import ContainerSpec, ContainerState
-from kernelbridge.runtime.cli import CliRuntime, parse_ps_output
+from kernelbridge.runtime.cli.backend import CliRuntime, parse_ps_output
 
 
 def spec(**limits: object) -> ContainerSpec:

@@ -10,7 +10,7 @@ import pytest
 
 from kernelbridge.config import EngineSettings, load_settings
 from kernelbridge.errors import ConfigError
-from kernelbridge.runtime.engine_endpoint import Endpoint, default_remote_socket, parse_endpoint, ssl_context
+from kernelbridge.runtime.engine.endpoint import Endpoint, default_remote_socket, parse_endpoint, ssl_context
 
 
 def test_unix_tcp_https_ssh() -> None:

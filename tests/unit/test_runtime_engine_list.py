@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from kernelbridge.runtime.engine import LIST_ATTEMPTS, EngineRuntime
-from kernelbridge.runtime.engine_transport import EngineRefused
+from kernelbridge.errors import EngineRefused
+from kernelbridge.runtime.engine.api import LIST_ATTEMPTS, EngineRuntime
 
 pytestmark = pytest.mark.anyio
 

@@ -7,9 +7,10 @@ import random
 import pytest
 
 from kernelbridge.config import SandboxLimits
-from kernelbridge.runtime.base import READ_ONLY_TMPFS, ContainerSpec
-from kernelbridge.runtime.engine_spec import create_body, size_bytes
-from kernelbridge.runtime.engine_stream import HEADER, STDERR, STDOUT, FrameDemux, StderrTail
+from kernelbridge.runtime.base import ContainerSpec
+from kernelbridge.runtime.engine.body import create_body
+from kernelbridge.runtime.engine.stream import HEADER, STDERR, STDOUT, FrameDemux, StderrTail
+from kernelbridge.runtime.flags import READ_ONLY_TMPFS, size_bytes
 
 
 def frame(stream: int, payload: bytes) -> bytes:

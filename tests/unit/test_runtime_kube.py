@@ -6,7 +6,7 @@ import json
 
 from kernelbridge.config import SandboxLimits
 from kernelbridge.runtime.base import ContainerSpec
-from kernelbridge.runtime.kube import network_policy, pod_manifest, pod_name, quantity, to_yaml
+from kernelbridge.runtime.kube.manifest import network_policy, pod_manifest, pod_name, quantity, to_yaml
 
 
 def test_quantities_and_names() -> None:

@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from kernelbridge.errors import RuntimeUnavailable
-from kernelbridge.runtime.engine_endpoint import Endpoint
-from kernelbridge.runtime.engine_transport import EngineClient, engine_message
+from kernelbridge.runtime.engine.endpoint import Endpoint
+from kernelbridge.runtime.engine.transport import EngineClient, engine_message
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,5 @@
-"""A :class:`ContainerStream` over a child process's stdio (the CLI backend and the test double).
+"""A :class:`ContainerStream` over a child process's stdio (the CLI backend, and the test double in
+:mod:`kernelbridge.testing`).
 
 The child is a runtime client (``podman start --attach --interactive``) or, in tests, the agent
 itself. Its stdout carries the frames; its stderr is drained into a bounded tail by a task in the
@@ -12,6 +13,7 @@ import signal
 from collections import deque
 
 import anyio
+import anyio.abc
 from anyio.abc import Process
 
 from kernelbridge.runtime.base import ContainerStream
@@ -92,3 +94,31 @@ class ProcessStream(ContainerStream):
         text = line.decode(errors="replace").rstrip()
         if text:
             self._tail.append(text[:STDERR_LINE_CHARS])
+
+
+class StderrDrains:
+    """The task group in which a backend drains the stderr of the ProcessStreams it hands out:
+    opened by the backend's ``__aenter__``, cancelled (draining ends) by its ``aclose``."""
+
+    def __init__(self) -> None:
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._tg is not None
+
+    async def open(self) -> None:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+
+    def drain(self, stream: ProcessStream) -> None:
+        """Drain ``stream``'s stderr until EOF. Raises RuntimeError when not open."""
+        if self._tg is None:
+            raise RuntimeError("a ProcessStream's stderr can only be drained while its backend is open")
+        self._tg.start_soon(stream.drain_stderr)
+
+    async def aclose(self) -> None:
+        if self._tg is not None:
+            tg, self._tg = self._tg, None
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)

@@ -3,11 +3,13 @@
 No container, no isolation, no limits: it exists so that the tunnel, the sessions and the server
 can be tested fast and without podman, through exactly the code paths the real backends use
 (create, attach a stdio stream, inspect, remove). It is never selected by a user setting; tests
-construct it directly.
+and benches construct it directly.
 
 Each "container" gets its own temporary directory (``workspace/`` is its /workspace, beside
 its Jupyter runtime and IPython directories), removed with it. The agent is started with the
-interpreter running the tests, so the kernel is this environment's ipykernel.
+interpreter running the tests, so the kernel is this environment's ipykernel. Its images are a
+:class:`~kernelbridge.testing.images.MemoryImages` (containers ignore them: any image name runs
+the agent). A reattachable spec is refused (``RuntimeInfo.reattach`` is False), as by the CLI.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from kernelbridge.runtime.base import (
     ContainerSpec,
     ContainerState,
     ContainerStream,
+    ImageStore,
     RuntimeBackend,
     RuntimeInfo,
 )
-from kernelbridge.runtime.streams import ProcessStream
+from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
+from kernelbridge.testing.images import MemoryImages
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,12 +56,18 @@ class LocalProcessRuntime(RuntimeBackend):
 
     name: str = "local-test-double"
     engine: str = "local"
+    images: ImageStore = field(init=False, repr=False)
     _containers: dict[str, _Local] = field(default_factory=dict, init=False)
-    _tg: anyio.abc.TaskGroup | None = field(default=None, init=False, repr=False)
+    _drains: StderrDrains = field(default_factory=StderrDrains, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.images = MemoryImages(in_use=self._images_in_use)
+
+    def _images_in_use(self) -> set[str]:
+        return {local.spec.image for local in self._containers.values() if not local.removed}
 
     async def __aenter__(self) -> LocalProcessRuntime:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        await self._drains.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -65,12 +75,11 @@ class LocalProcessRuntime(RuntimeBackend):
 
     async def aclose(self) -> None:
         await self.remove(list(self._containers))
-        if self._tg is not None:
-            tg, self._tg = self._tg, None
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
+        await self._drains.aclose()
 
     async def create(self, spec: ContainerSpec) -> str:
+        if spec.reattachable:
+            raise RuntimeUnavailable("the local test double cannot keep a sandbox's stdin open")
         cid = f"local-{os.urandom(6).hex()}"
         root = Path(tempfile.mkdtemp(prefix=f"kernelbridge-{cid}-"))
         (root / "workspace").mkdir()
@@ -79,8 +88,10 @@ class LocalProcessRuntime(RuntimeBackend):
 
     async def attach(self, container: str) -> ContainerStream:
         local = self._containers.get(container)
-        if local is None or local.removed or self._tg is None:
+        if local is None or local.removed or not self._drains.is_open:
             raise RuntimeUnavailable(f"no such container {container}")
+        if local.process is not None:
+            raise RuntimeUnavailable(f"{container} was attached already (stdin is open once)")
         root = local.root
         (root / "runtime").mkdir(mode=0o700, exist_ok=True)
         env = {
@@ -106,19 +117,8 @@ class LocalProcessRuntime(RuntimeBackend):
         )
         local.process = process
         stream = ProcessStream(process)
-        self._tg.start_soon(stream.drain_stderr)
+        self._drains.drain(stream)
         return stream
-
-    async def stop(self, container: str, timeout: float = 0) -> None:
-        local = self._containers.get(container)
-        if local is None or local.process is None or local.process.returncode is not None:
-            return
-        _signal_group(local.process, signal.SIGTERM if timeout else signal.SIGKILL)
-        with anyio.move_on_after(timeout):
-            await local.process.wait()
-        if local.process.returncode is None:
-            _signal_group(local.process, signal.SIGKILL)
-            await local.process.wait()
 
     async def remove(self, containers: list[str]) -> None:
         for cid in containers:
@@ -157,21 +157,6 @@ class LocalProcessRuntime(RuntimeBackend):
 
     async def info(self) -> RuntimeInfo:
         return RuntimeInfo(self.name, self.engine, sys.version.split()[0], "local", limits_enforced=False)
-
-    async def image_labels(self, image: str) -> dict[str, str] | None:
-        return {}
-
-    async def import_image(self, tarball: Path, tag: str, changes: list[str]) -> None:
-        raise RuntimeUnavailable("the local test double has no images")
-
-    async def tag_image(self, image: str, tag: str) -> None:
-        raise RuntimeUnavailable("the local test double has no images")
-
-    async def list_images(self, repository: str) -> list[str]:
-        return []
-
-    async def remove_image(self, image: str) -> bool:
-        return False
 
 
 def _signal_group(process: anyio.abc.Process, signum: int) -> None:

@@ -1,27 +1,26 @@
-"""The Docker Engine API backend: dockerd or ``podman system service``, local or remote.
+"""The Docker Engine API backend's containers: dockerd or ``podman system service``, local or remote.
 
-One :class:`EngineRuntime` per engine holds ONE connection pool (``engine_transport``) that every
-sandbox's calls share; attaching to a sandbox's stdio hijacks one HTTP connection of that pool
-(``engine_stream``), so no client process runs per sandbox. Both engines are spoken to through
-the compat API at a pinned version (``engine_transport.API_VERSION``); the few places where
-podman and docker answer differently are commented where they are handled.
+One :class:`EngineRuntime` per engine holds ONE connection pool (``transport``) that every
+sandbox's calls share, and its images (``images.EngineImages``) use the same pool; attaching to a
+sandbox's stdio hijacks one HTTP connection of that pool (``stream``), so no client process runs
+per sandbox. Both engines are spoken to through the compat API at a pinned version
+(``transport.API_VERSION``); the few places where podman and docker answer differently are
+commented where they are handled.
 
 Errors are translated here: a missing image becomes ImageError, everything else the engine
-refuses or cannot do in time becomes RuntimeUnavailable with one line that names the engine and
-its endpoint. ``stop`` and ``remove`` ignore containers that are gone; ``inspect`` returns None.
+refuses or cannot do in time becomes RuntimeUnavailable (EngineRefused when the engine answered
+with an error status) with one line that names the engine and its endpoint. ``remove`` ignores
+containers that are gone; ``inspect`` returns None.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import anyio
 
-from kernelbridge.errors import ImageError, RuntimeUnavailable
+from kernelbridge.errors import EngineRefused, ImageError, RuntimeUnavailable
 from kernelbridge.runtime.base import (
     SESSION_LABEL,
     ContainerInfo,
@@ -31,16 +30,13 @@ from kernelbridge.runtime.base import (
     RuntimeBackend,
     RuntimeInfo,
 )
-from kernelbridge.runtime.engine_endpoint import Endpoint
-from kernelbridge.runtime.engine_service import HelperProcess
-from kernelbridge.runtime.engine_spec import create_body
-from kernelbridge.runtime.engine_stream import EngineStream
-from kernelbridge.runtime.engine_transport import API_TIMEOUT, EngineClient, EngineRefused
+from kernelbridge.runtime.engine.body import create_body
+from kernelbridge.runtime.engine.endpoint import Endpoint
+from kernelbridge.runtime.engine.images import EngineImages, no_such
+from kernelbridge.runtime.engine.service import HelperProcess
+from kernelbridge.runtime.engine.stream import EngineStream
+from kernelbridge.runtime.engine.transport import EngineClient
 
-IMPORT_TIMEOUT = 600.0
-"""Bound of an image import: a 500 MB root file system takes ~15 s here; a remote engine over a
-slow link much longer."""
-IMPORT_CHUNK = 1024 * 1024
 REMOVE_ATTEMPTS = 5
 REMOVE_RETRY_DELAY = 0.2
 """A container that is stopping on its own cannot be removed for a moment ("removal already in
@@ -64,11 +60,6 @@ PODMAN_COMPONENT = "Podman Engine"
 SIGKILLED = 128 + 9
 
 
-def _no_such(exc: EngineRefused) -> bool:
-    reason = exc.reason.lower()
-    return exc.status == 404 or "no such" in reason or "not found" in reason
-
-
 class EngineRuntime(RuntimeBackend):
     """A container engine driven through its HTTP API. Build with :func:`open_engine`."""
 
@@ -87,13 +78,25 @@ class EngineRuntime(RuntimeBackend):
         self.version = version
         self.note = note
         """How the endpoint was found, e.g. ``started by kernelbridge`` (for ``doctor``)."""
+        self.images = EngineImages(client)
         self._helpers = helpers or []
         self._ended_here: set[str] = set()
-        """Ids and names of containers this backend stopped or removed (see ``inspect``)."""
+        """Ids and names of containers this backend removed (see ``inspect``)."""
+        self._never_started: set[str] = set()
+        """Ids of containers this backend created and has not attached to yet: ``attach`` starts
+        them without asking the engine for their state first."""
 
     @property
     def endpoint(self) -> Endpoint:
         return self.client.endpoint
+
+    @property
+    def _reattach(self) -> bool:
+        # podman (4.3 here) never asks conmon to leave stdin open (`--leave-stdin-open`), whatever
+        # StdinOnce says: when the first attachment closes, the container's stdin reads EOF. docker
+        # honours StdinOnce=false, and a later attachment writes to the same stdin (the conformance
+        # suite checks both).
+        return self.engine == "docker"
 
     def __repr__(self) -> str:
         return f"<EngineRuntime {self.name} at {self.endpoint.url}>"
@@ -101,6 +104,11 @@ class EngineRuntime(RuntimeBackend):
     # -- containers ---------------------------------------------------------------------------------
 
     async def create(self, spec: ContainerSpec) -> str:
+        if spec.reattachable and not self._reattach:
+            raise RuntimeUnavailable(
+                f"the {self.engine} engine at {self.endpoint.url} cannot keep a sandbox's stdin open"
+                " for a later attachment (podman closes it when the attached client goes away)"
+            )
         try:
             answer = await self.client.request(
                 "POST",
@@ -120,10 +128,16 @@ class EngineRuntime(RuntimeBackend):
         container_id = (answer.json() or {}).get("Id")
         if not isinstance(container_id, str) or not container_id:
             raise RuntimeUnavailable(f"the {self.engine} engine created {spec.name} but returned no id")
+        self._never_started.add(container_id)
         return container_id
 
     async def attach(self, container: str) -> ContainerStream:
         path = f"/containers/{quote(container)}"
+        if container in self._never_started:
+            self._never_started.discard(container)
+            start = True
+        else:
+            start = await self._created_not_started(container)
         # Attach first, start second: output written before we attached would be lost otherwise
         # (there is no log to replay it from). podman prepares (runtime-creates) the container
         # on attach, so an OCI failure may already surface here as a 409.
@@ -134,29 +148,31 @@ class EngineRuntime(RuntimeBackend):
         )
         stream = EngineStream(response, network)
         try:
-            await self.client.request("POST", f"{path}/start", what=f"to start {container}")
+            if start:
+                await self.client.request("POST", f"{path}/start", what=f"to start {container}")
         except BaseException:
             await stream.aclose()
             raise
         return stream
 
-    async def stop(self, container: str, timeout: float = 0) -> None:
-        self._ended_here.add(container)
-        try:
-            await self.client.request(
-                "POST",
-                f"/containers/{quote(container)}/stop",
-                query={"t": int(timeout)},
-                timeout=timeout + API_TIMEOUT,
-                what=f"to stop {container}",
-            )
-        except EngineRefused as exc:
-            if _no_such(exc) or exc.status == 304:
-                return
-            raise
+    async def _created_not_started(self, container: str) -> bool:
+        """Whether a container this backend did not just create (a running sandbox a new bridge
+        adopts, say) is still to be started: only if the engine says it was created and not
+        started. Asked *before* attaching, because attaching to an exited container is no
+        question to leave to the engines: podman's compat attach starts it again by itself
+        (podman 4.3), docker's waits for a start that never comes. (One that exits between this
+        question and the attachment is run again by podman: the window is one round trip.)
+
+        Raises RuntimeUnavailable when the container is gone or has exited."""
+        info = await self.inspect(container)
+        if info is None or info.state in (ContainerState.EXITED, ContainerState.REMOVING):
+            why = "does not exist" if info is None else f"has exited (status {info.exit_code})"
+            raise RuntimeUnavailable(f"cannot attach to {container}: it {why}; it is not started again")
+        return info.state is ContainerState.CREATED
 
     async def remove(self, containers: list[str]) -> None:
         self._ended_here.update(containers)
+        self._never_started.difference_update(containers)
         async with anyio.create_task_group() as tg:
             for container in dict.fromkeys(containers):
                 tg.start_soon(self._remove_one, container)
@@ -172,7 +188,7 @@ class EngineRuntime(RuntimeBackend):
                 )
                 return
             except EngineRefused as exc:
-                if _no_such(exc):
+                if no_such(exc):
                     return
                 if attempt == REMOVE_ATTEMPTS - 1 or (exc.status != 409 and exc.status < 500):
                     raise
@@ -182,7 +198,7 @@ class EngineRuntime(RuntimeBackend):
         try:
             answer = await self.client.request("GET", f"/containers/{quote(container)}/json")
         except EngineRefused as exc:
-            if _no_such(exc):
+            if no_such(exc):
                 return None
             raise
         data = answer.json() or {}
@@ -249,6 +265,8 @@ class EngineRuntime(RuntimeBackend):
             limits_enforced=bool(info.get("MemoryLimit", True))
             and bool(info.get("PidsLimit", True))
             and not (rootless and cgroup == "1"),
+            storage_driver=str(info.get("Driver") or ""),
+            reattach=self._reattach,
         )
 
     async def _podman_rootless(self) -> bool:
@@ -259,103 +277,12 @@ class EngineRuntime(RuntimeBackend):
         host = (answer.json() or {}).get("host") or {}
         return bool((host.get("security") or {}).get("rootless"))
 
-    # -- images -------------------------------------------------------------------------------------
-
-    async def image_labels(self, image: str) -> dict[str, str] | None:
-        try:
-            answer = await self.client.request("GET", f"/images/{_image_path(image)}/json")
-        except EngineRefused as exc:
-            if _no_such(exc):
-                return None
-            raise
-        config = (answer.json() or {}).get("Config") or {}
-        return {str(k): str(v) for k, v in (config.get("Labels") or {}).items()}
-
-    async def import_image(self, tarball: Path, tag: str, changes: list[str]) -> None:
-        try:
-            size = (await anyio.Path(tarball).stat()).st_size
-        except OSError as exc:
-            raise ImageError(f"cannot read the image tarball {tarball}: {exc.strerror}") from None
-        try:
-            answer = await self.client.request(
-                "POST",
-                "/images/create",
-                # No repo/tag here: podman 4.3's compat import ignores `tag` (and names the image
-                # docker.io/library/<repo>:latest); tagging the new image by id works on both.
-                query={"fromSrc": "-", "changes": changes},
-                content=_file_chunks(tarball),
-                headers={"Content-Type": "application/x-tar", "Content-Length": str(size)},
-                timeout=IMPORT_TIMEOUT,
-                what=f"to import {tag}",
-            )
-        except EngineRefused as exc:
-            raise ImageError(f"importing {tag} into the {self.engine} engine failed: {exc.reason}") from None
-        # The engine streams JSON progress with a 200; a failure, and the new id, are inside it.
-        image_id = ""
-        for line in answer.body.decode(errors="replace").splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            if event.get("error"):
-                raise ImageError(f"importing {tag} into the {self.engine} engine failed: {event['error']}")
-            status = str(event.get("status") or "")
-            if status.startswith("sha256:"):
-                image_id = status
-        if not image_id:
-            raise ImageError(f"the {self.engine} engine imported {tag} but named no image id")
-        await self.tag_image(image_id, tag)
-
-    async def tag_image(self, image: str, tag: str) -> None:
-        repo, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
-        try:
-            await self.client.request(
-                "POST", f"/images/{_image_path(image)}/tag", query={"repo": repo, "tag": version}
-            )
-        except EngineRefused as exc:
-            raise ImageError(f"tagging {image} as {tag} failed: {exc.reason}") from None
-
-    async def list_images(self, repository: str) -> list[str]:
-        answer = await self.client.request(
-            "GET", "/images/json", query={"filters": {"reference": [repository]}}, what="to list images"
-        )
-        tags: list[str] = []
-        for row in answer.json() or []:
-            tags += [t for t in row.get("RepoTags") or [] if t.rpartition(":")[0] == repository]
-        return sorted(set(tags))
-
-    async def remove_image(self, image: str) -> bool:
-        try:
-            await self.client.request(
-                "DELETE", f"/images/{_image_path(image)}", what=f"to remove image {image}"
-            )
-        except EngineRefused as exc:
-            if exc.status == 409:
-                return False  # still used by a container: kept
-            if _no_such(exc):
-                return True
-            raise
-        return True
-
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             await self.client.aclose()
             for helper in reversed(self._helpers):
                 await helper.stop()
             self._helpers.clear()
-
-
-def _image_path(image: str) -> str:
-    # The engines route /images/{name:.*}/json: a reference's slashes and colons stay as they are.
-    return quote(image, safe="/:@")
-
-
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    async with await anyio.open_file(path, "rb") as f:
-        while chunk := await f.read(IMPORT_CHUNK):
-            yield chunk
 
 
 def _listed(row: dict[str, Any]) -> ContainerInfo:

@@ -22,7 +22,7 @@ import anyio
 import httpcore2
 
 from kernelbridge.runtime.base import ContainerStream
-from kernelbridge.runtime.engine_transport import HALF_CLOSE
+from kernelbridge.runtime.engine.transport import HALF_CLOSE
 
 HEADER = struct.Struct(">BxxxI")
 STDOUT = 1

@@ -14,17 +14,17 @@ import anyio
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import RuntimeUnavailable
-from kernelbridge.runtime.engine import EngineRuntime, open_engine
-from kernelbridge.runtime.engine_endpoint import (
+from kernelbridge.runtime.cli.podman import default_oci_runtime
+from kernelbridge.runtime.engine.api import EngineRuntime, open_engine
+from kernelbridge.runtime.engine.endpoint import (
     Endpoint,
     Engine,
     default_remote_socket,
     parse_endpoint,
     system_sockets,
 )
-from kernelbridge.runtime.engine_service import HelperProcess, podman_service, ssh_forward
-from kernelbridge.runtime.engine_transport import API_TIMEOUT, EngineClient
-from kernelbridge.runtime.podman import default_oci_runtime
+from kernelbridge.runtime.engine.service import HelperProcess, podman_service, ssh_forward
+from kernelbridge.runtime.engine.transport import API_TIMEOUT, EngineClient
 
 PROBE_TIMEOUT = 3.0
 """Bound of asking a candidate socket whether an engine answers: a local engine answers in
@@ -71,7 +71,7 @@ async def connect_engine(
 
 async def connect_system_socket(engine: Engine, settings: Settings) -> tuple[EngineRuntime | None, list[str]]:
     """The first of ``engine``'s default sockets that answers; else None and why each did not."""
-    reasons = []
+    reasons: list[str] = []
     for path in system_sockets(engine):
         try:
             return await connect_engine(f"unix://{path}", settings, engine=engine, probe=True), reasons
@@ -91,7 +91,7 @@ async def start_own_podman(settings: Settings) -> EngineRuntime:
     return await open_engine(_client(endpoint, "podman"), helpers=[helper], note="started by kernelbridge")
 
 
-async def _start_until_it_answers(helper: HelperProcess, sock: Path, engine: Engine) -> None:
+async def _start_until_it_answers(helper: HelperProcess, sock: Path, engine: Engine | None) -> None:
     """Start ``helper`` (an ssh forward, a podman service) and wait until the engine answers a
     ping on the local socket ``sock`` it provides."""
     ping = _client(Endpoint("unix", path=str(sock)), engine)

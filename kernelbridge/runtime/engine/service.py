@@ -14,6 +14,7 @@ sees a plain unix socket.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ import anyio
 import anyio.abc
 
 from kernelbridge.errors import RuntimeUnavailable
-from kernelbridge.runtime.engine_endpoint import UNIX_PATH_MAX, Endpoint
+from kernelbridge.runtime.engine.endpoint import UNIX_PATH_MAX, Endpoint
 
 START_TIMEOUT = 20.0
 """Bound of a helper's start until the engine answers through it: podman's service answers in
@@ -100,21 +101,14 @@ class HelperProcess:
         """SIGTERM, wait up to :data:`STOP_GRACE`, SIGKILL. Idempotent; shielded from cancellation."""
         process, self._process = self._process, None
         with anyio.CancelScope(shield=True):
-            if process is not None and process.returncode is None:
-                try:
-                    # The whole session: setpriv execs, but podman may have children of its own.
-                    os.killpg(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            for signum in (signal.SIGTERM, signal.SIGKILL):
+                if process is None or process.returncode is not None:
+                    break
+                # The whole session: setpriv execs, but podman may have children of its own.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signum)
                 with anyio.move_on_after(STOP_GRACE):
                     await process.wait()
-                if process.returncode is None:
-                    try:
-                        os.killpg(process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    with anyio.move_on_after(STOP_GRACE):
-                        await process.wait()
             if process is not None:
                 await process.aclose()
             for path in self._cleanup:

@@ -2,9 +2,10 @@
 
 This module owns the wire below the Docker Engine API: one ``httpcore2`` connection pool per
 engine (every request of every sandbox shares it), the time bound of each call, the translation
-of connection failures and engine refusals into ``kernelbridge.errors``, and the hijacked
-connections that carry a container's stdio (``Connection: Upgrade`` -> 101, then raw bytes).
-It knows HTTP, not containers: which paths to call and what their answers mean is ``engine``'s job.
+of connection failures and engine refusals into ``kernelbridge.errors`` (EngineRefused), and the
+hijacked connections that carry a container's stdio (``Connection: Upgrade`` -> 101, then raw
+bytes). It knows HTTP, not containers: which paths to call and what their answers mean is the job
+of ``api`` (containers) and ``images``.
 
 Why httpcore2 and not httpx2 on top of it: the engine API needs no cookies, redirects or auth
 flows, and httpcore's pool takes a ``network_backend``: ours hands out streams that can
@@ -29,8 +30,8 @@ import anyio.abc
 import anyio.streams.tls
 import httpcore2
 
-from kernelbridge.errors import RuntimeUnavailable
-from kernelbridge.runtime.engine_endpoint import Endpoint, ssl_context
+from kernelbridge.errors import EngineRefused, RuntimeUnavailable
+from kernelbridge.runtime.engine.endpoint import Endpoint, ssl_context
 
 API_VERSION = "v1.41"
 """Docker 20.10 (Debian 12's docker.io) and podman 4.x's compat API both serve 1.41; newer engines
@@ -46,16 +47,6 @@ ERROR_BODY_LIMIT = 4096
 """Bytes of an engine's error body kept for the message."""
 HALF_CLOSE = "kernelbridge.send_eof"
 """``get_extra_info`` key under which our network streams offer their half-close."""
-
-
-class EngineRefused(RuntimeUnavailable):
-    """The engine answered a call with an error status (its message in one line)."""
-
-    def __init__(self, message: str, status: int, reason: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        """The engine's own message (``No such container: x``), for callers that branch on it."""
 
 
 class HalfClosableStream(httpcore2.AsyncNetworkStream):

@@ -3,7 +3,7 @@
 This module owns the parsing of engine URLs the way the docker and podman clients read them
 (``DOCKER_HOST``, ``CONTAINER_HOST``, ``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``) into an
 :class:`Endpoint`, and the :class:`ssl.SSLContext` of a TLS endpoint. It does no I/O beyond reading
-certificate files: connecting is ``engine_transport``'s job, ssh forwarding ``engine_service``'s.
+certificate files: connecting is ``transport``'s job, ssh forwarding ``service``'s.
 
 Accepted URLs::
 

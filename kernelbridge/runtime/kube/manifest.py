@@ -1,5 +1,6 @@
-"""A sandbox as a Kubernetes Pod: the manifest, generated from the same settings as the container
-flags (``engine_spec``), and the deny-all NetworkPolicy that goes with it. No I/O, no client.
+"""A sandbox as a Kubernetes Pod: the manifest, rendered from the same sandbox flags as the
+container-create body and the CLI argv (:mod:`kernelbridge.runtime.flags`), and the deny-all
+NetworkPolicy that goes with it. No I/O, no client.
 
 This is the first piece of the Kubernetes runtime designed in ``docs/kubernetes.md``; the backend
 itself (pods/attach for stdio) is not written yet. ``podman kube play`` runs these manifests, which
@@ -7,9 +8,11 @@ is how the tests prove them.
 
 What maps one to one: user 65534, no privilege escalation, all capabilities dropped, read-only
 root, memory (requests = limits) and cpu limits, memory-backed and sized /tmp and /workspace,
-workdir, stdin open once, no network (the NetworkPolicy), no registry pulls (``imagePullPolicy:
-Never``). What has no Pod field: the pids limit (the kubelet's ``podPidsLimit``) and the nofile/
-nproc ulimits (the container runtime's defaults): node settings, listed in the doc.
+workdir, stdin open once (or kept open for a reattachable sandbox), no network (the
+NetworkPolicy), no registry pulls (``imagePullPolicy: Never``). What has no Pod field: the pids
+limit (the kubelet's ``podPidsLimit``), the nofile/nproc ulimits (the container runtime's
+defaults): node settings, listed in the doc; and the read-only tmpfs that only cover podman's own
+extra mounts (a Pod gets none).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import json
 import re
 from typing import Any
 
-from kernelbridge.runtime.base import WORKDIR, ContainerSpec
-from kernelbridge.runtime.engine_spec import size_bytes
+from kernelbridge.runtime.base import ContainerSpec
+from kernelbridge.runtime.flags import sandbox_flags, size_bytes
 
 SANDBOX_LABEL = "kernelbridge.sandbox"
 """Set to ``true`` on every sandbox pod: what the NetworkPolicy selects."""
@@ -31,6 +34,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """docker and podman run a container whose image sets no PATH with this one; a Pod (containerd,
 ``podman kube play``) gets none, and the sandbox image, imported from a root file system, sets none."""
 _NAME = re.compile(r"[^a-z0-9-]+")
+_VOLUME_SUFFIX = {"/tmp": "tmp", "/workspace": "ws"}
+"""Volume names of the usual mounts (another mount is named after its path)."""
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -55,55 +60,60 @@ def label_value(value: str) -> str:
     return _LABEL_VALUE.sub("_", value)[:63].strip("._-")
 
 
+def _volume_name(pod: str, path: str) -> str:
+    suffix = _VOLUME_SUFFIX.get(path) or _NAME.sub("-", path.strip("/").lower()).strip("-")
+    return f"{pod[:55]}-{suffix}"
+
+
 def pod_manifest(
     spec: ContainerSpec, *, runtime_class: str | None = None, namespace: str | None = None
 ) -> dict[str, Any]:
     """The Pod of one sandbox. ``runtime_class`` names a RuntimeClass (e.g. ``gvisor``, ``kata``)
     for a second wall around the kernel; None uses the cluster's default runtime."""
-    lim = spec.limits
-    uid, _, gid = lim.user.partition(":")
-    name = pod_name(spec.name)
-    # Volume names are per pod in Kubernetes, but `podman kube play` turns an emptyDir into a
-    # named volume of the whole engine: unique names keep two sandboxes' files apart there too.
-    tmp, workspace = f"{name[:55]}-tmp", f"{name[:55]}-ws"
-    env = dict(spec.env)
+    flags = sandbox_flags(spec)
+    uid, gid = flags.uid_gid
+    name = pod_name(flags.name)
+    cpu = f"{int(flags.cpus * 1000)}m"
+    env = dict(flags.env)
     env.setdefault("PATH", DEFAULT_PATH)
     labels = {SANDBOX_LABEL: "true", "app.kubernetes.io/managed-by": "kernelbridge"}
-    labels.update({key: label_value(value) for key, value in spec.all_labels().items()})
+    labels.update({key: label_value(value) for key, value in flags.labels.items()})
+    # Volume names are per pod in Kubernetes, but `podman kube play` turns an emptyDir into a
+    # named volume of the whole engine: unique names keep two sandboxes' files apart there too.
+    mounts = [m for m in flags.tmpfs if not m.covers_engine_default]
+    volumes = {m.path: _volume_name(name, m.path) for m in mounts}
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": spec.image,
+        "image": flags.image,
         # Never pull: the image is built (or loaded) on the node, and a miss must fail fast.
-        "imagePullPolicy": "Never",
-        "workingDir": WORKDIR,
-        # stdio is the tunnel: attached once (pods/attach), closed for good when the host closes it.
+        "imagePullPolicy": "Always" if flags.pull else "Never",
+        "workingDir": flags.workdir,
+        # stdio is the tunnel: attached once (pods/attach), closed for good when the host closes it
+        # (kept open for a reattachable sandbox).
         "stdin": True,
-        "stdinOnce": True,
+        "stdinOnce": flags.stdin_once,
         "tty": False,
         "env": [{"name": key, "value": value} for key, value in env.items()],
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": int(uid),
-            "runAsGroup": int(gid or uid),
-            "allowPrivilegeEscalation": False,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "allowPrivilegeEscalation": not flags.no_new_privileges,
             "privileged": False,
-            "readOnlyRootFilesystem": lim.read_only,
-            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": flags.read_only,
+            "capabilities": {"drop": list(flags.cap_drop)},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "resources": {
             # requests = limits: the scheduler reserves what the sandbox may use (Guaranteed QoS,
             # the last class evicted under node pressure).
-            "limits": {"memory": quantity(lim.memory), "cpu": f"{int(lim.cpus * 1000)}m"},
-            "requests": {"memory": quantity(lim.memory), "cpu": f"{int(lim.cpus * 1000)}m"},
+            "limits": {"memory": quantity(flags.memory), "cpu": cpu},
+            "requests": {"memory": quantity(flags.memory), "cpu": cpu},
         },
-        "volumeMounts": [
-            {"name": tmp, "mountPath": "/tmp"},
-            {"name": workspace, "mountPath": WORKDIR},
-        ],
+        "volumeMounts": [{"name": volumes[m.path], "mountPath": m.path} for m in mounts],
     }
-    if spec.command:
-        container["command"] = list(spec.command)
+    if flags.command:
+        container["command"] = list(flags.command)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         # No API credentials, no service discovery variables: nothing of the cluster inside.
@@ -115,16 +125,15 @@ def pod_manifest(
         "terminationGracePeriodSeconds": TERMINATION_GRACE,
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": int(uid),
-            "runAsGroup": int(gid or uid),
+            "runAsUser": uid,
+            "runAsGroup": gid,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
+        # Memory-backed and sized: like the container's tmpfs mounts, counted against the pod's memory.
         "volumes": [
-            # Memory-backed and sized: like the tmpfs mounts of the container flags, counted
-            # against the pod's memory.
-            {"name": tmp, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(lim.tmp_size)}},
-            {"name": workspace, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(lim.workspace_size)}},
+            {"name": volumes[m.path], "emptyDir": {"medium": "Memory", "sizeLimit": quantity(m.size)}}
+            for m in mounts
         ],
     }
     if runtime_class:
@@ -132,7 +141,7 @@ def pod_manifest(
     metadata: dict[str, Any] = {
         "name": name,
         "labels": labels,
-        "annotations": spec.all_labels(),
+        "annotations": flags.labels,
     }
     if namespace:
         metadata["namespace"] = namespace

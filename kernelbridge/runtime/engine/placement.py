@@ -3,18 +3,19 @@
 Load is the count of live kernelbridge containers (created or running, any bridge's) an engine
 lists, plus the creations this bridge has placed there and not yet seen listed; ties go to the
 engine listed first. A container stays on the engine that created it: :class:`EngineSet`
-remembers each container's owner and routes every later call (attach, stop, remove, inspect) to
+remembers each container's owner and routes every later call (attach, remove, inspect) to
 it, and :meth:`EngineSet.place` hands out the chosen backend itself for callers that would
 rather hold it.
 
 An engine that does not answer is skipped for placement (with its reason kept for the error if
-none answers); listing merges the engines that answer. Image chores go to every engine: a
-sandbox can only be placed where its image is.
+none answers); listing merges the engines that answer. Image chores go to every engine
+(:class:`ImageSet`): a sandbox can only be placed where its image is.
 """
 
 from __future__ import annotations
 
 import builtins
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -26,6 +27,8 @@ from kernelbridge.runtime.base import (
     ContainerSpec,
     ContainerState,
     ContainerStream,
+    ImageInfo,
+    ImageStore,
     RuntimeBackend,
     RuntimeInfo,
 )
@@ -43,6 +46,7 @@ class EngineSet(RuntimeBackend):
         engines = {b.engine for b in backends}
         self.engine = engines.pop() if len(engines) == 1 else "mixed"
         self.name = "engines"
+        self.images = ImageSet([b.images for b in backends])
         self._owner: dict[str, RuntimeBackend] = {}
         """Container id and name -> the backend that created it."""
         self._alias: dict[str, str] = {}
@@ -123,11 +127,6 @@ class EngineSet(RuntimeBackend):
             raise RuntimeUnavailable(f"no engine has a container {container}")
         return await backend.attach(container)
 
-    async def stop(self, container: str, timeout: float = 0) -> None:
-        backend = await self._backend_of(container)
-        if backend is not None:
-            await backend.stop(container, timeout)
-
     async def remove(self, containers: builtins.list[str]) -> None:
         mine: dict[int, builtins.list[str]] = {}
         unknown: builtins.list[str] = []
@@ -186,39 +185,64 @@ class EngineSet(RuntimeBackend):
             cgroup_version=first.cgroup_version,
             oci_runtime=first.oci_runtime,
             limits_enforced=first.limits_enforced,
+            storage_driver=first.storage_driver,
+            reattach=first.reattach,
         )
-
-    async def image_labels(self, image: str) -> dict[str, str] | None:
-        """The image's labels where every engine has it; None when one lacks it."""
-        labels: dict[str, str] | None = None
-        for backend in self.backends:
-            found = await backend.image_labels(image)
-            if found is None:
-                return None
-            labels = labels or found
-        return labels
-
-    async def import_image(self, tarball: Path, tag: str, changes: builtins.list[str]) -> None:
-        for backend in self.backends:
-            await backend.import_image(tarball, tag, changes)
-
-    async def tag_image(self, image: str, tag: str) -> None:
-        for backend in self.backends:
-            await backend.tag_image(image, tag)
-
-    async def list_images(self, repository: str) -> builtins.list[str]:
-        tags: set[str] = set()
-        for backend in self.backends:
-            tags.update(await backend.list_images(repository))
-        return sorted(tags)
-
-    async def remove_image(self, image: str) -> bool:
-        removed = True
-        for backend in self.backends:
-            removed = await backend.remove_image(image) and removed
-        return removed
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             for backend in self.backends:
                 await backend.aclose()
+
+
+class ImageSet(ImageStore):
+    """The images of several engines as one store: every change goes to every engine, in order
+    (the first failure stops it, with that engine's message); an image is there when it is on
+    every engine."""
+
+    def __init__(self, stores: builtins.list[ImageStore]) -> None:
+        self.stores = stores
+
+    async def labels(self, image: str) -> dict[str, str] | None:
+        """The image's labels (the first engine's) where every engine has it; None when one lacks it."""
+        labels: dict[str, str] | None = None
+        for store in self.stores:
+            found = await store.labels(image)
+            if found is None:
+                return None
+            labels = found if labels is None else labels
+        return labels
+
+    async def import_rootfs(self, tarball: Path, tag: str, changes: Sequence[str]) -> None:
+        for store in self.stores:
+            await store.import_rootfs(tarball, tag, changes)
+
+    async def tag(self, image: str, tag: str) -> None:
+        for store in self.stores:
+            await store.tag(image, tag)
+
+    async def list(
+        self, repository: str | None = None, *, labels: Mapping[str, str] | None = None
+    ) -> builtins.list[ImageInfo]:
+        """Every engine's images (an image on two engines is listed twice: ids differ per engine)."""
+        found: builtins.list[ImageInfo] = []
+        for store in self.stores:
+            found += await store.list(repository, labels=labels)
+        return found
+
+    async def remove(self, image: str) -> bool:
+        removed = True
+        for store in self.stores:
+            removed = await store.remove(image) and removed
+        return removed
+
+    async def build(
+        self,
+        context: Path,
+        tag: str,
+        *,
+        containerfile: str = "Containerfile",
+        build_args: Mapping[str, str] | None = None,
+    ) -> None:
+        for store in self.stores:
+            await store.build(context, tag, containerfile=containerfile, build_args=build_args)

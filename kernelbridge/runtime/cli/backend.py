@@ -1,0 +1,282 @@
+"""The command-line backend: ``podman`` or ``docker`` driven through their CLI (the fallback).
+
+Every operation is one bounded CLI call (``command.Cli``), except ``attach``: it starts ``<cli>
+start --attach --interactive <id>``, a client process that lives as long as the sandbox and carries
+its stdio (the engine-API backend needs no such process). The container's flags are rendered from
+:mod:`kernelbridge.runtime.flags`; the two CLIs agree on them except podman's ``--runtime``. The
+images of the same CLI are :class:`~kernelbridge.runtime.cli.images.CliImages`.
+
+What the CLI cannot do: keep a sandbox's stdin open for a later attachment (``create -i`` plus
+``start -ai`` is one attachment; ``RuntimeInfo.reattach`` is False), so a reattachable spec is
+refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from kernelbridge.errors import ImageError, RuntimeUnavailable
+from kernelbridge.runtime.base import (
+    SESSION_LABEL,
+    ContainerInfo,
+    ContainerSpec,
+    ContainerState,
+    ContainerStream,
+    ImageStore,
+    RuntimeBackend,
+    RuntimeInfo,
+)
+from kernelbridge.runtime.cli.command import Cli, container_gone, image_missing
+from kernelbridge.runtime.cli.images import CliImages
+from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
+from kernelbridge.runtime.flags import sandbox_flags
+
+ATTACH_TIMEOUT = 10.0
+ATTACH_POLL = 0.02
+"""How often a freshly attached container is checked until its client has started it."""
+REMOVE_ATTEMPTS = 3
+REMOVE_RETRY_DELAY = 0.5
+
+
+def container_flags(spec: ContainerSpec) -> list[str]:
+    """The sandbox flags of ``spec`` for ``create`` (both CLIs accept them)."""
+    flags = sandbox_flags(spec)
+    argv = [
+        "--pull", "always" if flags.pull else "never",
+        "--name", flags.name,
+        "--network", flags.network,
+        *(arg for cap in flags.cap_drop for arg in ("--cap-drop", cap)),
+        *(["--security-opt", "no-new-privileges"] if flags.no_new_privileges else []),
+        "--user", flags.user,
+        "--memory", flags.memory,
+        "--memory-swap", flags.memory,
+        "--pids-limit", str(flags.pids),
+        "--cpus", f"{flags.cpus:g}",
+        *(arg for mount in flags.tmpfs for arg in ("--tmpfs", f"{mount.path}:{mount.options}")),
+        "--workdir", flags.workdir,
+        *(arg for u in flags.ulimits for arg in ("--ulimit", f"{u.name}={u.soft}:{u.hard}")),
+        "--log-driver", flags.log_driver,
+    ]  # fmt: skip
+    if flags.read_only:
+        argv.append("--read-only")
+    if flags.init:
+        argv.append("--init")
+    if flags.auto_remove:
+        argv.append("--rm")
+    for key, value in flags.labels.items():
+        argv += ["--label", f"{key}={value}"]
+    for key, value in flags.env:
+        argv += ["--env", f"{key}={value}"]
+    return argv
+
+
+@dataclass
+class CliRuntime(RuntimeBackend):
+    """podman or docker through the CLI. Use as an async context manager: it owns the task group
+    that drains the stderr of each attached client."""
+
+    engine: str = "podman"
+    executable: str = "podman"
+    oci_runtime: str | None = None
+    """podman's ``--runtime`` to force (e.g. ``runc`` where crun fails on hybrid cgroups)."""
+    workdir: Path | None = None
+    """Working directory of the CLI processes (see ``command.Cli.workdir``)."""
+    name: str = field(init=False)
+    images: ImageStore = field(init=False, repr=False)
+    cli: Cli = field(init=False, repr=False)
+    _drains: StderrDrains = field(default_factory=StderrDrains, init=False, repr=False)
+    _never_started: set[str] = field(default_factory=set, init=False, repr=False)
+    """Ids this backend created and has not attached to: ``attach`` starts them without asking."""
+
+    def __post_init__(self) -> None:
+        self.name = f"{self.engine}-cli"
+        self.cli = Cli(self.engine, self.executable, self.workdir)
+        self.images = CliImages(self.cli)
+
+    async def __aenter__(self) -> CliRuntime:
+        await self._drains.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._drains.aclose()
+
+    # -- containers ----------------------------------------------------------------------------
+    def create_argv(self, spec: ContainerSpec) -> list[str]:
+        argv = [self.executable, "create", "--interactive", *container_flags(spec)]
+        if self.oci_runtime:
+            argv += ["--runtime", self.oci_runtime]
+        return [*argv, spec.image, *spec.command]
+
+    async def create(self, spec: ContainerSpec) -> str:
+        if spec.reattachable:
+            raise RuntimeUnavailable(
+                f"the {self.engine} CLI cannot keep a sandbox's stdin open for a later attachment;"
+                f" use the engine API (KERNELBRIDGE_RUNTIME={self.engine}-api)"
+            )
+        try:
+            container = (await self.cli.run(*self.create_argv(spec)[1:])).strip().splitlines()[-1]
+        except RuntimeUnavailable as exc:
+            if image_missing(exc):
+                raise ImageError(
+                    f"the sandbox image {spec.image} is missing; run `kernelbridge image build`"
+                ) from None
+            raise
+        self._never_started.add(container)
+        return container
+
+    async def attach(self, container: str) -> ContainerStream:
+        if not self._drains.is_open:
+            raise RuntimeError("CliRuntime.attach outside `async with`")
+        if container in self._never_started:
+            self._never_started.discard(container)
+        else:
+            # `start --attach` would run an exited container again, and cannot attach a second
+            # client to a running one: the CLI attaches to created containers only.
+            info = await self.inspect(container)
+            if info is None or info.state is not ContainerState.CREATED:
+                why = "does not exist" if info is None else f"is {info.state.value}"
+                raise RuntimeUnavailable(
+                    f"cannot attach to {container}: it {why} (the {self.engine} CLI attaches to a"
+                    " container once, before it starts)"
+                )
+        argv = [self.executable, "start", "--attach", "--interactive", container]
+        try:
+            process = await anyio.open_process(argv, stdin=-1, stdout=-1, stderr=-1, cwd=self.cli.cwd())
+        except OSError as exc:
+            raise RuntimeUnavailable(f"cannot run {self.executable}: {exc.strerror}") from None
+        stream = ProcessStream(process)
+        self._drains.drain(stream)
+        await self._wait_started(container, process)
+        return stream
+
+    async def _wait_started(self, container: str, process: anyio.abc.Process) -> None:
+        """Return once the client has really started the container (or given up). ``start -ai``
+        attaches before it starts: a removal landing in between finds a created container, and
+        the client would then start it anyway (a race seen with both podman and docker)."""
+        with anyio.move_on_after(ATTACH_TIMEOUT):
+            while process.returncode is None:
+                info = await self.inspect(container)
+                if info is None or info.state is not ContainerState.CREATED:
+                    return
+                await anyio.sleep(ATTACH_POLL)
+
+    async def remove(self, containers: list[str]) -> None:
+        self._never_started.difference_update(containers)
+        if not containers:
+            return
+        extra = ["--ignore", "--time", "0"] if self.engine == "podman" else []
+        for attempt in range(REMOVE_ATTEMPTS):
+            try:
+                await self.cli.run("rm", "--force", *extra, *containers)
+                return
+            except RuntimeUnavailable as exc:
+                if container_gone(exc):
+                    return
+                if attempt == REMOVE_ATTEMPTS - 1:
+                    raise
+                # A container that is stopping on its own ("container state improper") cannot
+                # be killed for a moment; once stopped it can be removed.
+                await anyio.sleep(REMOVE_RETRY_DELAY)
+
+    async def inspect(self, container: str) -> ContainerInfo | None:
+        try:
+            text = await self.cli.run("container", "inspect", container)
+        except RuntimeUnavailable as exc:
+            if container_gone(exc):
+                return None
+            raise
+        rows = json.loads(text or "[]")
+        return _inspected(rows[0]) if rows else None
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
+        args = ["ps", "--all", "--no-trunc", "--format", "{{json .}}"]
+        for key, value in (labels or {SESSION_LABEL: ""}).items():
+            args += ["--filter", f"label={key}={value}" if value else f"label={key}"]
+        return parse_ps_output(await self.cli.run(*args))
+
+    async def info(self) -> RuntimeInfo:
+        version = (await self.cli.run("--version")).strip()
+        if self.engine != "podman":
+            data = json.loads(await self.cli.run("info", "--format", "{{json .}}"))
+            return RuntimeInfo(
+                name=self.name,
+                engine=self.engine,
+                version=f"{version}; engine {data.get('ServerVersion', '?')}",
+                endpoint=self.executable,
+                rootless="rootless" in str(data.get("SecurityOptions", "")),
+                cgroup_version=f"v{data.get('CgroupVersion', '?')}",
+                oci_runtime=str(data.get("DefaultRuntime", "")),
+                storage_driver=str(data.get("Driver") or ""),
+            )
+        data = json.loads(await self.cli.run("info", "--format", "json"))
+        host = data.get("host", {})
+        rootless = bool(host.get("security", {}).get("rootless"))
+        cgroups = str(host.get("cgroupVersion", "?"))
+        return RuntimeInfo(
+            name=self.name,
+            engine=self.engine,
+            version=version,
+            endpoint=self.executable,
+            rootless=rootless,
+            cgroup_version=cgroups,
+            oci_runtime=self.oci_runtime or str(host.get("ociRuntime", {}).get("name", "")),
+            limits_enforced=not (rootless and cgroups == "v1"),
+            storage_driver=str((data.get("store") or {}).get("graphDriverName") or ""),
+        )
+
+
+_STATES = {state.value: state for state in ContainerState}
+
+
+def _state(raw: Any) -> ContainerState:
+    text = str(raw or "").lower()
+    if text in ("stopped", "dead", "configured"):  # podman's spellings
+        return ContainerState.EXITED if text != "configured" else ContainerState.CREATED
+    return _STATES.get(text, ContainerState.UNKNOWN)
+
+
+def _inspected(row: dict[str, Any]) -> ContainerInfo:
+    state = row.get("State") or {}
+    labels = (row.get("Config") or {}).get("Labels") or {}
+    code = state.get("ExitCode")
+    return ContainerInfo(
+        id=str(row.get("Id", "")),
+        name=str(row.get("Name", "")).lstrip("/"),
+        labels={str(k): str(v) for k, v in labels.items()},
+        state=_state(state.get("Status")),
+        exit_code=code if isinstance(code, int) else None,
+        oom_killed=bool(state.get("OOMKilled")),
+    )
+
+
+def parse_ps_output(text: str) -> list[ContainerInfo]:
+    """Output of ``ps --format '{{json .}}'``: podman prints one JSON array, docker one object
+    per line, and they spell some fields differently."""
+    text = text.strip()
+    if not text:
+        return []
+    rows = json.loads(text) if text.startswith("[") else [json.loads(line) for line in text.splitlines()]
+    return [_listed(row) for row in rows]
+
+
+def _listed(row: dict[str, Any]) -> ContainerInfo:
+    labels = row.get("Labels") or {}
+    if isinstance(labels, str):  # docker: "k=v,k2=v2"
+        labels = dict(item.partition("=")[::2] for item in labels.split(",") if item)
+    names = row.get("Names")
+    name = names[0] if isinstance(names, list) and names else str(names or "")
+    return ContainerInfo(
+        id=str(row.get("Id") or row.get("ID") or ""),
+        name=name,
+        labels={str(k): str(v) for k, v in labels.items()},
+        state=_state(row.get("State")),
+    )

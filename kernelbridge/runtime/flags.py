@@ -1,0 +1,161 @@
+"""The sandbox's flags, decided once: a :class:`ContainerSpec` as a neutral :class:`SandboxFlags`.
+
+Every hardening and resource decision of DESIGN.md ("Sandbox container") is made here, in no
+engine's words: the network, the dropped capabilities, no new privileges, the user, the memory
+(and swap) limit, pids, cpus, the sized tmpfs mounts, the read-only root and what covers podman's
+extra unsized tmpfs, the ulimits, no log driver, no init process, no auto-removal, no pulls, and
+whether stdin closes after one attachment. Three renderers spell it mechanically and decide
+nothing of their own:
+
+- ``cli.backend.create_argv``: ``podman/docker create`` flags;
+- ``engine.body.create_body``: the engine API's ``POST /containers/create`` body;
+- ``kube.manifest.pod_manifest``: a Kubernetes Pod (what has no Pod field is listed there).
+
+So a new flag (a read-only bind mount, say) is one field here and one line in each renderer.
+No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kernelbridge.runtime.base import ContainerSpec
+
+WORKDIR = "/workspace"
+READ_ONLY_TMPFS = "ro,size=64k,mode=755,nosuid,nodev,noexec"
+"""Options of the empty, read-only tmpfs mounted over /run and /var/tmp of a read-only sandbox."""
+LOG_DRIVER = "none"
+"""Nothing reads an engine's log of a sandbox (the tunnel is the only consumer of its stdio), and
+both engines' default drivers (docker's json-file, podman's k8s-file) write every byte the kernel
+prints to disk. ``none`` still lets us attach; podman's faster ``passthrough`` cannot be used over
+the API (it hands the container the stdio of the service process, leaving nothing to attach to)."""
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([bkmg]?)$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def size_bytes(size: str) -> int:
+    """``512m`` -> 536870912 (binary units, as docker and podman read ``--memory``).
+
+    Raises ValueError on a malformed size (settings validate sizes before they get here).
+    """
+    match = _SIZE.match(size.strip())
+    if not match:
+        raise ValueError(f"not a size: {size!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def tmpfs_options(size: str) -> str:
+    """Mount options of a writable sandbox tmpfs: sized (unsized, podman's /tmp under --read-only
+    is a huge tmpfs counted against the memory limit), world-writable and sticky, no set-uid, no
+    devices."""
+    return f"rw,size={size},mode=1777,nosuid,nodev"
+
+
+@dataclass(frozen=True, slots=True)
+class Tmpfs:
+    """A memory-backed mount of the sandbox."""
+
+    path: str
+    size: str
+    """As the settings spell it (``64m``): binary units."""
+    options: str
+    """The mount options, as both CLIs and the engine API take them."""
+    covers_engine_default: bool = False
+    """Only there to replace an unsized, writable tmpfs that podman's ``--read-only`` adds on its
+    own (``--read-only-tmpfs``, on by default) with an empty read-only one. A Pod gets no such
+    mounts, so its renderer leaves these out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ulimit:
+    name: str
+    soft: int
+    hard: int
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxFlags:
+    """One sandbox container as every renderer needs it (see the module docstring)."""
+
+    image: str
+    name: str
+    command: tuple[str, ...]
+    """Overrides the image's CMD when not empty."""
+    labels: dict[str, str]
+    env: tuple[tuple[str, str], ...]
+    user: str
+    """``uid:gid``."""
+    network: str
+    read_only: bool
+    memory: str
+    """The memory limit as the settings spell it (``512m``); swap is limited to the same amount,
+    so the kernel cannot page out past it."""
+    pids: int
+    cpus: float
+    tmpfs: tuple[Tmpfs, ...]
+    ulimits: tuple[Ulimit, ...]
+    """Explicit: the engines' defaults would be raised past what may be set without
+    CAP_SYS_RESOURCE on these machines, and the container would fail to start."""
+    stdin_once: bool
+    """stdin is open for one attachment and closed for good when that client closes it (the
+    agent then sees EOF and exits); False for a reattachable sandbox."""
+    workdir: str = WORKDIR
+    cap_drop: tuple[str, ...] = ("ALL",)
+    no_new_privileges: bool = True
+    log_driver: str = LOG_DRIVER
+    init: bool = False
+    """No init process: the agent runs as PID 1 itself. An init process holding the frame pipes
+    would be reachable from kernel code (same uid, ``/proc/1/fd``)."""
+    auto_remove: bool = False
+    """Containers are removed explicitly, so that ``inspect`` can still tell the exit code and the
+    OOM flag after the container exited."""
+    pull: bool = False
+    """Never reach for a registry: the image is built locally, and a miss must fail fast."""
+
+    @property
+    def memory_bytes(self) -> int:
+        return size_bytes(self.memory)
+
+    @property
+    def uid_gid(self) -> tuple[int, int]:
+        uid, _, gid = self.user.partition(":")
+        return int(uid), int(gid or uid)
+
+    @property
+    def network_disabled(self) -> bool:
+        return self.network == "none"
+
+
+def sandbox_flags(spec: ContainerSpec) -> SandboxFlags:
+    """The flags of ``spec``'s container."""
+    lim = spec.limits
+    tmpfs = [
+        Tmpfs("/tmp", lim.tmp_size, tmpfs_options(lim.tmp_size)),
+        Tmpfs(WORKDIR, lim.workspace_size, tmpfs_options(lim.workspace_size)),
+    ]
+    if lim.read_only:
+        # podman's --read-only also mounts *unsized* tmpfs on /run and /var/tmp: writable space
+        # bounded by nothing but the memory limit, where nobody looks. Mounting them read-only
+        # ourselves replaces podman's mounts and says the same thing to docker (which adds none).
+        tmpfs += [
+            Tmpfs("/var/tmp", "64k", READ_ONLY_TMPFS, covers_engine_default=True),
+            Tmpfs("/run", "64k", READ_ONLY_TMPFS, covers_engine_default=True),
+        ]
+    return SandboxFlags(
+        image=spec.image,
+        name=spec.name,
+        command=spec.command,
+        labels=spec.all_labels(),
+        env=spec.env,
+        user=lim.user,
+        network=lim.network,
+        read_only=lim.read_only,
+        memory=lim.memory,
+        pids=lim.pids,
+        cpus=lim.cpus,
+        tmpfs=tuple(tmpfs),
+        ulimits=(Ulimit("nofile", lim.nofile, lim.nofile), Ulimit("nproc", lim.nproc, lim.nproc)),
+        stdin_once=not spec.reattachable,
+    )

@@ -1,0 +1,41 @@
+"""Orphan reaping: removing the sandbox containers of bridges that are gone.
+
+A bridge labels each container with its pid and host name (``OWNER_LABEL``, ``HOST_LABEL``); a
+container whose bridge process no longer exists on this host (it was SIGKILLed, say) is an
+orphan, and the next bridge removes it at start. Containers of live bridges, and of other hosts
+sharing the engine, are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from kernelbridge.runtime.base import SESSION_LABEL, RuntimeBackend
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def reap_orphans(runtime: RuntimeBackend) -> int:
+    """Remove sandbox containers whose owning bridge process is gone (e.g. it was SIGKILLed).
+
+    Only containers of this host are considered (an engine may be shared by several machines).
+    Returns how many were removed. Containers of live bridges are left alone.
+    """
+    here = socket.gethostname()
+    orphans = [
+        c.id or c.name
+        for c in await runtime.list({SESSION_LABEL: ""})
+        if c.owner_host in ("", here) and (c.owner_pid is None or not pid_alive(c.owner_pid))
+    ]
+    await runtime.remove(orphans)
+    return len(orphans)

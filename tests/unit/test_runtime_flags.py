@@ -1,0 +1,137 @@
+"""The sandbox flags are decided once (runtime.flags) and the three renderers agree on them; a
+reattachable sandbox keeps its stdin open where the backend can attach again, and is refused
+where it cannot."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import anyio
+import pytest
+
+from kernelbridge.config import SandboxLimits
+from kernelbridge.errors import RuntimeUnavailable
+from kernelbridge.runtime import ContainerSpec
+from kernelbridge.runtime.cli.backend import CliRuntime
+from kernelbridge.runtime.engine.api import EngineRuntime
+from kernelbridge.runtime.engine.body import create_body
+from kernelbridge.runtime.engine.endpoint import Endpoint
+from kernelbridge.runtime.flags import READ_ONLY_TMPFS, WORKDIR, sandbox_flags, size_bytes
+from kernelbridge.runtime.kube.manifest import pod_manifest
+from kernelbridge.testing import LocalProcessRuntime
+
+LIMITS = SandboxLimits(
+    memory="300m", pids=77, cpus=0.25, tmp_size="12m", workspace_size="34m", nofile=555, nproc=666
+)
+
+
+def spec(**fields: Any) -> ContainerSpec:
+    base: dict[str, Any] = {
+        "image": "img:1",
+        "name": "kb-s-1",
+        "session": "s",
+        "owner_pid": 9,
+        "limits": LIMITS,
+    }
+    return ContainerSpec(**{**base, **fields})
+
+
+def test_the_decisions_are_made_once() -> None:
+    flags = sandbox_flags(spec())
+    assert [(m.path, m.size, m.covers_engine_default) for m in flags.tmpfs] == [
+        ("/tmp", "12m", False),
+        (WORKDIR, "34m", False),
+        ("/var/tmp", "64k", True),
+        ("/run", "64k", True),
+    ]
+    assert {m.options for m in flags.tmpfs if m.covers_engine_default} == {READ_ONLY_TMPFS}
+    assert [(u.name, u.soft, u.hard) for u in flags.ulimits] == [("nofile", 555, 555), ("nproc", 666, 666)]
+    assert (flags.stdin_once, flags.init, flags.auto_remove, flags.pull) == (True, False, False, False)
+    assert flags.uid_gid == (65534, 65534) and flags.network_disabled
+    writable = sandbox_flags(spec(limits=SandboxLimits(read_only=False)))
+    assert [m.path for m in writable.tmpfs] == ["/tmp", WORKDIR], "no read-only covers without --read-only"
+
+
+def test_the_three_renderers_say_the_same() -> None:
+    s = spec()
+    argv = CliRuntime("podman", "podman").create_argv(s)
+    pairs = set(itertools.pairwise(argv))
+    body = create_body(s)
+    host = body["HostConfig"]
+    pod = pod_manifest(s)
+    (container,) = pod["spec"]["containers"]
+    # memory and swap
+    assert {("--memory", "300m"), ("--memory-swap", "300m")} <= pairs
+    assert host["Memory"] == host["MemorySwap"] == size_bytes("300m")
+    assert container["resources"]["limits"]["memory"] == "300Mi"
+    # cpus
+    assert ("--cpus", "0.25") in pairs and host["NanoCpus"] == 250_000_000
+    assert container["resources"]["limits"]["cpu"] == "250m"
+    # pids and ulimits (no Pod field: node settings)
+    assert ("--pids-limit", "77") in pairs and host["PidsLimit"] == 77
+    assert ("--ulimit", "nofile=555:555") in pairs
+    assert {"Name": "nproc", "Soft": 666, "Hard": 666} in host["Ulimits"]
+    # tmpfs: the same mounts, the Pod without the read-only covers
+    cli_tmpfs = {
+        b.split(":", 1)[0]: b.split(":", 1)[1] for a, b in itertools.pairwise(argv) if a == "--tmpfs"
+    }
+    assert cli_tmpfs == host["Tmpfs"]
+    assert sorted(m["mountPath"] for m in container["volumeMounts"]) == ["/tmp", WORKDIR]
+    sizes = {v["emptyDir"]["sizeLimit"] for v in pod["spec"]["volumes"]}
+    assert sizes == {"12Mi", "34Mi"}
+    # the rest of the wall
+    assert {
+        ("--user", "65534:65534"),
+        ("--network", "none"),
+        ("--cap-drop", "ALL"),
+        ("--log-driver", "none"),
+    } <= pairs
+    assert (body["User"], host["NetworkMode"], host["CapDrop"], host["LogConfig"]["Type"]) == (
+        "65534:65534",
+        "none",
+        ["ALL"],
+        "none",
+    )
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert (
+        "--read-only" in argv
+        and host["ReadonlyRootfs"]
+        and container["securityContext"]["readOnlyRootFilesystem"]
+    )
+    assert ("--pull", "never") in pairs and container["imagePullPolicy"] == "Never"
+    assert (body["StdinOnce"], container["stdinOnce"]) == (True, True)
+
+
+def test_a_reattachable_sandbox_keeps_its_stdin_open() -> None:
+    s = spec(reattachable=True)
+    assert sandbox_flags(s).stdin_once is False
+    assert create_body(s)["StdinOnce"] is False and create_body(s)["OpenStdin"] is True
+    (container,) = pod_manifest(s)["spec"]["containers"]
+    assert container["stdinOnce"] is False and container["stdin"] is True
+
+
+class NoClient:
+    """Stands in for an engine client: a refused spec never reaches it."""
+
+    endpoint = Endpoint("unix", path="/nonexistent.sock")
+    engine = "podman"
+
+    async def request(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError("a refused spec reached the engine")
+
+
+@pytest.mark.parametrize("backend", ["podman-api", "podman-cli", "local"])
+def test_backends_that_cannot_attach_again_refuse_a_reattachable_spec(backend: str) -> None:
+    async def create() -> None:
+        if backend == "podman-api":
+            runtime: Any = EngineRuntime(NoClient(), engine="podman")  # type: ignore[arg-type]
+            assert not runtime._reattach
+        elif backend == "podman-cli":
+            runtime = CliRuntime("podman", "/nonexistent/podman")
+        else:
+            runtime = LocalProcessRuntime()
+        await runtime.create(spec(reattachable=True))
+
+    with pytest.raises(RuntimeUnavailable, match="stdin open"):
+        anyio.run(create)
