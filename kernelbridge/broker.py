@@ -12,8 +12,10 @@ Sandbox code sends ``rpc_request`` frames (docs/rpc.md); the sandbox hands each 
   :data:`MAX_RECORDED_BYTES`) under the cell that made it, for the journal and for replaying a
   notebook offline with the recorded results.
 
-It knows nothing of MCP clients or policy: ``dispatch`` (the hub) does that, and raises an error
-with ``kind`` and ``message`` attributes for refusals (``RpcError``).
+It knows nothing of MCP clients or policy: the handler (the hub, or a replay's recording) does
+that, and refuses with :class:`~kernelbridge.errors.RpcError`, whose kind and message go back to
+the sandbox as they are. Anything else a handler raises is a bug: logged at ERROR with its
+traceback, answered ``internal`` with a generic message.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any
 import anyio
 
 from kernelbridge import frames
+from kernelbridge.errors import RpcError
+from kernelbridge.hub.rpc import RpcCall, RpcHandler
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +52,6 @@ MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
 """Request bytes held by the calls of one session in flight: two maximal requests. A burst of
 64 maximal requests would otherwise pin 2 GiB in the bridge; past it a request is answered ``busy``."""
 
-Dispatch = Callable[[str, frozenset[str], str, Any], Awaitable[Any]]
-"""(session, grants, method, params) -> result; raises an error with ``kind``/``message``."""
 Answer = Callable[..., Awaitable[None]]
 """``answer(request_id, result=...)`` or ``answer(request_id, error={kind, message})``."""
 Spawn = Callable[..., None]
@@ -71,13 +73,17 @@ class RpcBroker:
     def __init__(
         self,
         session: str,
-        dispatch: Dispatch,
+        handler: RpcHandler,
         answer: Answer,
         spawn: Spawn,
         grants: Callable[[], frozenset[str]],
+        *,
+        namespace: str = "",
     ) -> None:
         self.session = session
-        self._dispatch = dispatch
+        self.namespace = namespace
+        """The HTTP token's namespace of the session (``""``: shared); every call carries it."""
+        self._handler = handler
         self._answer = answer
         self._spawn = spawn
         self._grants = grants
@@ -126,19 +132,18 @@ class RpcBroker:
         result: Any = None
         error: dict[str, str] | None = None
         try:
+            rpc = RpcCall(self.session, self._grants(), str(method)[:100], params, namespace=self.namespace)
             with call.scope:
-                result = await self._dispatch(self.session, self._grants(), str(method)[:100], params)
+                result = await self._handler.dispatch(rpc)
             if call.scope.cancelled_caught:
                 error = _error(
                     "cancelled", "the call was cancelled: its cell timed out or the session closed"
                 )
-        except Exception as exc:
-            kind = getattr(exc, "kind", None)
-            if isinstance(kind, str):
-                error = _error(kind, str(getattr(exc, "message", exc)))
-            else:
-                log.exception("session %s: an rpc call failed", self.session)
-                error = _error("internal", "the host failed to answer this call (see the bridge's log)")
+        except RpcError as exc:
+            error = _error(exc.kind, exc.message)
+        except Exception:
+            log.error("session %s: an rpc call failed", self.session, exc_info=True)
+            error = _error("internal", "the host failed to answer this call (see the bridge's log)")
         finally:
             if self._in_flight.pop(call.request_id, None) is not None:
                 self._in_flight_bytes -= call.size

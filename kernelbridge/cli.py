@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--with", dest="packages", action="append", default=[], metavar="PACKAGE",
                        help="add a Python package to the image (repeatable)")  # fmt: skip
 
-    skills = sub.add_parser("skills", help="review the tools sandboxed code saved with save_tool()")
+    skills = sub.add_parser(
+        "skills", help="review the tools sandboxed code saved with save_tool() (a token's as NAMESPACE/NAME)"
+    )
     skills_sub = skills.add_subparsers(dest="skills_command", required=True, metavar="ACTION")
     skills_list = skills_sub.add_parser("list", help="list the saved tools")
     skills_list.add_argument("--json", action="store_true", help="machine-readable output")
@@ -247,28 +249,30 @@ def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_skills(args: argparse.Namespace, settings: Settings) -> int:
-    """Saved tools live in ``<state_dir>/skills``; sandboxes use them only by importing them, so a
-    person reviews them here (source as saved, byte for byte)."""
+    """Saved tools live in ``<state_dir>/skills`` and, for each HTTP token, in
+    ``<state_dir>/http/<namespace>/skills`` (shown as ``namespace/tool``); sandboxes use them only
+    by importing them, so a person reviews them here (source as saved, byte for byte)."""
     from kernelbridge.errors import SkillError
-    from kernelbridge.hub import list_skills, read_skill, remove_skill
+    from kernelbridge.hub.skills import list_every_skill, locate, read_skill, remove_skill
 
     if args.skills_command == "list":
-        infos = list_skills(settings.state_dir)
+        infos = list_every_skill(settings.state_dir)
         if args.json:
             print(json.dumps([dataclasses.asdict(i) for i in infos], indent=2))
         elif not infos:
             print("no saved tools")
         else:
-            print(f"{'NAME':<24} {'SAVED (UTC)':<21} DESCRIPTION")
+            width = max(24, *(len(info.name) + 1 for info in infos))
+            print(f"{'NAME':<{width}} {'SAVED (UTC)':<21} DESCRIPTION")
             for info in infos:
                 line = (info.description.strip().splitlines() or [""])[0][:80]
-                print(f"{info.name:<24} {info.saved_at:<21} {line}")
+                print(f"{info.name:<{width}} {info.saved_at:<21} {line}")
         return 0
     if args.skills_command == "show":
-        source = read_skill(settings.state_dir, args.name).source
+        source = read_skill(*locate(settings.state_dir, args.name)).source
         print(source, end="" if source.endswith("\n") else "\n")
         return 0
-    missing = [name for name in args.names if not remove_skill(settings.state_dir, name)]
+    missing = [name for name in args.names if not remove_skill(*locate(settings.state_dir, name))]
     for name in args.names:
         if name not in missing:
             print(f"removed {name}")

@@ -19,6 +19,10 @@ from kernelbridge.errors import ConfigError
 
 _SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
 
+HTTP_DIR = "http"
+"""HTTP tokens' namespaces keep their state in ``<state dir>/http/<namespace>/``."""
+_NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
 RUNTIMES = ("podman", "docker", "podman-api", "docker-api", "podman-cli", "docker-cli")
 """Values of ``KERNELBRIDGE_RUNTIME``: an engine (its API when one answers, else its CLI), or an
 engine and a way to drive it, with no fallback."""
@@ -244,6 +248,20 @@ def _labels(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 _RESERVED_LABELS = frozenset({"kernelbridge.session", "kernelbridge.owner", "kernelbridge.host"})
+
+
+def namespace_state_dir(state_dir: Path, namespace: str) -> Path:
+    """The state directory of an HTTP token's namespace: ``<state dir>/http/<namespace>``, or
+    ``state_dir`` itself for the shared namespace ``""`` (stdio, HTTP without authentication).
+
+    The one place that knows this layout (sessions, journals, exports and saved tools all live
+    below it). Raises ConfigError for a name that is not a namespace (it could leave the tree).
+    """
+    if not namespace:
+        return state_dir
+    if not _NAMESPACE.match(namespace):
+        raise ConfigError(f"{namespace[:80]!r} is not a namespace name ([a-z0-9-], up to 64 characters)")
+    return state_dir / HTTP_DIR / namespace
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:

@@ -43,10 +43,11 @@ import anyio
 import anyio.abc
 
 from kernelbridge import frames
-from kernelbridge.broker import Dispatch, RpcBroker
-from kernelbridge.config import Settings
-from kernelbridge.errors import SandboxError, SessionError
+from kernelbridge.broker import RpcBroker
+from kernelbridge.config import HTTP_DIR, Settings
+from kernelbridge.errors import RpcError, SandboxError, SessionError
 from kernelbridge.execution import Cell, CellResult, State, Status, finish_cell
+from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.kernel.sandbox import Sandbox
 from kernelbridge.notebook import Journal, journal_path
 from kernelbridge.recorder import Recorder
@@ -126,7 +127,7 @@ class SessionRegistry:
         *,
         image: str,
         agent_hash: str | None,
-        dispatch: Dispatch | None = None,
+        dispatch: RpcHandler | None = None,
         check_grants: GrantCheck | None = None,
     ) -> None:
         self.settings = settings
@@ -309,10 +310,11 @@ class SessionRegistry:
         )
         broker = RpcBroker(
             session.name,
-            self._dispatch or _no_hub,
+            self._dispatch or NO_HUB,
             sandbox.answer_rpc,
             self._tg.start_soon,
             lambda: session.grants,
+            namespace=self.settings.namespace,
         )
         sandbox.listener = recorder.on_iopub
         sandbox.reply_listener = recorder.on_reply
@@ -489,6 +491,8 @@ class SessionRegistry:
         """Drop the session's sandbox now; it is closed in the background (bounded)."""
         sandbox, session.sandbox = session.sandbox, None
         session.dead = None
+        if session.broker is not None:  # its calls answer a kernel that is gone: end them now
+            session.broker.cancel()
         if sandbox is not None and self._tg is not None:
             self._tg.start_soon(close_sandbox, sandbox)
         session.needs_refresh = bool(session.grants)
@@ -504,6 +508,9 @@ class SessionRegistry:
 
     async def _replace_sandbox(self, session: Session) -> None:
         old, session.sandbox = session.sandbox, None
+        if session.broker is not None:
+            # The old kernel's calls would hold this session's slots in the hub until they end.
+            session.broker.cancel()
         if old is not None:
             await close_sandbox(old)
         try:
@@ -611,13 +618,14 @@ class SessionRegistry:
             pass
 
 
-async def _no_hub(session: str, grants: frozenset[str], method: str, params: Any) -> Any:
-    raise _HubMissing()
+class _NoHub(RpcHandler):
+    """The rpc handler of a registry given none: every call is refused ``unavailable``."""
+
+    async def dispatch(self, call: RpcCall) -> object:
+        raise RpcError("unavailable", "no host MCP servers are configured for this bridge")
 
 
-class _HubMissing(Exception):
-    kind = "unavailable"
-    message = "no host MCP servers are configured for this bridge"
+NO_HUB = _NoHub()
 
 
 def _timeout_note(timeout: float, state: State, files_kept: bool = False) -> str:
@@ -668,7 +676,7 @@ def list_session_records(state_dir: Path) -> list[dict[str, Any]]:
     # HTTP clients' sessions live in their namespaces' directories (kernelbridge.server.namespaces);
     # the operator sees them as NAMESPACE/SESSION.
     paths = [("", path) for path in sorted((Path(state_dir) / "sessions").glob("*.session.json"))]
-    http = sorted(Path(state_dir).glob("http/*/sessions/*.session.json"))
+    http = sorted(Path(state_dir).glob(f"{HTTP_DIR}/*/sessions/*.session.json"))
     paths += [(path.parents[1].name, path) for path in http]
     for namespace, path in paths:
         try:

@@ -24,7 +24,7 @@ import nbformat
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import ConfigError, HubError, SessionError
-from kernelbridge.hub.rpc import RpcCall, RpcHandler
+from kernelbridge.hub.rpc import RpcHandler
 from kernelbridge.notebook import journal_path, notebook_outputs, valid_cell
 from kernelbridge.replay.judge import CellVerdict, ReplayReport, behaviour, judge
 from kernelbridge.replay.recorded import RecordedTools, cell_meta, recorded_in_full, tool_calls
@@ -146,16 +146,6 @@ async def _replay_one(
     return judge(index, original, behaviour(result.outputs, result.status))
 
 
-class _Dispatch:
-    """The session layer's dispatch callable over an :class:`RpcHandler` (the hub or a recording)."""
-
-    def __init__(self, handler: RpcHandler) -> None:
-        self.handler = handler
-
-    async def __call__(self, session: str, grants: frozenset[str], method: str, params: Any) -> Any:
-        return await self.handler.dispatch(RpcCall(session, grants, method, params))
-
-
 async def replay_notebook(
     settings: Settings,
     path: str | Path,
@@ -188,7 +178,7 @@ async def replay_notebook(
                 runtime,
                 image=image,
                 agent_hash=agent_hash,
-                dispatch=_Dispatch(handler),
+                dispatch=handler,
                 check_grants=check,
             )
         )

@@ -21,7 +21,6 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -29,10 +28,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
 from kernelbridge import __version__
-from kernelbridge.broker import Dispatch
 from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
-from kernelbridge.hub import Hub, RpcCall
+from kernelbridge.hub import Hub
 from kernelbridge.kernel.launch import SandboxGate, SandboxPolicy
 from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
@@ -143,7 +141,7 @@ def build_server(
                     backend,
                     image=policy.image,
                     agent_hash=policy.agent_hash,
-                    dispatch=hub_dispatch(hub),
+                    dispatch=hub,
                     check_grants=hub.validate_grants,
                 )
 
@@ -259,15 +257,6 @@ RUN_PYTHON_DOC = (
     "Run Python in a persistent sandboxed IPython session (state kept per session). "
     "Manual: kernelbridge://capabilities"
 )
-
-
-def hub_dispatch(hub: Hub) -> Dispatch:
-    """The session layer's rpc dispatch, answered by ``hub``."""
-
-    async def dispatch(session: str, grants: frozenset[str], method: str, params: Any) -> Any:
-        return await hub.dispatch(RpcCall(session, grants, method, params))
-
-    return dispatch
 
 
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:

@@ -12,6 +12,8 @@ import pytest
 
 from kernelbridge import frames
 from kernelbridge.broker import MAX_HELD_BYTES, MAX_RECORDED_BYTES, RpcBroker
+from kernelbridge.errors import RpcError
+from kernelbridge.hub.rpc import RpcCall
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +31,13 @@ class Host:
         self.expected = 0
         self._each: dict[int, anyio.Event] = {}
 
-    async def dispatch(self, session: str, grants: frozenset[str], method: str, params: Any) -> Any:
+    async def dispatch(self, call: RpcCall) -> Any:
+        params, session = call.params, call.session
+        assert isinstance(params, dict)
+        if params.get("tool") == "boom":
+            raise KeyError("a bug")
+        if params.get("tool") == "refuse":
+            raise RpcError("denied", "refused by the host")
         if params.get("tool") == "block":
             try:
                 await self.release.wait()
@@ -57,7 +65,7 @@ async def task_group() -> AsyncIterator[anyio.abc.TaskGroup]:
 
 
 def broker_for(host: Host, tg: anyio.abc.TaskGroup, session: str = "s") -> RpcBroker:
-    return RpcBroker(session, host.dispatch, host.answer, tg.start_soon, lambda: frozenset({"edge"}))
+    return RpcBroker(session, host, host.answer, tg.start_soon, lambda: frozenset({"edge"}))
 
 
 def request(request_id: int, tool: str = "echo", cell: str = "cell-1", **arguments: Any) -> frames.Frame:
@@ -133,3 +141,21 @@ async def test_two_sessions_with_the_same_ids_get_their_own_answers(task_group: 
             await host.answered.wait()
     for host, session in zip(hosts, ("a", "b"), strict=True):
         assert {a["result"]["session"] for a in host.answers.values()} == {session}
+
+
+async def test_refusals_pass_through_and_bugs_are_internal(
+    task_group: anyio.abc.TaskGroup, caplog: pytest.LogCaptureFixture
+) -> None:
+    host = Host()
+    host.expected = 2
+    broker = broker_for(host, task_group)
+    await broker.on_request(request(1, "refuse"))
+    await broker.on_request(request(2, "boom"))
+    with anyio.fail_after(TIMEOUT):
+        await host.answered.wait()
+    assert host.answers[1]["error"] == {"kind": "denied", "message": "refused by the host"}
+    assert (
+        host.answers[2]["error"]["kind"] == "internal" and "a bug" not in host.answers[2]["error"]["message"]
+    )
+    (logged,) = [r for r in caplog.records if "rpc call failed" in r.getMessage()]
+    assert logged.levelname == "ERROR" and logged.exc_info is not None
