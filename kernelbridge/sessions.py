@@ -305,9 +305,6 @@ class SessionRegistry:
     def _attach(self, session: Session, sandbox: Sandbox) -> None:
         """Make ``sandbox`` the session's: its recorder, rpc broker and journal hooks."""
         assert self._tg is not None
-        recorder = Recorder(
-            self.settings.output_limit, on_client_cell=lambda cell: self._journal_client(session, cell)
-        )
         broker = RpcBroker(
             session.name,
             self._dispatch or NO_HUB,
@@ -315,6 +312,16 @@ class SessionRegistry:
             self._tg.start_soon,
             lambda: session.grants,
             namespace=self.settings.namespace,
+        )
+
+        def running(msg_id: str, running: bool) -> None:  # host calls are a running cell's only
+            (broker.open_cell if running else broker.close_cell)(msg_id)
+
+        recorder = Recorder(
+            self.settings.output_limit,
+            on_client_cell=lambda cell: self._journal_client(session, cell),
+            client_execute=sandbox.client_execute,
+            on_running=running,
         )
         sandbox.listener = recorder.on_iopub
         sandbox.reply_listener = recorder.on_reply
@@ -326,15 +333,18 @@ class SessionRegistry:
     async def _refresh_proxies(self, session: Session, timeout: float = REFRESH_TIMEOUT) -> None:
         """Rebind the kernel's host-MCP proxies to the session's grants (a silent request), waiting
         at most ``timeout`` (the call's own: a wedged sandbox must not add REFRESH_TIMEOUT to it)."""
-        assert session.sandbox is not None and session.recorder is not None
+        assert session.sandbox is not None and session.recorder is not None and session.broker is not None
         msg_id = uuid.uuid4().hex
         session.recorder.ignore(msg_id)
+        session.broker.open_cell(msg_id)  # the refresh asks the hub for the manifest
         try:
             await session.sandbox.execute(REFRESH_CODE, msg_id=msg_id, silent=True)
             reply = await session.sandbox.reply(msg_id, min(REFRESH_TIMEOUT, timeout))
         except SandboxError as exc:  # the call itself will meet the same sandbox and say so
             log.warning("session %s: refreshing the mcp proxies failed: %s", session.name, exc)
             return
+        finally:
+            session.broker.close_cell(msg_id)
         content = (reply or {}).get("content") or {}
         if content.get("status") == "ok":
             session.needs_refresh = False

@@ -50,7 +50,7 @@ from kernelbridge.kernel.launch import (
     write_connection_file,
 )
 from kernelbridge.runtime import ContainerStream, RuntimeBackend
-from kernelbridge.tunnel import FrameChannel, Tunnel, memory_channel_pair
+from kernelbridge.tunnel import ClientExecute, FrameChannel, Tunnel, memory_channel_pair
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +395,12 @@ class Sandbox:
     def forget(self, msg_id: str) -> None:
         """Stop waiting for a reply that will not be read."""
         self._waiters.pop(msg_id, None)
+
+    def client_execute(self, msg_id: str) -> ClientExecute | None:
+        """The execute_request ``msg_id`` if a Jupyter client really sent it through the tunnel's
+        sockets (its verified username, session and code), taken once; None for a parent that
+        nobody sent (kernel code may publish iopub under any parent it makes up)."""
+        return self._tunnel.take_client_execute(msg_id) if self._tunnel is not None else None
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel's process group (through the agent). Bounded."""

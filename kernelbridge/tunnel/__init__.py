@@ -9,10 +9,11 @@ its own (``kernelbridge.kernel.tunnel_process``) for a sandbox a plain Jupyter c
 """
 
 from kernelbridge.tunnel.channel import FrameChannel, SocketFrameChannel, memory_channel_pair
-from kernelbridge.tunnel.core import PeerMessage, Tunnel, TunnelState
+from kernelbridge.tunnel.core import ClientExecute, PeerMessage, Tunnel, TunnelState
 from kernelbridge.tunnel.sockets import ClientSockets
 
 __all__ = [
+    "ClientExecute",
     "ClientSockets",
     "FrameChannel",
     "PeerMessage",

@@ -64,8 +64,16 @@ async def task_group() -> AsyncIterator[anyio.abc.TaskGroup]:
         tg.cancel_scope.cancel()
 
 
-def broker_for(host: Host, tg: anyio.abc.TaskGroup, session: str = "s") -> RpcBroker:
-    return RpcBroker(session, host, host.answer, tg.start_soon, lambda: frozenset({"edge"}))
+def broker_for(
+    host: Host,
+    tg: anyio.abc.TaskGroup,
+    session: str = "s",
+    cells: tuple[str, ...] = ("cell-1", "slow", "other"),
+) -> RpcBroker:
+    broker = RpcBroker(session, host, host.answer, tg.start_soon, lambda: frozenset({"edge"}))
+    for cell in cells:  # what the session does for the cells it runs
+        broker.open_cell(cell)
+    return broker
 
 
 def request(request_id: int, tool: str = "echo", cell: str = "cell-1", **arguments: Any) -> frames.Frame:
@@ -159,3 +167,47 @@ async def test_refusals_pass_through_and_bugs_are_internal(
     )
     (logged,) = [r for r in caplog.records if "rpc call failed" in r.getMessage()]
     assert logged.levelname == "ERROR" and logged.exc_info is not None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_call_belongs_to_a_running_cell_or_is_refused(task_group: anyio.abc.TaskGroup) -> None:
+    """Issue 13: a forged or stale ``cell`` never gives a call a life of its own."""
+    host, clock = Host(), Clock()
+    broker = RpcBroker(
+        "s", host, host.answer, task_group.start_soon, lambda: frozenset({"edge"}), clock=clock
+    )
+    with anyio.fail_after(TIMEOUT):
+        await broker.on_request(request(1, cell="made-up"))  # nothing runs: refused at once
+        refused = await host.answer_of(1)
+        assert refused["error"]["kind"] == "cancelled"
+        assert "not running" in refused["error"]["message"] and "\n" not in refused["error"]["message"]
+        await broker.on_request({**request(2), "cell": None})
+        assert (await host.answer_of(2))["error"]["kind"] == "cancelled"
+
+        broker.open_cell("real")
+        await broker.on_request(request(3, "block", cell="made-up"))  # attributed to "real"
+        await broker.on_request(request(4, "block", cell="real"))
+        await anyio.wait_all_tasks_blocked()
+        assert broker.in_flight == 2
+        assert broker.cancel("real") == 2  # the forged claim is cancelled with the cell it ran in
+        assert (await host.answer_of(3))["error"]["kind"] == "cancelled"
+        assert (await host.answer_of(4))["error"]["kind"] == "cancelled"
+        assert {r["ok"] for r in broker.take_records("real")} == {False} and not broker.take_records(
+            "made-up"
+        )
+
+        broker.close_cell("real")
+        clock.now += 1.0  # a task created by the cell's last line: still its call
+        await broker.on_request(request(5, cell="real"))
+        assert "result" in await host.answer_of(5)
+        clock.now += 5.0  # long after: refused
+        await broker.on_request(request(6, cell="real"))
+        assert (await host.answer_of(6))["error"]["kind"] == "cancelled"
+    assert broker.refused == 3
