@@ -133,6 +133,11 @@ class Settings:
     image_budget: int = 50_000
     """``KERNELBRIDGE_IMAGE_BUDGET``: base64 characters of one image sent to the model; a bigger
     image arrives downscaled, its original kept as a resource (see ``server/images.py``)."""
+    journal_budget: int = 64 * 1024 * 1024
+    """``KERNELBRIDGE_JOURNAL_BUDGET``: bytes one session's journal may hold (``64m``, ``1g`` or a
+    number of bytes). Past it the journal gets one ``truncated`` line and nothing more, so no
+    sandbox can fill the host's disk; the default keeps every journal restorable and replayable
+    (``kernelbridge replay`` reads notebooks of up to 64 MiB)."""
     export_dir: Path | None = None
     """``KERNELBRIDGE_EXPORT_DIR``: where ``export_notebook(path=...)`` may write (default
     ``<state_dir>/exports``); a model's export never leaves this directory."""
@@ -319,7 +324,26 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         http=_http_settings(env),
         image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
         export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
+        journal_budget=_bytes(env, "JOURNAL_BUDGET", 64 * 1024 * 1024, minimum=64 * 1024),
     )
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def _bytes(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    """A size in bytes: a number, or a number with k, m or g (binary units)."""
+    found = _lookup(env, name)
+    if found is None:
+        return default
+    var, raw = found
+    if not _SIZE.match(raw):
+        raise ConfigError(f"{var}={raw!r} is not a size such as 64m, 1g or a number of bytes")
+    unit = raw[-1].lower() if raw[-1].isalpha() else ""
+    value = int(float(raw[: len(raw) - len(unit)]) * _UNITS[unit])
+    if value < minimum:
+        raise ConfigError(f"{var}={raw!r} must be at least {minimum // 1024} KiB")
+    return value
 
 
 # Between two requirements: spaces, or a comma before the next name ("polars>=1,<2" stays one).

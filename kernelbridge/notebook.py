@@ -15,25 +15,37 @@ Line kinds::
     {"type": "cell", "source": "client", "client": {"username", "session"}, "code": ...,
      "execution_count": ..., "outputs": [...], "status": ..., "duration_ms": ..., "started": ...,
      "tool_calls": [...]}
+    {"type": "truncated", "budget": ..., "at": ...}   the byte budget was reached: nothing follows
 
 Each line is written (one ``write``) as soon as its cell ends, so a bridge killed with SIGKILL
 loses at most the cell in flight. ``timeout`` is the seconds the call allowed (a replay gives the
 cell the same); ``tool_calls`` are what :mod:`kernelbridge.replay` answers from with
-``--recorded-tools``.
+``--recorded-tools``. A journal holds at most ``Settings.journal_budget`` bytes
+(``KERNELBRIDGE_JOURNAL_BUDGET``): the first line that would pass it is replaced by one
+``truncated`` line, and nothing is written after that, whatever the session does.
 
 ``source`` says who sent the cell: the bridge's own ``run_python`` (``mcp``), or another
 Jupyter client of the same kernel (``client``: a person in ``kernelbridge attach``, nbclient).
+
+Reading is bounded too (:func:`iter_journal`: at most a given number of bytes, one line at a
+time), and a notebook is written one cell at a time (:func:`write_notebook`), so exporting a
+journal costs the memory of its biggest line, plus the text when it is returned whole
+(:func:`notebook_text`, capped at :data:`MAX_INLINE_CHARS`). The output is what
+``nbformat.writes`` makes of the same notebook (1-space indent, sorted keys, text split in
+lines), except that a field of more lines than the split budget stays one string (valid too).
 
 This module does no MCP and knows no kernels; replay and diff build on :func:`read_journal`.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import nbformat
 from nbformat import v4
@@ -48,6 +60,15 @@ KERNELSPEC: dict[str, str] = {
     "language": "python",
 }
 LANGUAGE_INFO: dict[str, str] = {"name": "python", "file_extension": ".py", "mimetype": "text/x-python"}
+READ_SLACK = 64 * 1024
+"""Bytes a reader takes past the budget: the ``truncated`` line (and a header) are written beyond it."""
+MAX_INLINE_CHARS = 16 * 1024 * 1024
+"""Characters of notebook JSON returned whole (``export_notebook`` without a path, the notebook
+resource): a bigger one is written to a file instead. Its text may take 4 bytes a character in
+memory, and the MCP SDK copies it once more as it sends it."""
+MAX_SPLIT_LINES = 100_000
+"""Lines a cell's text is split into at most, as nbformat does for diff-friendly files; past it a
+field stays one string. Each line is a Python object: 16 M one-character lines would cost 1 GB."""
 
 
 def journal_path(sessions_dir: Path, session: str) -> Path:
@@ -62,10 +83,15 @@ class Journal:
     make a replay lie. The previous journal is kept as ``<name>.journal.jsonl.prev``.
     """
 
-    def __init__(self, path: Path, session: str) -> None:
+    def __init__(self, path: Path, session: str, budget: int = 64 * 1024 * 1024) -> None:
         self.path = path
         self.session = session
+        self.budget = budget
+        """Bytes this journal may hold (``KERNELBRIDGE_JOURNAL_BUDGET``)."""
         self.cells = 0
+        self.written = 0
+        self.truncated = False
+        """The budget was reached: one ``truncated`` line was written, and nothing will follow."""
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,8 +122,7 @@ class Journal:
         }
         if timeout is not None:
             entry["timeout"] = timeout
-        self._write(entry, mode="a")
-        self.cells += 1
+        self.cells += self._write(entry, mode="a")
 
     def append_client_cell(self, cell: Cell, tool_calls: list[dict[str, Any]] | None = None) -> None:
         """Journal a cell another Jupyter client ran in the session's kernel. A silent request
@@ -121,29 +146,52 @@ class Journal:
         }
         if tool_calls:
             entry["tool_calls"] = tool_calls
-        self._write(entry, mode="a")
-        self.cells += 1
+        self.cells += self._write(entry, mode="a")
 
-    def _write(self, entry: dict[str, Any], mode: str) -> None:
+    def _write(self, entry: dict[str, Any], mode: str) -> bool:
+        """Write one line; False (and nothing, or the one ``truncated`` line) past the budget."""
+        if self.truncated:
+            return False
         # One write() per line: a reader in another process sees whole lines or a torn last
         # line, which read_journal skips.
-        line = json.dumps(entry, ensure_ascii=False) + "\n"
-        with open(self.path, mode, encoding="utf-8") as f:
-            f.write(line)
+        data = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
+        fits = mode == "w" or self.written + len(data) <= self.budget
+        if not fits:
+            self.truncated = True
+            record = {"type": "truncated", "budget": self.budget, "at": time.time()}
+            data = (json.dumps(record) + "\n").encode()
+        with open(self.path, mode + "b") as f:
+            f.write(data)
+        self.written = len(data) if mode == "w" else self.written + len(data)
+        return fits
 
 
-def read_journal(path: Path) -> list[dict[str, Any]]:
-    """Entries of a journal file; unparsable lines (a write in progress) are skipped."""
-    entries: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
+def read_journal(path: Path, max_bytes: int | None = None) -> list[dict[str, Any]]:
+    """Entries of a journal file (see :func:`iter_journal`)."""
+    return list(iter_journal(path, max_bytes))
+
+
+def iter_journal(path: Path, max_bytes: int | None = None) -> Iterator[dict[str, Any]]:
+    """Entries of a journal file, one line in memory at a time; unparsable lines (a write in
+    progress) are skipped. Past ``max_bytes`` it stops with a ``truncated`` entry saying so (a
+    journal of an older bridge, or of one with a bigger budget). Raises OSError."""
+    limit = max_bytes if max_bytes is not None else -1
+    read = 0
+    with open(path, "rb") as f:
+        while True:
+            line = f.readline(limit - read + 1 if limit >= 0 else -1)
+            read += len(line)
+            if limit >= 0 and read > limit:
+                yield {"type": "truncated", "read_limit": limit}
+                return
+            if not line:
+                return
             try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
+                entry = json.loads(line.decode("utf-8", errors="replace"))
+            except (json.JSONDecodeError, RecursionError):
                 continue
             if isinstance(entry, dict):
-                entries.append(entry)
-    return entries
+                yield entry
 
 
 def _valid_count(value: Any) -> int | None:
@@ -163,36 +211,56 @@ def notebook_outputs(outputs: list[Any], count: int | None) -> list[nbformat.Not
     return [_clean_output(o, count) for o in outputs if isinstance(o, dict)]
 
 
-def journal_to_notebook(entries: list[dict[str, Any]], session: str) -> nbformat.NotebookNode:
-    """Build a notebook with one code cell per executed request, valid under nbformat.validate."""
+def new_notebook(session: str) -> nbformat.NotebookNode:
+    """An empty notebook of ``session`` with kernelbridge's kernelspec."""
     nb = v4.new_notebook()
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata["language_info"] = dict(LANGUAGE_INFO)
     nb.metadata["kernelbridge"] = {"session": session}
-    for entry in entries:
-        if entry.get("type") != "cell":
-            continue
-        count = _valid_count(entry.get("execution_count"))
-        cell = v4.new_code_cell(
-            source=str(entry.get("code", "")),
-            execution_count=count,
-            outputs=notebook_outputs(entry.get("outputs") or [], count),
+    return nb
+
+
+def entry_cell(entry: dict[str, Any]) -> nbformat.NotebookNode | None:
+    """The notebook cell of one journal entry (valid under nbformat), or None (not a cell)."""
+    if entry.get("type") == "truncated":
+        if "read_limit" in entry:
+            what = f"the journal continues past {entry['read_limit']:,} bytes, which is all that is read"
+        else:
+            what = f"the session's journal reached its budget of {entry.get('budget')} bytes"
+        text = (
+            f"*kernelbridge: {what} (`KERNELBRIDGE_JOURNAL_BUDGET`); the cells that ran after "
+            "this point are not in this notebook.*"
         )
-        meta: dict[str, Any] = {
-            "source": entry.get("source") or "mcp",
-            "servers": list(entry.get("servers") or []),
-            "status": entry.get("status"),
-            "duration_ms": entry.get("duration_ms"),
-            "state": entry.get("state"),
-        }
-        if entry.get("client"):
-            meta["client"] = entry["client"]
-        if entry.get("tool_calls"):
-            meta["tool_calls"] = entry["tool_calls"]
-        if isinstance(entry.get("timeout"), int | float):
-            meta["timeout"] = entry["timeout"]
-        cell.metadata["kernelbridge"] = meta
-        nb.cells.append(valid_cell(cell))
+        return v4.new_markdown_cell(text, metadata={"kernelbridge": {"truncated": True}})
+    if entry.get("type") != "cell":
+        return None
+    count = _valid_count(entry.get("execution_count"))
+    cell = v4.new_code_cell(
+        source=str(entry.get("code", "")),
+        execution_count=count,
+        outputs=notebook_outputs(entry.get("outputs") or [], count),
+    )
+    meta: dict[str, Any] = {
+        "source": entry.get("source") or "mcp",
+        "servers": list(entry.get("servers") or []),
+        "status": entry.get("status"),
+        "duration_ms": entry.get("duration_ms"),
+        "state": entry.get("state"),
+    }
+    if entry.get("client"):
+        meta["client"] = entry["client"]
+    if entry.get("tool_calls"):
+        meta["tool_calls"] = entry["tool_calls"]
+    if isinstance(entry.get("timeout"), int | float):
+        meta["timeout"] = entry["timeout"]
+    cell.metadata["kernelbridge"] = meta
+    return valid_cell(cell)
+
+
+def journal_to_notebook(entries: Iterable[dict[str, Any]], session: str) -> nbformat.NotebookNode:
+    """Build a notebook with one code cell per executed request, valid under nbformat.validate."""
+    nb = new_notebook(session)
+    nb.cells = [cell for cell in map(entry_cell, entries) if cell is not None]
     nbformat.validate(nb)
     return nb
 
@@ -228,20 +296,129 @@ def notebook_json(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb, version=4)
 
 
-def load_session_notebook(sessions_dir: Path, session: str) -> nbformat.NotebookNode:
-    """The notebook of ``session``'s journal. Raises SessionError if it has none."""
+class NotebookTooLarge(SessionError):
+    """A notebook is too big to be returned whole (see :data:`MAX_INLINE_CHARS`)."""
+
+
+def load_session_notebook(
+    sessions_dir: Path, session: str, max_bytes: int | None = None
+) -> nbformat.NotebookNode:
+    """The notebook of ``session``'s journal (at most ``max_bytes`` of it). Raises SessionError if
+    it has none. Blocking, and its size in memory: for replaying it; exports stream."""
+    return journal_to_notebook(iter_journal(_journal_of(sessions_dir, session), max_bytes), session)
+
+
+def _journal_of(sessions_dir: Path, session: str) -> Path:
     path = journal_path(sessions_dir, session)
     if not path.is_file():
         raise SessionError(f"no journal for session {session!r}: it has not run any code here")
-    return journal_to_notebook(read_journal(path), session)
+    return path
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
+
+
+def write_notebook(entries: Iterable[dict[str, Any]], session: str, out: TextIO) -> int:
+    """Write the notebook of journal ``entries`` to ``out`` one cell at a time (never the whole
+    notebook in memory); returns the number of cells. The text is ``nbformat.writes``'s for the
+    same notebook (see the module docstring)."""
+    head = _dumps(new_notebook(session))
+    empty = '{\n "cells": []'
+    assert head.startswith(empty)  # "cells" sorts first
+    out.write('{\n "cells": [')
+    cells = 0
+    ids: set[str] = set()
+    for entry in entries:
+        cell = entry_cell(entry)
+        if cell is None:
+            continue
+        while cell.id in ids:  # ids are random: unique within the notebook, as nbformat requires
+            cell.id = v4.new_code_cell().id
+        ids.add(cell.id)
+        _split_lines(cell)
+        cell.metadata.pop("trusted", None)
+        out.write(("," if cells else "") + "\n  " + _dumps(cell).replace("\n", "\n  "))
+        cells += 1
+    out.write("\n ]" if cells else "]")
+    out.write(head[len(empty) :])
+    return cells
+
+
+def _split_lines(cell: nbformat.NotebookNode) -> None:
+    """nbformat's ``split_lines`` for one cell, within :data:`MAX_SPLIT_LINES` in all."""
+    budget = MAX_SPLIT_LINES
+
+    def split(text: Any) -> Any:
+        nonlocal budget
+        if not isinstance(text, str):
+            return text
+        lines = text.count("\n") + text.count("\r") + 1
+        if lines > budget:
+            return text
+        budget -= lines
+        return text.splitlines(True)
+
+    cell["source"] = split(cell.get("source"))
+    for output in cell.get("outputs", []):
+        if output.get("output_type") in ("execute_result", "display_data"):
+            data = output.get("data", {})
+            for key, value in list(data.items()):
+                if key.startswith("text/") or key in ("application/javascript", "image/svg+xml"):
+                    data[key] = split(value)
+        elif output.get("output_type") == "stream":
+            output["text"] = split(output.get("text"))
+
+
+class _BoundedText(io.StringIO):
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.size = 0
+
+    def write(self, text: str) -> int:
+        self.size += len(text)
+        if self.size > self.limit:
+            raise NotebookTooLarge("too large")
+        return super().write(text)
+
+
+def notebook_text(
+    sessions_dir: Path, session: str, *, max_bytes: int, max_chars: int = MAX_INLINE_CHARS
+) -> str:
+    """``session``'s notebook as JSON text, from at most ``max_bytes`` of its journal. Blocking:
+    run it in a worker thread. Raises SessionError (no journal), NotebookTooLarge (over
+    ``max_chars``: write it to a file instead), OSError."""
+    out = _BoundedText(max_chars)
+    try:
+        write_notebook(iter_journal(_journal_of(sessions_dir, session), max_bytes), session, out)
+    except NotebookTooLarge:
+        raise NotebookTooLarge(
+            f"the notebook of session {session!r} is over {max_chars / 2**20:g} MiB of JSON, too big to "
+            "return whole: export_notebook(session, path='name.ipynb') writes it to a file "
+            "(or `kernelbridge export` on the host)"
+        ) from None
+    return out.getvalue()
+
+
+def write_session_notebook(sessions_dir: Path, session: str, out: TextIO, *, max_bytes: int) -> int:
+    """Stream ``session``'s notebook into ``out`` (a file); returns its cells. Blocking."""
+    return write_notebook(iter_journal(_journal_of(sessions_dir, session), max_bytes), session, out)
 
 
 def export_session(settings: Settings, session: str, path: Path | str) -> Path:
-    """Write ``session``'s notebook to ``path`` (works for a session of another bridge process).
+    """Write ``session``'s notebook to ``path`` (works for a session of another bridge process),
+    one cell at a time.
 
     Raises SessionError if the session has no journal, OSError if ``path`` cannot be written.
     """
-    nb = load_session_notebook(settings.sessions_dir, session)
     target = Path(path).expanduser()
-    nbformat.write(nb, str(target), version=4)
+    journal = _journal_of(settings.sessions_dir, session)
+    with open(target, "w", encoding="utf-8") as out:
+        write_notebook(iter_journal(journal, journal_read_limit(settings)), session, out)
     return target
+
+
+def journal_read_limit(settings: Settings) -> int:
+    """Bytes of one journal that readers (export, restore, outputs) take at most."""
+    return settings.journal_budget + READ_SLACK

@@ -109,6 +109,8 @@ class Session:
     busy: bool = False
     journal_failed: bool = False
     """A journal write failed and the session was told so (once)."""
+    journal_truncated: bool = False
+    """The journal reached its byte budget and the session was told so (once)."""
     notes: list[str] = field(default_factory=list)
     """Sentences for the next result (e.g. that the kernel was replaced)."""
 
@@ -287,7 +289,9 @@ class SessionRegistry:
                     del self._sessions[session.name]
                 session.closed = True
                 raise
-            session.journal = Journal(self.journal_file(session.name), session.name)
+            session.journal = Journal(
+                self.journal_file(session.name), session.name, budget=self.settings.journal_budget
+            )
             try:
                 await anyio.to_thread.run_sync(session.journal.start)
             except OSError as exc:
@@ -540,6 +544,7 @@ class SessionRegistry:
             )
         except OSError as exc:
             self._journal_failed(session, exc)
+        self._journal_truncated(session, result.notes)
 
     async def _journal_client(self, session: Session, cell: Cell) -> None:
         if session.journal is None:
@@ -549,6 +554,20 @@ class SessionRegistry:
             await anyio.to_thread.run_sync(session.journal.append_client_cell, cell, calls)
         except OSError as exc:
             self._journal_failed(session, exc)
+        self._journal_truncated(session, session.notes)
+
+    def _journal_truncated(self, session: Session, notes: list[str]) -> None:
+        """Say once that the journal reached its budget (in ``notes``: this result's, or the next's)."""
+        journal = session.journal
+        if journal is None or not journal.truncated or session.journal_truncated:
+            return
+        session.journal_truncated = True
+        log.warning("session %s: its journal reached its budget of %d bytes", session.name, journal.budget)
+        notes.append(
+            f"The session's journal reached its budget of {journal.budget / 2**20:g} MiB "
+            "(KERNELBRIDGE_JOURNAL_BUDGET, set by the bridge's operator): this cell and later ones are not "
+            "recorded, so its notebook (export_notebook) ends before them. The session itself goes on."
+        )
 
     def _journal_failed(self, session: Session, exc: OSError) -> None:
         """A journal write failed (the state directory is full, or went away): the call goes on,

@@ -32,10 +32,9 @@ from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.hub import Hub
 from kernelbridge.kernel.launch import SandboxGate, SandboxPolicy
-from kernelbridge.notebook import notebook_json
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
-from kernelbridge.server.exports import export_to_file, load_notebook
+from kernelbridge.server.exports import ExportLimiters, export_to_file, notebook_for_model
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
 from kernelbridge.server.images import fit_images, register_output_resources
@@ -62,6 +61,8 @@ class BridgeContext:
     hub: Hub
     gate: SandboxGate | None = None
     """What sandboxes this bridge may start (None: an injected test runtime, anything goes)."""
+    exports: ExportLimiters = dataclasses.field(default_factory=ExportLimiters)
+    """One journal reader (export, notebook and outputs resources) at a time per namespace."""
 
     @property
     def registry(self) -> SessionRegistry:
@@ -81,6 +82,11 @@ def _registry(ctx: Context) -> SessionRegistry:
 def _settings(ctx: Context) -> Settings:
     """The settings of the calling client's namespace (its own state directory)."""
     return _bridge(ctx).namespaces.settings(namespace_of(ctx))
+
+
+def _reader(ctx: Context) -> anyio.CapacityLimiter:
+    """The calling client's namespace's journal reader (exports are read one at a time each)."""
+    return _bridge(ctx).exports.of(namespace_of(ctx))
 
 
 def _check_session(session: str) -> str:
@@ -214,10 +220,10 @@ def build_server(
 
     async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
         own = _settings(ctx)  # an HTTP client's journals and exports are its namespace's
-        nb_text = notebook_json(load_notebook(own, _check_session(session)))
+        _check_session(session)
         if path is None:
-            return nb_text
-        await export_to_file(own, path, nb_text)
+            return await notebook_for_model(own, session, _reader(ctx))
+        await export_to_file(own, session, path, _reader(ctx))
         return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
 
     tools = [
@@ -244,11 +250,11 @@ def build_server(
         description="A session's history as an .ipynb notebook",
         mime_type="application/x-ipynb+json",
     )
-    def session_notebook(session: str, ctx: Context) -> str:
-        return notebook_json(load_notebook(_settings(ctx), _check_session(session)))
+    async def session_notebook(session: str, ctx: Context) -> str:
+        return await notebook_for_model(_settings(ctx), _check_session(session), _reader(ctx))
 
     register_file_resources(app, _registry)
-    register_output_resources(app, lambda ctx: _settings(ctx).sessions_dir)
+    register_output_resources(app, _settings, _reader)
 
     return app
 

@@ -12,6 +12,13 @@ path must never become a way to write arbitrary host files. So a model's export 
   one created after a check) cannot redirect the write; missing directories are created 0700;
 - the notebook is written to a fresh 0600 file next to the target and renamed over it, so an
   existing link or hard link at the target is replaced, never written through.
+
+And what an export costs is bounded, whoever asks and however big the journal: the journal is
+read one line at a time and at most ``journal_read_limit`` bytes of it, the notebook is written
+one cell at a time (into the file, or into a text of at most ``notebook.MAX_INLINE_CHARS`` when it
+is returned whole), in a worker thread, never on the event loop every session's messages go
+through, and one at a time per namespace (:class:`ExportLimiters`): a tenant exporting in a loop
+holds one export's memory and one thread, and queues behind herself only.
 """
 
 from __future__ import annotations
@@ -20,26 +27,55 @@ import contextlib
 import errno
 import os
 import secrets
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TextIO, TypeVar
 
 import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import load_session_notebook
+from kernelbridge.notebook import journal_read_limit, notebook_text, write_session_notebook
 
 MAX_EXPORT_PATH = 512
 """Characters of a requested export path; longer is a mistake or an attack."""
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+T = TypeVar("T")
 
 
-def load_notebook(settings: Settings, session: str) -> Any:
+class ExportLimiters:
+    """One worker thread per namespace for reading journals (exports, the notebook and outputs
+    resources): a tenant's exports queue behind each other, never behind another tenant's."""
+
+    def __init__(self) -> None:
+        self._limiters: dict[str, anyio.CapacityLimiter] = {}
+
+    def of(self, namespace: str) -> anyio.CapacityLimiter:
+        limiter = self._limiters.get(namespace)
+        if limiter is None:
+            limiter = self._limiters[namespace] = anyio.CapacityLimiter(1)
+        return limiter
+
+
+async def in_worker(limiter: anyio.CapacityLimiter, work: Callable[[], T]) -> T:
+    """``work()`` in a worker thread of ``limiter``; KernelBridgeError and OSError become one-line
+    ToolErrors (without host paths)."""
     try:
-        return load_session_notebook(settings.sessions_dir, session)
+        return await anyio.to_thread.run_sync(work, limiter=limiter)
     except KernelBridgeError as exc:
         raise ToolError(str(exc)) from None
+    except OSError as exc:
+        raise ToolError(
+            f"the session's journal could not be read: {exc.strerror or type(exc).__name__}"
+        ) from None
+
+
+async def notebook_for_model(settings: Settings, session: str, limiter: anyio.CapacityLimiter) -> str:
+    """``session``'s notebook as text, bounded (see the module docstring). Raises ToolError."""
+    work = partial(notebook_text, settings.sessions_dir, session, max_bytes=journal_read_limit(settings))
+    return await in_worker(limiter, work)
 
 
 def export_root(settings: Settings) -> Path:
@@ -69,8 +105,9 @@ def export_parts(root: Path, path: str) -> list[str]:
     return parts
 
 
-def write_confined(root: Path, parts: list[str], text: str) -> None:
-    """Write ``text`` to ``root/parts...`` without following any symlink below ``root``.
+def write_confined(root: Path, parts: list[str], write: Callable[[TextIO], object]) -> None:
+    """Write a file ``root/parts...`` with ``write(file)``, without following any symlink below
+    ``root``; the file appears whole or not at all.
 
     Raises ToolError (a component is a symlink or not a directory) or OSError (no space, ...).
     """
@@ -94,7 +131,7 @@ def write_confined(root: Path, parts: list[str], text: str) -> None:
         out = os.open(tmp, flags, 0o600, dir_fd=fd)
         try:
             with os.fdopen(out, "w", encoding="utf-8") as f:
-                f.write(text)
+                write(f)
             os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -104,13 +141,21 @@ def write_confined(root: Path, parts: list[str], text: str) -> None:
         os.close(fd)
 
 
-async def export_to_file(settings: Settings, path: str, text: str) -> None:
-    """Write a model's export under the export root. Raises ToolError with a one-line reason."""
+async def export_to_file(settings: Settings, session: str, path: str, limiter: anyio.CapacityLimiter) -> None:
+    """Write ``session``'s notebook under the export root, one cell at a time. Raises ToolError
+    with a one-line reason."""
     root = export_root(settings)
     parts = export_parts(root, path)
+    limit = journal_read_limit(settings)
+
+    def write(out: TextIO) -> None:
+        write_session_notebook(settings.sessions_dir, session, out, max_bytes=limit)
+
     try:
-        await anyio.to_thread.run_sync(write_confined, root, parts, text)
+        await anyio.to_thread.run_sync(partial(write_confined, root, parts, write), limiter=limiter)
     except IsADirectoryError:
         raise ToolError(f"{path!r} is a directory") from None
+    except KernelBridgeError as exc:  # no journal
+        raise ToolError(str(exc)) from None
     except OSError as exc:
         raise ToolError(f"the notebook could not be written: {exc.strerror or exc}") from None

@@ -38,6 +38,8 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ContentBlock, ImageContent, ResourceLink
 
+from kernelbridge.config import Settings
+
 log = logging.getLogger(__name__)
 
 MAX_IMAGES = 10
@@ -139,25 +141,27 @@ async def fit_images(images: list[str], session: str, budget: int) -> Fitted:
     return fitted
 
 
-def find_output(journal: Path, name: str) -> bytes | None:
+def find_output(journal: Path, name: str, max_bytes: int) -> bytes | None:
     """The PNG bytes of the image output called ``name`` (``<digest>.png``) in a journal, or None.
-    Blocking: run it in a thread. Reads line by line (a journal line is bounded)."""
+    Blocking: run it in a thread. Reads one line at a time, at most ``max_bytes`` of the journal."""
     wanted = name.removesuffix(".png")
     if len(wanted) != DIGEST_CHARS or not all(c in "0123456789abcdef" for c in wanted):
         return None
+    read = 0
     try:
-        with open(journal, encoding="utf-8") as lines:
-            for line in lines:
-                if '"image/png"' not in line:
+        with open(journal, "rb") as lines:
+            while read <= max_bytes and (line := lines.readline(max_bytes - read + 1)):
+                read += len(line)
+                if b'"image/png"' not in line:
                     continue
                 try:
-                    entry = json.loads(line)
-                except ValueError:
+                    entry = json.loads(line.decode("utf-8", errors="replace"))
+                except (ValueError, RecursionError):
                     continue
                 for data in _pngs(entry):
                     if digest(data) == wanted:
                         return base64.b64decode(data)
-    except OSError:
+    except (OSError, binascii.Error):
         return None
     return None
 
@@ -173,12 +177,17 @@ def _pngs(entry: Any) -> list[str]:
     return found
 
 
-def register_output_resources(app: MCPServer[Any], sessions_dir_of: Callable[[Context], Path]) -> None:
-    """Add the full-size image outputs resource to ``app`` (an MCPServer); ``sessions_dir_of(ctx)``
-    is the sessions directory of a request's client (HTTP clients each have their own)."""
+def register_output_resources(
+    app: MCPServer[Any],
+    settings_of: Callable[[Context], Settings],
+    reader_of: Callable[[Context], anyio.CapacityLimiter],
+) -> None:
+    """Add the full-size image outputs resource to ``app`` (an MCPServer); ``settings_of(ctx)``
+    are the settings of a request's client (HTTP clients each have their own sessions directory),
+    ``reader_of(ctx)`` its namespace's journal reader (one at a time per namespace)."""
     from mcp.server.mcpserver.exceptions import ResourceError
 
-    from kernelbridge.notebook import journal_path
+    from kernelbridge.notebook import journal_path, journal_read_limit
     from kernelbridge.sessions import validate_session_name
 
     @app.resource(
@@ -189,10 +198,12 @@ def register_output_resources(app: MCPServer[Any], sessions_dir_of: Callable[[Co
     )
     async def output_image(session: str, name: str, ctx: Context) -> bytes:
         try:
-            journal = journal_path(sessions_dir_of(ctx), validate_session_name(session))
+            settings = settings_of(ctx)
+            journal = journal_path(settings.sessions_dir, validate_session_name(session))
         except Exception as exc:
             raise ResourceError(str(exc)) from None
-        data = await anyio.to_thread.run_sync(find_output, journal, name)
+        limit = journal_read_limit(settings)
+        data = await anyio.to_thread.run_sync(find_output, journal, name, limit, limiter=reader_of(ctx))
         if data is None:
             raise ResourceError(f"no image output {name!r} in session {session!r}")
         return data

@@ -1,0 +1,119 @@
+"""The journal's byte budget, bounded reading, and notebooks written one cell at a time (issue 13)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tracemalloc
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from kernelbridge.execution import CellResult
+from kernelbridge.notebook import (
+    MAX_SPLIT_LINES,
+    Journal,
+    NotebookTooLarge,
+    iter_journal,
+    journal_path,
+    journal_to_notebook,
+    notebook_text,
+    read_journal,
+    write_notebook,
+)
+
+PNG = "iVBORw0KGgo" + "A" * 1000
+
+
+def result(text: str, n: int = 1) -> CellResult:
+    outputs = [
+        {"output_type": "stream", "name": "stdout", "text": text},
+        {"output_type": "display_data", "data": {"image/png": PNG, "text/plain": "<Figure>\nline 2"},
+         "metadata": {}},
+        {"output_type": "execute_result", "data": {"text/plain": "2"}, "metadata": {}, "execution_count": n},
+    ]  # fmt: skip
+    return CellResult(status="ok", session="s", execution_count=n, stdout=text, stderr="", result="2",
+                      error=None, truncated=False, duration_ms=5, state="kept", outputs=outputs)  # fmt: skip
+
+
+def test_past_the_budget_one_truncated_line_and_nothing_more(tmp_path: Path) -> None:
+    budget = 64 * 1024
+    journal = Journal(journal_path(tmp_path, "s"), "s", budget=budget)
+    journal.start()
+    for n in range(100):
+        journal.append(f"print({n})", result("x" * 10_000, n), [])
+    assert journal.truncated and 0 < journal.cells < 10
+    size = journal.path.stat().st_size
+    assert size == journal.written and size <= budget + 200
+    kinds = [e["type"] for e in read_journal(journal.path)]
+    assert kinds == ["session"] + ["cell"] * journal.cells + ["truncated"]
+    journal.append("print('later')", result("small"), [])
+    assert journal.path.stat().st_size == size  # nothing more, however small
+    nb = journal_to_notebook(read_journal(journal.path), "s")
+    nbformat.validate(nb)
+    assert nb.cells[-1].cell_type == "markdown" and "KERNELBRIDGE_JOURNAL_BUDGET" in nb.cells[-1].source
+
+
+def test_reading_stops_at_its_limit(tmp_path: Path) -> None:
+    path = tmp_path / "big.journal.jsonl"
+    cell = {
+        "type": "cell",
+        "code": "1",
+        "outputs": [{"output_type": "stream", "name": "stdout", "text": "y" * 999}],
+    }
+    path.write_text("".join(json.dumps(cell) + "\n" for _ in range(1000)))  # an older bridge's, over 1 MB
+    entries = list(iter_journal(path, 100_000))
+    assert entries[-1] == {"type": "truncated", "read_limit": 100_000}
+    assert 90 <= len(entries) - 1 <= 100
+    nb = journal_to_notebook(entries, "big")
+    assert "continues past 100,000 bytes" in nb.cells[-1].source
+
+
+def test_the_streamed_notebook_is_what_nbformat_writes(tmp_path: Path) -> None:
+    journal = Journal(journal_path(tmp_path, "s"), "s")
+    journal.start()
+    journal.append("import math\nx = 1\n\nprint(x)", result("a\nb\r\nc\n"), ["time"], timeout=5)
+    journal.append("", result(""), [])
+    out = io.StringIO()
+    assert write_notebook(iter_journal(journal.path), "s", out) == 2
+    text = out.getvalue()
+    nb = nbformat.reads(text, as_version=4)
+    nbformat.validate(nb)
+    assert nbformat.writes(nb) + "\n" == text + "\n"  # byte for byte what nbformat would write
+    assert (
+        nb.cells[0].source == "import math\nx = 1\n\nprint(x)"
+        and nb.cells[0].metadata.kernelbridge["timeout"] == 5
+    )
+    empty = io.StringIO()
+    write_notebook([], "none", empty)
+    assert nbformat.writes(nbformat.reads(empty.getvalue(), as_version=4)) == empty.getvalue()
+
+
+def test_a_cell_of_millions_of_lines_is_written_in_bounded_memory(tmp_path: Path) -> None:
+    lines = "\n" * (4 * MAX_SPLIT_LINES)
+    display = {
+        "output_type": "display_data",
+        "data": {"text/plain": lines, "text/html": lines},
+        "metadata": {},
+    }
+    entry = {"type": "cell", "code": lines, "outputs": [display]}
+    tracemalloc.start()
+    out = io.StringIO()
+    write_notebook([entry], "s", out)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 30 * len(lines) + (1 << 20), peak  # copies of the text, not an object per line
+    nb = nbformat.reads(out.getvalue(), as_version=4)
+    nbformat.validate(nb)
+    assert nb.cells[0].source == lines
+
+
+def test_a_notebook_too_big_to_return_whole_says_what_to_do(tmp_path: Path) -> None:
+    journal = Journal(journal_path(tmp_path, "s"), "s")
+    journal.start()
+    for n in range(20):
+        journal.append(f"print({n})", result("z" * 10_000, n), [])
+    with pytest.raises(NotebookTooLarge, match=r"too big to return whole: export_notebook\(session, path="):
+        notebook_text(tmp_path, "s", max_bytes=10**9, max_chars=100_000)
+    assert len(notebook_text(tmp_path, "s", max_bytes=10**9)) > 200_000
