@@ -69,8 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("notebook")
     replay.add_argument("-o", "--output", help="write the replayed notebook here")
     replay.add_argument("--strict", action="store_true", help="also fail when an output differs")
+    replay.add_argument("--grant", action="append", default=[], metavar="SERVER",
+                        help="call this configured host server live (repeatable); every other host "
+                             "call is answered from the notebook's recording")  # fmt: skip
     replay.add_argument("--recorded-tools", action="store_true",
-                        help="answer host tool calls from the recorded results (offline)")  # fmt: skip
+                        help="answer host tool calls from the recording (the default)")  # fmt: skip
 
     spec = sub.add_parser("kernelspec", help="manage the `kernelbridge` Jupyter kernelspec")
     spec_sub = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
@@ -218,7 +221,10 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     """Exit status: 0 every cell behaved as recorded, 1 a cell raised that did not before (or,
-    with --strict, an output differs), 2 the input is not a notebook."""
+    with --strict, an output differs), 2 the input is not a notebook.
+
+    A notebook may come from anywhere: no live host server is called unless the person names it
+    with ``--grant`` (``--recorded-tools``, once needed for that, is the default and a no-op)."""
     from functools import partial
 
     from kernelbridge.errors import ConfigError
@@ -229,7 +235,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     except ConfigError as exc:
         print(f"kernelbridge: {exc}", file=sys.stderr)
         return 2
-    run = partial(replay_notebook, recorded_tools=args.recorded_tools)
+    run = partial(replay_notebook, grant=tuple(args.grant))
     report = anyio.run(run, settings, args.notebook, args.output)
     print(report.text())
     if args.output:

@@ -125,6 +125,11 @@ class Hub(RpcHandler):
         """One line per config file or entry that was skipped (paths shown with ``~``)."""
         return list(self._catalog.problems)
 
+    def resolve(self, name: str) -> str | None:
+        """The real name of the allowed server called ``name`` (or by that alias), or None."""
+        real = resolve(name, self._aliases)
+        return real if real is not None and self._policy.server_allowed(real) else None
+
     def client(self, name: str) -> ServerClient:
         """The pool's client of a configured server (state, restarts, stderr tail)."""
         return self._pool.get(name)

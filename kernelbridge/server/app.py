@@ -190,7 +190,11 @@ def build_server(
                 registry, own = bridge.namespaces.registry(namespace), bridge.namespaces.settings(namespace)
                 bridge.namespaces.check_new_session(namespace, session)
                 # In order: rebuild from a notebook, place files, run the code; each step optional.
-                restored = await restore_session(own, registry, session, restore) if restore else None
+                restored = (
+                    await restore_session(own, registry, session, restore, budget=timeout)
+                    if restore
+                    else None
+                )
                 notes = [await place_files(await registry.sandbox(session), placed)] if placed else []
                 if not code.strip():
                     if restored is not None:

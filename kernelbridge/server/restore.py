@@ -12,14 +12,22 @@ way to read host files):
 
 The cells run through the bridge's own session registry (the servers recorded in each cell are
 granted, host tools are called live), so the restored session is an ordinary session whose own
-journal records the rebuild. A session that is open and has run cells is not overwritten: the
-model closes it first or picks another name. An option of ``run_python`` rather than a tool of
+journal records the rebuild. Bounded in time: the whole restore by the calling ``run_python``'s
+timeout (each cell by its recorded timeout or the bridge's default, within what is left; a cell
+that overran still gets its interrupt and restart grace, ``sessions.TIMEOUT_GRACE``), the cells
+left when it runs out skipped, and the result says so. A journal is read bounded
+(``notebook.journal_read_limit``), off the event loop.
+
+A session that is open and has run cells is not overwritten: the model closes it first or picks
+another name. An option of ``run_python`` rather than a tool of
 its own: every tool costs ``tools/list`` bytes in every conversation, an argument far fewer.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -29,9 +37,9 @@ from mcp_types import CallToolResult, TextContent
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import load_session_notebook
+from kernelbridge.notebook import journal_read_limit, load_session_notebook
 from kernelbridge.replay import ReplayReport, read_notebook, replay_cells
-from kernelbridge.sessions import SessionRegistry, validate_session_name
+from kernelbridge.sessions import TIMEOUT_GRACE, SessionRegistry, validate_session_name
 
 _SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
 
@@ -45,7 +53,8 @@ async def load_source(settings: Settings, notebook: str) -> nbformat.NotebookNod
     try:
         if match := _SESSION_NOTEBOOK.fullmatch(notebook):
             name = validate_session_name(match[1])
-            return await anyio.to_thread.run_sync(load_session_notebook, settings.sessions_dir, name)
+            load = partial(load_session_notebook, max_bytes=journal_read_limit(settings))
+            return await anyio.to_thread.run_sync(load, settings.sessions_dir, name)
         relative = Path(notebook)
         if relative.is_absolute() or ".." in relative.parts or relative.suffix != ".ipynb":
             raise ToolError(
@@ -63,10 +72,11 @@ async def load_source(settings: Settings, notebook: str) -> nbformat.NotebookNod
 
 
 async def restore_session(
-    settings: Settings, registry: SessionRegistry, session: str, notebook: str
+    settings: Settings, registry: SessionRegistry, session: str, notebook: str, *, budget: float
 ) -> ReplayReport:
-    """Run the notebook's code cells into ``session``; returns the per-cell report. Raises
-    ToolError (a bad source, an open session, no sandbox)."""
+    """Run the notebook's code cells into ``session`` within ``budget`` seconds (the calling
+    ``run_python``'s timeout); returns the per-cell report. Raises ToolError (a bad source, an
+    open session, no sandbox)."""
     current = registry.session(session)
     if current is not None and current.journal is not None and current.journal.cells:
         raise ToolError(
@@ -74,14 +84,31 @@ async def restore_session(
             "close_session it first or restore into a new session name"
         )
     nb = await load_source(settings, notebook)
+    started = time.monotonic()
     try:
-        return await replay_cells(registry, session, nb, default_timeout=settings.max_timeout)
+        report = await replay_cells(
+            registry,
+            session,
+            nb,
+            default_timeout=settings.default_timeout,
+            max_timeout=settings.max_timeout,
+            budget=budget,
+        )
     except KernelBridgeError as exc:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    report.budget = budget
+    report.seconds = time.monotonic() - started
+    return report
 
 
 def report_text(session: str, report: ReplayReport) -> str:
-    return f"{report.text()}\nSession {session!r} now holds the state the notebook built."
+    budget = (
+        f"\nThe restore took {report.seconds:.1f} s of its {report.budget:g} s budget (run_python's "
+        f"timeout; a cell that overran gets up to {TIMEOUT_GRACE:g} s more to be interrupted)."
+        if report.budget is not None
+        else ""
+    )
+    return f"{report.text()}\nSession {session!r} now holds the state the notebook built.{budget}"
 
 
 def report_result(session: str, report: ReplayReport, notes: list[str]) -> CallToolResult:
