@@ -28,24 +28,19 @@ cell the same); ``tool_calls`` are what :mod:`kernelbridge.replay` answers from 
 Jupyter client of the same kernel (``client``: a person in ``kernelbridge attach``, nbclient).
 
 Reading is bounded too (:func:`iter_journal`: at most a given number of bytes, one line at a
-time), and a notebook is written one cell at a time (:func:`write_notebook`), so exporting a
-journal costs the memory of its biggest line, plus the text when it is returned whole
-(:func:`notebook_text`, capped at :data:`MAX_INLINE_CHARS`). The output is what
-``nbformat.writes`` makes of the same notebook (1-space indent, sorted keys, text split in
-lines), except that a field of more lines than the split budget stays one string (valid too).
+time); :mod:`kernelbridge.notebook_export` writes notebooks one cell at a time from it.
 
 This module does no MCP and knows no kernels; replay and diff build on :func:`read_journal`.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import nbformat
 from nbformat import v4
@@ -62,13 +57,6 @@ KERNELSPEC: dict[str, str] = {
 LANGUAGE_INFO: dict[str, str] = {"name": "python", "file_extension": ".py", "mimetype": "text/x-python"}
 READ_SLACK = 64 * 1024
 """Bytes a reader takes past the budget: the ``truncated`` line (and a header) are written beyond it."""
-MAX_INLINE_CHARS = 16 * 1024 * 1024
-"""Characters of notebook JSON returned whole (``export_notebook`` without a path, the notebook
-resource): a bigger one is written to a file instead. Its text may take 4 bytes a character in
-memory, and the MCP SDK copies it once more as it sends it."""
-MAX_SPLIT_LINES = 100_000
-"""Lines a cell's text is split into at most, as nbformat does for diff-friendly files; past it a
-field stays one string. Each line is a Python object: 16 M one-character lines would cost 1 GB."""
 
 
 def journal_path(sessions_dir: Path, session: str) -> Path:
@@ -296,124 +284,31 @@ def notebook_json(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb, version=4)
 
 
-class NotebookTooLarge(SessionError):
-    """A notebook is too big to be returned whole (see :data:`MAX_INLINE_CHARS`)."""
-
-
 def load_session_notebook(
     sessions_dir: Path, session: str, max_bytes: int | None = None
 ) -> nbformat.NotebookNode:
     """The notebook of ``session``'s journal (at most ``max_bytes`` of it). Raises SessionError if
-    it has none. Blocking, and its size in memory: for replaying it; exports stream."""
-    return journal_to_notebook(iter_journal(_journal_of(sessions_dir, session), max_bytes), session)
+    it has none. Blocking, and its size in memory (see :mod:`kernelbridge.notebook_export` for the
+    bounded ways)."""
+    return journal_to_notebook(iter_journal(session_journal(sessions_dir, session), max_bytes), session)
 
 
-def _journal_of(sessions_dir: Path, session: str) -> Path:
+def session_journal(sessions_dir: Path, session: str) -> Path:
+    """The journal file of ``session``. Raises SessionError if it has none."""
     path = journal_path(sessions_dir, session)
     if not path.is_file():
         raise SessionError(f"no journal for session {session!r}: it has not run any code here")
     return path
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
-
-
-def write_notebook(entries: Iterable[dict[str, Any]], session: str, out: TextIO) -> int:
-    """Write the notebook of journal ``entries`` to ``out`` one cell at a time (never the whole
-    notebook in memory); returns the number of cells. The text is ``nbformat.writes``'s for the
-    same notebook (see the module docstring)."""
-    head = _dumps(new_notebook(session))
-    empty = '{\n "cells": []'
-    assert head.startswith(empty)  # "cells" sorts first
-    out.write('{\n "cells": [')
-    cells = 0
-    ids: set[str] = set()
-    for entry in entries:
-        cell = entry_cell(entry)
-        if cell is None:
-            continue
-        while cell.id in ids:  # ids are random: unique within the notebook, as nbformat requires
-            cell.id = v4.new_code_cell().id
-        ids.add(cell.id)
-        _split_lines(cell)
-        cell.metadata.pop("trusted", None)
-        out.write(("," if cells else "") + "\n  " + _dumps(cell).replace("\n", "\n  "))
-        cells += 1
-    out.write("\n ]" if cells else "]")
-    out.write(head[len(empty) :])
-    return cells
-
-
-def _split_lines(cell: nbformat.NotebookNode) -> None:
-    """nbformat's ``split_lines`` for one cell, within :data:`MAX_SPLIT_LINES` in all."""
-    budget = MAX_SPLIT_LINES
-
-    def split(text: Any) -> Any:
-        nonlocal budget
-        if not isinstance(text, str):
-            return text
-        lines = text.count("\n") + text.count("\r") + 1
-        if lines > budget:
-            return text
-        budget -= lines
-        return text.splitlines(True)
-
-    cell["source"] = split(cell.get("source"))
-    for output in cell.get("outputs", []):
-        if output.get("output_type") in ("execute_result", "display_data"):
-            data = output.get("data", {})
-            for key, value in list(data.items()):
-                if key.startswith("text/") or key in ("application/javascript", "image/svg+xml"):
-                    data[key] = split(value)
-        elif output.get("output_type") == "stream":
-            output["text"] = split(output.get("text"))
-
-
-class _BoundedText(io.StringIO):
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-        self.size = 0
-
-    def write(self, text: str) -> int:
-        self.size += len(text)
-        if self.size > self.limit:
-            raise NotebookTooLarge("too large")
-        return super().write(text)
-
-
-def notebook_text(
-    sessions_dir: Path, session: str, *, max_bytes: int, max_chars: int = MAX_INLINE_CHARS
-) -> str:
-    """``session``'s notebook as JSON text, from at most ``max_bytes`` of its journal. Blocking:
-    run it in a worker thread. Raises SessionError (no journal), NotebookTooLarge (over
-    ``max_chars``: write it to a file instead), OSError."""
-    out = _BoundedText(max_chars)
-    try:
-        write_notebook(iter_journal(_journal_of(sessions_dir, session), max_bytes), session, out)
-    except NotebookTooLarge:
-        raise NotebookTooLarge(
-            f"the notebook of session {session!r} is over {max_chars / 2**20:g} MiB of JSON, too big to "
-            "return whole: export_notebook(session, path='name.ipynb') writes it to a file "
-            "(or `kernelbridge export` on the host)"
-        ) from None
-    return out.getvalue()
-
-
-def write_session_notebook(sessions_dir: Path, session: str, out: TextIO, *, max_bytes: int) -> int:
-    """Stream ``session``'s notebook into ``out`` (a file); returns its cells. Blocking."""
-    return write_notebook(iter_journal(_journal_of(sessions_dir, session), max_bytes), session, out)
-
-
 def export_session(settings: Settings, session: str, path: Path | str) -> Path:
     """Write ``session``'s notebook to ``path`` (works for a session of another bridge process),
-    one cell at a time.
+    one cell at a time. Raises SessionError if the session has no journal, OSError if ``path``
+    cannot be written."""
+    from kernelbridge.notebook_export import write_notebook
 
-    Raises SessionError if the session has no journal, OSError if ``path`` cannot be written.
-    """
     target = Path(path).expanduser()
-    journal = _journal_of(settings.sessions_dir, session)
+    journal = session_journal(settings.sessions_dir, session)
     with open(target, "w", encoding="utf-8") as out:
         write_notebook(iter_journal(journal, journal_read_limit(settings)), session, out)
     return target

@@ -31,6 +31,7 @@ import nbformat
 from kernelbridge.config import Settings
 from kernelbridge.errors import ConfigError, HubError, SessionError
 from kernelbridge.notebook import journal_path, notebook_outputs, valid_cell
+from kernelbridge.notebook_export import strip_images
 from kernelbridge.replay.judge import CellVerdict, ReplayReport, behaviour, judge
 from kernelbridge.replay.recorded import cell_meta
 from kernelbridge.replay.tools import ReplayTools, live_settings
@@ -56,6 +57,12 @@ def read_notebook(path: str | Path) -> nbformat.NotebookNode:
         return parse_notebook(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def read_restorable(path: str | Path) -> nbformat.NotebookNode:
+    """:func:`read_notebook` without its images' bytes (all a restore judges of them is their
+    size): what a worker process hands back to the bridge."""
+    return strip_images(read_notebook(path))
 
 
 def parse_notebook(text: str, name: str) -> nbformat.NotebookNode:

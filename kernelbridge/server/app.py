@@ -190,11 +190,12 @@ def build_server(
                 registry, own = bridge.namespaces.registry(namespace), bridge.namespaces.settings(namespace)
                 bridge.namespaces.check_new_session(namespace, session)
                 # In order: rebuild from a notebook, place files, run the code; each step optional.
-                restored = (
-                    await restore_session(own, registry, session, restore, budget=timeout)
-                    if restore
-                    else None
-                )
+                restored = None
+                if restore:
+                    reader = bridge.exports.of(namespace)
+                    restored = await restore_session(
+                        own, registry, session, restore, budget=timeout, reader=reader
+                    )
                 notes = [await place_files(await registry.sandbox(session), placed)] if placed else []
                 if not code.strip():
                     if restored is not None:

@@ -13,12 +13,14 @@ path must never become a way to write arbitrary host files. So a model's export 
 - the notebook is written to a fresh 0600 file next to the target and renamed over it, so an
   existing link or hard link at the target is replaced, never written through.
 
-And what an export costs is bounded, whoever asks and however big the journal: the journal is
-read one line at a time and at most ``journal_read_limit`` bytes of it, the notebook is written
-one cell at a time (into the file, or into a text of at most ``notebook.MAX_INLINE_CHARS`` when it
-is returned whole), in a worker thread, never on the event loop every session's messages go
-through, and one at a time per namespace (:class:`ExportLimiters`): a tenant exporting in a loop
-holds one export's memory and one thread, and queues behind herself only.
+And what an export costs is bounded, whoever asks and however big the journal: the work (reading
+at most ``journal_read_limit`` bytes of the journal one line at a time, writing the notebook one
+cell at a time) runs in a worker process (:func:`in_worker`, see :mod:`kernelbridge.notebook_export`
+for why not a thread), one at a time per namespace (:class:`ExportLimiters`): a tenant exporting
+in a loop holds one worker and queues behind herself only, and the event loop every session's
+messages go through never waits for it. A notebook returned whole is at most
+``notebook_export.MAX_INLINE_CHARS``; a file export is written by the worker to a private file
+in the namespace's ``run/`` directory, then copied into place as above.
 """
 
 from __future__ import annotations
@@ -27,17 +29,21 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import anyio
+import anyio.to_process
+from anyio import BrokenWorkerProcess
 from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import journal_read_limit, notebook_text, write_session_notebook
+from kernelbridge.notebook import journal_read_limit
+from kernelbridge.notebook_export import export_to_path, notebook_text, run_niced
 
 MAX_EXPORT_PATH = 512
 """Characters of a requested export path; longer is a mistake or an attack."""
@@ -46,8 +52,8 @@ T = TypeVar("T")
 
 
 class ExportLimiters:
-    """One worker thread per namespace for reading journals (exports, the notebook and outputs
-    resources): a tenant's exports queue behind each other, never behind another tenant's."""
+    """One worker process at a time per namespace for reading journals (exports, the notebook and
+    outputs resources, restores): a tenant's queue behind each other, never behind another's."""
 
     def __init__(self) -> None:
         self._limiters: dict[str, anyio.CapacityLimiter] = {}
@@ -59,17 +65,18 @@ class ExportLimiters:
         return limiter
 
 
-async def in_worker(limiter: anyio.CapacityLimiter, work: Callable[[], T]) -> T:
-    """``work()`` in a worker thread of ``limiter``; KernelBridgeError and OSError become one-line
-    ToolErrors (without host paths)."""
+async def in_worker(limiter: anyio.CapacityLimiter, func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a worker process of ``limiter`` (killed if the caller is cancelled);
+    KernelBridgeError and OSError become one-line ToolErrors (without host paths)."""
     try:
-        return await anyio.to_thread.run_sync(work, limiter=limiter)
+        return await anyio.to_process.run_sync(run_niced, func, *args, cancellable=True, limiter=limiter)
     except KernelBridgeError as exc:
         raise ToolError(str(exc)) from None
     except OSError as exc:
-        raise ToolError(
-            f"the session's journal could not be read: {exc.strerror or type(exc).__name__}"
-        ) from None
+        why = exc.strerror or type(exc).__name__
+        raise ToolError(f"the session's journal could not be read: {why}") from None
+    except BrokenWorkerProcess:
+        raise ToolError("the worker reading the journal failed (see the bridge's log); try again") from None
 
 
 async def notebook_for_model(settings: Settings, session: str, limiter: anyio.CapacityLimiter) -> str:
@@ -142,20 +149,28 @@ def write_confined(root: Path, parts: list[str], write: Callable[[TextIO], objec
 
 
 async def export_to_file(settings: Settings, session: str, path: str, limiter: anyio.CapacityLimiter) -> None:
-    """Write ``session``'s notebook under the export root, one cell at a time. Raises ToolError
-    with a one-line reason."""
+    """Write ``session``'s notebook under the export root (see the module docstring). Raises
+    ToolError with a one-line reason."""
     root = export_root(settings)
     parts = export_parts(root, path)
-    limit = journal_read_limit(settings)
-
-    def write(out: TextIO) -> None:
-        write_session_notebook(settings.sessions_dir, session, out, max_bytes=limit)
-
+    scratch = settings.run_dir / "exports"
+    scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+    made = scratch / f"{secrets.token_hex(8)}.ipynb"
     try:
-        await anyio.to_thread.run_sync(partial(write_confined, root, parts, write), limiter=limiter)
+        limit = journal_read_limit(settings)
+        await in_worker(
+            limiter, partial(export_to_path, settings.sessions_dir, session, made, max_bytes=limit)
+        )
+
+        def copy(out: TextIO) -> None:
+            with open(made, "rb") as written:
+                out.flush()
+                shutil.copyfileobj(written, out.buffer, 1 << 20)
+
+        await anyio.to_thread.run_sync(write_confined, root, parts, copy)
     except IsADirectoryError:
         raise ToolError(f"{path!r} is a directory") from None
-    except KernelBridgeError as exc:  # no journal
-        raise ToolError(str(exc)) from None
     except OSError as exc:
         raise ToolError(f"the notebook could not be written: {exc.strerror or exc}") from None
+    finally:
+        made.unlink(missing_ok=True)

@@ -10,7 +10,8 @@ and every client pays for in context. Each image of a result is handled so:
   ``ResourceLink`` to its full-size original, the resource
   ``kernelbridge://sessions/<session>/outputs/<digest>.png``; the result's text says so. The
   original needs no second copy: the session's journal holds every output (see
-  :func:`find_output`), so the link works as long as the journal does, across bridge restarts.
+  :func:`kernelbridge.notebook_export.find_png`), so the link works as long as the journal does,
+  across bridge restarts.
 
 Where the downscaling happens: on the host, with Pillow, in a worker thread. Not in the sandbox
 (which has Pillow too), because an image must still be rendered when the kernel is busy with the
@@ -24,14 +25,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import io
-import json
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -39,6 +37,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ContentBlock, ImageContent, ResourceLink
 
 from kernelbridge.config import Settings
+from kernelbridge.notebook_export import digest, find_png
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +47,6 @@ MAX_PIXELS = 16_000_000
 """Largest image decoded on the host (64 MiB as RGBA): a PNG of a few KB can claim gigapixels."""
 ATTEMPTS = 4
 """Re-encodings tried before giving up on fitting the budget (each aims lower than the last)."""
-DIGEST_CHARS = 24
-
-
-def digest(data: str) -> str:
-    """The name of an image output: a hash of its base64 text."""
-    return hashlib.sha256(data.encode("ascii", errors="replace")).hexdigest()[:DIGEST_CHARS]
 
 
 def output_uri(session: str, data: str) -> str:
@@ -141,42 +134,6 @@ async def fit_images(images: list[str], session: str, budget: int) -> Fitted:
     return fitted
 
 
-def find_output(journal: Path, name: str, max_bytes: int) -> bytes | None:
-    """The PNG bytes of the image output called ``name`` (``<digest>.png``) in a journal, or None.
-    Blocking: run it in a thread. Reads one line at a time, at most ``max_bytes`` of the journal."""
-    wanted = name.removesuffix(".png")
-    if len(wanted) != DIGEST_CHARS or not all(c in "0123456789abcdef" for c in wanted):
-        return None
-    read = 0
-    try:
-        with open(journal, "rb") as lines:
-            while read <= max_bytes and (line := lines.readline(max_bytes - read + 1)):
-                read += len(line)
-                if b'"image/png"' not in line:
-                    continue
-                try:
-                    entry = json.loads(line.decode("utf-8", errors="replace"))
-                except (ValueError, RecursionError):
-                    continue
-                for data in _pngs(entry):
-                    if digest(data) == wanted:
-                        return base64.b64decode(data)
-    except (OSError, binascii.Error):
-        return None
-    return None
-
-
-def _pngs(entry: Any) -> list[str]:
-    outputs = entry.get("outputs") if isinstance(entry, dict) else None
-    found = []
-    for output in outputs if isinstance(outputs, list) else []:
-        data = output.get("data") if isinstance(output, dict) else None
-        png = data.get("image/png") if isinstance(data, dict) else None
-        if isinstance(png, str):
-            found.append(png)
-    return found
-
-
 def register_output_resources(
     app: MCPServer[Any],
     settings_of: Callable[[Context], Settings],
@@ -188,6 +145,7 @@ def register_output_resources(
     from mcp.server.mcpserver.exceptions import ResourceError
 
     from kernelbridge.notebook import journal_path, journal_read_limit
+    from kernelbridge.server.exports import in_worker
     from kernelbridge.sessions import validate_session_name
 
     @app.resource(
@@ -202,8 +160,8 @@ def register_output_resources(
             journal = journal_path(settings.sessions_dir, validate_session_name(session))
         except Exception as exc:
             raise ResourceError(str(exc)) from None
-        limit = journal_read_limit(settings)
-        data = await anyio.to_thread.run_sync(find_output, journal, name, limit, limiter=reader_of(ctx))
+        # In a worker process, one at a time per namespace: this reads up to the journal's budget.
+        data = await in_worker(reader_of(ctx), find_png, journal, name, journal_read_limit(settings))
         if data is None:
             raise ResourceError(f"no image output {name!r} in session {session!r}")
         return data

@@ -11,15 +11,12 @@ import nbformat
 import pytest
 
 from kernelbridge.execution import CellResult
-from kernelbridge.notebook import (
+from kernelbridge.notebook import Journal, iter_journal, journal_path, journal_to_notebook, read_journal
+from kernelbridge.notebook_export import (
     MAX_SPLIT_LINES,
-    Journal,
     NotebookTooLarge,
-    iter_journal,
-    journal_path,
-    journal_to_notebook,
     notebook_text,
-    read_journal,
+    restorable_notebook,
     write_notebook,
 )
 
@@ -117,3 +114,21 @@ def test_a_notebook_too_big_to_return_whole_says_what_to_do(tmp_path: Path) -> N
     with pytest.raises(NotebookTooLarge, match=r"too big to return whole: export_notebook\(session, path="):
         notebook_text(tmp_path, "s", max_bytes=10**9, max_chars=100_000)
     assert len(notebook_text(tmp_path, "s", max_bytes=10**9)) > 200_000
+
+
+def test_a_restore_gets_the_cells_without_their_images_bytes(tmp_path: Path) -> None:
+    from kernelbridge.replay import behaviour
+
+    journal = Journal(journal_path(tmp_path, "s"), "s")
+    journal.start()
+    big = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAADCAYAAAC56t6BAAAA" + "A" * 3_000_000
+    data = {"image/png": big, "image/jpeg": "/9j/" * 1000, "text/plain": "<Figure>"}
+    outputs = [{"output_type": "display_data", "data": data, "metadata": {}}]
+    done = result("x")
+    done.outputs = outputs
+    journal.append("plot()", done, [])
+    nb = restorable_notebook(tmp_path, "s", max_bytes=10**9)
+    (cell,) = nb.cells
+    assert len(json.dumps(cell)) < 2000 and cell.source == "plot()"
+    assert behaviour(cell.outputs).displays == [{"image/jpeg": "<image/jpeg>", "image/png": "<png 2x3>",
+                                                 "text/plain": "<Figure>"}]  # fmt: skip

@@ -13,7 +13,8 @@ import anyio
 import pytest
 from PIL import Image
 
-from kernelbridge.server.images import digest, downscale, find_output, fit_images
+from kernelbridge.notebook_export import find_png as find_output
+from kernelbridge.server.images import digest, downscale, fit_images
 
 pytestmark = pytest.mark.anyio
 
