@@ -107,15 +107,14 @@ async def replay_cells(
     session: str,
     nb: nbformat.NotebookNode,
     *,
-    default_timeout: float,
-    max_timeout: float,
     recorded: ReplayTools | None = None,
     budget: float | None = None,
 ) -> ReplayReport:
     """Run every code cell of ``nb`` in ``session`` of ``registry``, judge it, and put the new
     outputs (and the verdict, in ``metadata.kernelbridge.replay``) into ``nb``.
 
-    Each cell runs for its recorded timeout (at most ``max_timeout``) or ``default_timeout``;
+    Each cell runs for its recorded timeout (at most the registry's ``max_timeout``) or its
+    ``default_timeout``;
     with a ``budget`` (seconds), all of them together for at most that (plus the grace of one
     cell's timeout), and the cells left after it are skipped. Raises SandboxError/ImageError when
     no sandbox can be started; everything about a single cell (it raised, a server is not
@@ -125,7 +124,7 @@ async def replay_cells(
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
     started = time.monotonic()
     for index, cell in enumerate(code_cells, 1):
-        timeout = cell_timeout(cell, default_timeout, max_timeout)
+        timeout = cell_timeout(cell, registry.settings.default_timeout, registry.settings.max_timeout)
         left = None if budget is None else budget - (time.monotonic() - started)
         if left is not None and left < 1:
             verdict = CellVerdict(index, "skipped", f"the restore's time budget of {budget:g} s ran out")
@@ -202,14 +201,7 @@ async def replay_notebook(
             )
         )
         try:
-            report = await replay_cells(
-                registry,
-                session,
-                nb,
-                default_timeout=settings.default_timeout,
-                max_timeout=settings.max_timeout,
-                recorded=handler,
-            )
+            report = await replay_cells(registry, session, nb, recorded=handler)
         finally:
             # The replayed notebook (-o) is this run's record; the scratch session's journal is not.
             journal = journal_path(settings.sessions_dir, session)

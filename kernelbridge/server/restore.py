@@ -100,14 +100,7 @@ async def restore_session(
     nb = await load_source(settings, notebook, reader)
     started = time.monotonic()
     try:
-        report = await replay_cells(
-            registry,
-            session,
-            nb,
-            default_timeout=settings.default_timeout,
-            max_timeout=settings.max_timeout,
-            budget=budget,
-        )
+        report = await replay_cells(registry, session, nb, budget=budget)
     except KernelBridgeError as exc:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     report.budget = budget

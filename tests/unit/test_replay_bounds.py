@@ -59,7 +59,7 @@ async def test_a_restore_stops_at_its_budget(tmp_path: Path) -> None:
         await registry.run("r", "1", timeout=30)  # the sandbox is up: time the cells only
         began = time.monotonic()
         with anyio.fail_after(60):
-            report = await replay_cells(registry, "r", nb, default_timeout=30, max_timeout=600, budget=4)
+            report = await replay_cells(registry, "r", nb, budget=4)
         took = time.monotonic() - began
     verdicts = [(c.verdict, c.why) for c in report.cells]
     assert verdicts[0] == ("error", "timeout: (the original did not raise)")  # interrupted after 4 s
