@@ -95,6 +95,10 @@ class HttpSettings:
     ``KERNELBRIDGE_MAX_SESSIONS`` still bounds them all together)."""
     max_calls: int = 4
     """``KERNELBRIDGE_HTTP_MAX_CALLS``: ``run_python`` calls of one token in flight at once."""
+    disk_quota: int = 2 * 1024**3
+    """``KERNELBRIDGE_HTTP_DISK_QUOTA``: bytes one token's files may take on the host (journals of
+    all its sessions, old and live, exports, saved tools). Past it new sessions are not journalled
+    and exports are refused: one token cannot fill the disk the others journal to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +160,9 @@ class Settings:
     namespace: str = ""
     """The HTTP client (token) this registry serves; empty over stdio. Set by the server, not read
     from the environment: it goes into container names and labels."""
+    disk_quota: int | None = None
+    """Bytes this namespace's files may take (``HttpSettings.disk_quota`` for a token's namespace;
+    None: no quota, the shared namespace). Set by the server, like ``namespace``."""
     http: HttpSettings = field(default_factory=HttpSettings)
 
     @property
@@ -383,6 +390,7 @@ def _http_settings(env: Mapping[str, str]) -> HttpSettings:
         allowed_hosts=_names(env, "HTTP_ALLOWED_HOSTS"),
         max_sessions=int(_number(env, "HTTP_MAX_SESSIONS", 4, minimum=1, integer=True)),
         max_calls=int(_number(env, "HTTP_MAX_CALLS", 4, minimum=1, integer=True)),
+        disk_quota=_bytes(env, "HTTP_DISK_QUOTA", 2 * 1024**3, minimum=1024**2),
     )
 
 

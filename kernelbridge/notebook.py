@@ -71,11 +71,20 @@ class Journal:
     make a replay lie. The previous journal is kept as ``<name>.journal.jsonl.prev``.
     """
 
-    def __init__(self, path: Path, session: str, budget: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        path: Path,
+        session: str,
+        budget: int = 64 * 1024 * 1024,
+        setting: str = "KERNELBRIDGE_JOURNAL_BUDGET",
+    ) -> None:
         self.path = path
         self.session = session
         self.budget = budget
-        """Bytes this journal may hold (``KERNELBRIDGE_JOURNAL_BUDGET``)."""
+        """Bytes this journal may hold (``KERNELBRIDGE_JOURNAL_BUDGET``, or what is left of the
+        namespace's disk quota when that is less)."""
+        self.setting = setting
+        """The setting that gave the budget (said in the ``truncated`` record)."""
         self.cells = 0
         self.written = 0
         self.truncated = False
@@ -146,7 +155,7 @@ class Journal:
         fits = mode == "w" or self.written + len(data) <= self.budget
         if not fits:
             self.truncated = True
-            record = {"type": "truncated", "budget": self.budget, "at": time.time()}
+            record = {"type": "truncated", "budget": self.budget, "setting": self.setting, "at": time.time()}
             data = (json.dumps(record) + "\n").encode()
         with open(self.path, mode + "b") as f:
             f.write(data)
@@ -215,8 +224,9 @@ def entry_cell(entry: dict[str, Any]) -> nbformat.NotebookNode | None:
             what = f"the journal continues past {entry['read_limit']:,} bytes, which is all that is read"
         else:
             what = f"the session's journal reached its budget of {entry.get('budget')} bytes"
+        setting = str(entry.get("setting", "KERNELBRIDGE_JOURNAL_BUDGET"))[:60]
         text = (
-            f"*kernelbridge: {what} (`KERNELBRIDGE_JOURNAL_BUDGET`); the cells that ran after "
+            f"*kernelbridge: {what} (`{setting}`); the cells that ran after "
             "this point are not in this notebook.*"
         )
         return v4.new_markdown_cell(text, metadata={"kernelbridge": {"truncated": True}})
@@ -312,6 +322,32 @@ def export_session(settings: Settings, session: str, path: Path | str) -> Path:
     with open(target, "w", encoding="utf-8") as out:
         write_notebook(iter_journal(journal, journal_read_limit(settings)), session, out)
     return target
+
+
+MAX_COUNTED_FILES = 100_000
+"""Files :func:`disk_use` looks at; a namespace never has this many (sessions, exports, skills)."""
+
+
+def disk_use(settings: Settings) -> int:
+    """Bytes of the files of ``settings``' namespace on the host: everything below its state
+    directory (journals old and live, exports, saved tools) and its export directory. Blocking."""
+    total, seen = 0, 0
+    pending = [settings.state_dir, *([settings.export_dir] if settings.export_dir else [])]
+    while pending and seen < MAX_COUNTED_FILES:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
 
 
 def journal_read_limit(settings: Settings) -> int:

@@ -49,7 +49,7 @@ from kernelbridge.errors import RpcError, SandboxError, SessionError
 from kernelbridge.execution import Cell, CellResult, State, Status, finish_cell
 from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.kernel.sandbox import Sandbox
-from kernelbridge.notebook import Journal, journal_path
+from kernelbridge.notebook import Journal, disk_use, journal_path
 from kernelbridge.recorder import Recorder
 from kernelbridge.runtime import RuntimeBackend, pid_alive
 from kernelbridge.warm_pool import WarmPool, close_sandbox
@@ -76,6 +76,7 @@ PROGRESS_EVERY = 2.0
 """Seconds between progress notifications of a long cell."""
 REFRESH_TIMEOUT = 30.0
 """Bound on rebinding the host-MCP proxies in the kernel after a grant or a restart."""
+QUOTA_SETTING = "KERNELBRIDGE_HTTP_DISK_QUOTA"
 REFRESH_CODE = "__import__('mcp')._kernelbridge_refresh()"
 """Sent as a silent request: rebinds ``mcp_<alias>`` proxies for the session's grants."""
 
@@ -289,9 +290,7 @@ class SessionRegistry:
                     del self._sessions[session.name]
                 session.closed = True
                 raise
-            session.journal = Journal(
-                self.journal_file(session.name), session.name, budget=self.settings.journal_budget
-            )
+            session.journal = await self._new_journal(session)
             try:
                 await anyio.to_thread.run_sync(session.journal.start)
             except OSError as exc:
@@ -305,6 +304,16 @@ class SessionRegistry:
             f"{why}; this call started a fresh one: earlier variables, imports and files in "
             "/workspace are gone."
         )
+
+    async def _new_journal(self, session: Session) -> Journal:
+        """The session's journal, with its byte budget: ``KERNELBRIDGE_JOURNAL_BUDGET``, or what is
+        left of the namespace's disk quota (HTTP tokens) when that is less."""
+        budget, setting = self.settings.journal_budget, "KERNELBRIDGE_JOURNAL_BUDGET"
+        if self.settings.disk_quota is not None:
+            left = self.settings.disk_quota - await anyio.to_thread.run_sync(disk_use, self.settings)
+            if left < budget:
+                budget, setting = max(left, 0), QUOTA_SETTING
+        return Journal(self.journal_file(session.name), session.name, budget=budget, setting=setting)
 
     def _attach(self, session: Session, sandbox: Sandbox) -> None:
         """Make ``sandbox`` the session's: its recorder, rpc broker and journal hooks."""
@@ -563,10 +572,15 @@ class SessionRegistry:
             return
         session.journal_truncated = True
         log.warning("session %s: its journal reached its budget of %d bytes", session.name, journal.budget)
+        if journal.setting == QUOTA_SETTING:
+            quota = (self.settings.disk_quota or 0) / 2**20
+            why = f"This client's files on the host reached their quota of {quota:.0f} MiB ({QUOTA_SETTING}"
+        else:
+            budget = journal.budget / 2**20
+            why = f"The session's journal reached its budget of {budget:g} MiB ({journal.setting}"
         notes.append(
-            f"The session's journal reached its budget of {journal.budget / 2**20:g} MiB "
-            "(KERNELBRIDGE_JOURNAL_BUDGET, set by the bridge's operator): this cell and later ones are not "
-            "recorded, so its notebook (export_notebook) ends before them. The session itself goes on."
+            f"{why}, set by the bridge's operator): this cell and later ones are not recorded, so the "
+            "session's notebook (export_notebook) ends before them. The session itself goes on."
         )
 
     def _journal_failed(self, session: Session, exc: OSError) -> None:

@@ -42,7 +42,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import journal_read_limit
+from kernelbridge.notebook import disk_use, journal_path, journal_read_limit
 from kernelbridge.notebook_export import export_to_path, notebook_text, run_niced
 
 MAX_EXPORT_PATH = 512
@@ -112,6 +112,25 @@ def export_parts(root: Path, path: str) -> list[str]:
     return parts
 
 
+async def check_quota(settings: Settings, session: str) -> None:
+    """Refuse an export that could take an HTTP token past its disk quota (its files, plus a
+    notebook about the size of the journal). Raises ToolError."""
+    if settings.disk_quota is None:
+        return
+    used = await anyio.to_thread.run_sync(disk_use, settings)
+    try:
+        size = journal_path(settings.sessions_dir, session).stat().st_size
+    except OSError:
+        return  # no journal: the export says so
+    if used + size > settings.disk_quota:
+        quota = settings.disk_quota / 2**20
+        raise ToolError(
+            f"this client's files on the host take {used / 2**20:.0f} MiB of its {quota:.0f} MiB quota "
+            "(KERNELBRIDGE_HTTP_DISK_QUOTA, set by the bridge's operator) and this export would not fit; "
+            "export_notebook without a path returns the notebook instead"
+        )
+
+
 def write_confined(root: Path, parts: list[str], write: Callable[[TextIO], object]) -> None:
     """Write a file ``root/parts...`` with ``write(file)``, without following any symlink below
     ``root``; the file appears whole or not at all.
@@ -153,6 +172,7 @@ async def export_to_file(settings: Settings, session: str, path: str, limiter: a
     ToolError with a one-line reason."""
     root = export_root(settings)
     parts = export_parts(root, path)
+    await check_quota(settings, session)
     scratch = settings.run_dir / "exports"
     scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
     made = scratch / f"{secrets.token_hex(8)}.ipynb"

@@ -39,6 +39,7 @@ def namespace_settings(base: Settings, namespace: str) -> Settings:
         max_sessions=min(base.http.max_sessions, base.max_sessions),
         # An operator's export directory is shared by the clients: each writes below its own name.
         export_dir=base.export_dir / namespace if base.export_dir else None,
+        disk_quota=base.http.disk_quota,
     )
 
 

@@ -43,6 +43,7 @@ async def tenants(
         "KERNELBRIDGE_WARM_POOL": "0",
         "KERNELBRIDGE_MAX_SESSIONS": "8",
         "KERNELBRIDGE_HTTP_MAX_SESSIONS": "4",
+        "KERNELBRIDGE_HTTP_DISK_QUOTA": "256m",
     }
     async with open_http_bridge(root / "state", TOKENS, **env) as opened:
         yield opened
@@ -272,3 +273,29 @@ async def test_a_restore_of_forged_cells_is_bounded_by_its_timeout(tenants: dict
     assert result.seconds < 5 + 12 + 5 + 8, result.seconds  # budget + one interrupt grace + the code
     await alice.close("restored")
     print(f"\nrestore of 3 forged 20 s cells with timeout=5: {result.seconds:.1f} s")
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+async def test_one_token_cannot_fill_the_disk_the_others_journal_to(tenants: dict[str, Bridge]) -> None:
+    """Exports under new names without end (each a copy of a ~12 MiB journal): refused at the
+    token's quota, and the other token exports on."""
+    alice, bob = tenants["alice"], tenants["bob"]
+    assert (await alice.run(BIG_CELL, "copies")).status == "ok"
+    refused = None
+    for n in range(40):
+        failed, text = await alice.call("export_notebook", session="copies", path=f"copy-{n}.ipynb")
+        if failed:
+            refused = text
+            break
+    assert refused is not None and "KERNELBRIDGE_HTTP_DISK_QUOTA" in refused, refused
+    used = tree_bytes(alice.state_dir)
+    assert used <= 256 << 20, used
+    await bob.run("x = 1", "mine")
+    failed, text = await bob.call("export_notebook", session="mine", path="mine.ipynb")
+    assert not failed, text
+    await alice.close("copies")
+    await bob.close("mine")
+    print(f"\ndisk: alice's exports refused after {n} copies at {used >> 20} MiB of 256 MiB; bob exports on")

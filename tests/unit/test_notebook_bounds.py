@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import nbformat
@@ -132,3 +133,44 @@ def test_a_restore_gets_the_cells_without_their_images_bytes(tmp_path: Path) -> 
     assert len(json.dumps(cell)) < 2000 and cell.source == "plot()"
     assert behaviour(cell.outputs).displays == [{"image/jpeg": "<image/jpeg>", "image/png": "<png 2x3>",
                                                  "text/plain": "<Figure>"}]  # fmt: skip
+
+
+def test_disk_use_counts_a_namespaces_files_and_follows_no_link(tmp_path: Path) -> None:
+    from kernelbridge.config import Settings
+    from kernelbridge.notebook import disk_use
+
+    state, exports, elsewhere = tmp_path / "state", tmp_path / "exports", tmp_path / "elsewhere"
+    for directory in (state / "sessions", exports / "a", elsewhere):
+        directory.mkdir(parents=True)
+    (state / "sessions" / "s.journal.jsonl").write_bytes(b"x" * 1000)
+    (exports / "a" / "n.ipynb").write_bytes(b"y" * 500)
+    (elsewhere / "big").write_bytes(b"z" * 10_000)
+    (state / "link").symlink_to(elsewhere)
+    assert disk_use(Settings(state_dir=state, export_dir=exports)) == 1500
+
+
+@pytest.mark.anyio
+async def test_a_tokens_disk_quota_bounds_its_journals_and_exports(tmp_path: Path) -> None:
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from kernelbridge.config import Settings
+    from kernelbridge.runtime.local import LocalProcessRuntime
+    from kernelbridge.server.exports import check_quota
+    from kernelbridge.sessions import SessionRegistry
+
+    settings = Settings(state_dir=tmp_path, warm_pool=0, disk_quota=3 << 20)
+    (tmp_path / "exports").mkdir()
+    (tmp_path / "exports" / "old.ipynb").write_bytes(b"x" * (2 << 20))  # 2 of its 3 MiB are taken
+    big = "from IPython.display import display\ndisplay({'image/png': 'A' * 400_000}, raw=True)"
+    async with (
+        LocalProcessRuntime() as runtime,
+        SessionRegistry(settings, runtime, image="test-double", agent_hash=None) as registry,
+    ):
+        notes = [" ".join((await registry.run("s", big, timeout=30)).notes) for _ in range(3)]
+    with pytest.raises(ToolError, match=r"quota \(KERNELBRIDGE_HTTP_DISK_QUOTA"):
+        await check_quota(settings, "s")  # 2 MiB + the journal, and as much again for its notebook
+    await check_quota(replace(settings, disk_quota=10 << 20), "s")
+    journal = tmp_path / "sessions" / "s.journal.jsonl"
+    assert journal.stat().st_size < (1 << 20) + 256
+    told = [n for n in notes if "KERNELBRIDGE_HTTP_DISK_QUOTA" in n]
+    assert len(told) == 1 and "quota of 3 MiB" in told[0], notes
