@@ -74,9 +74,11 @@ async def load_source(
         if not target.is_relative_to(root):
             raise ToolError(f"{notebook!r} leads out of the exports directory")
         return await in_worker(reader, read_restorable, target)
-    except KernelBridgeError as exc:
-        message = str(exc).replace(str(settings.state_dir), "<state>")  # no host paths for the model
-        raise ToolError(message.splitlines()[0]) from None
+    except (KernelBridgeError, ToolError) as exc:  # from here or from the worker (a ToolError then)
+        message = str(exc)
+        for path in {str(settings.state_dir.resolve()), str(settings.state_dir)}:
+            message = message.replace(path, "<state>")  # no host paths for the model
+        raise ToolError(message.splitlines()[0] if message else type(exc).__name__) from None
 
 
 async def restore_session(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import nbformat
 import pytest
 from nbformat import v4
 
@@ -140,3 +141,24 @@ async def test_without_a_grant_nothing_is_live(tmp_path: Path) -> None:
     assert tools.cannot_answer(partial) == (
         "its host tool calls were not recorded in full (`kernelbridge replay --grant edge` calls them live)"
     )
+
+
+async def test_a_restore_source_is_read_in_a_worker_and_names_no_host_path(tmp_path: Path) -> None:
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from kernelbridge.server.restore import load_source
+
+    settings = Settings(state_dir=tmp_path / "state")
+    (settings.state_dir / "exports").mkdir(parents=True)
+    (settings.state_dir / "exports" / "bad.ipynb").write_text("{not json")
+    nb = v4.new_notebook(cells=[code_cell("print(1)")])
+    nb.cells[0].outputs = [v4.new_output("display_data", data={"image/png": "iVBORw0KGgo" + "A" * 100_000})]
+    nbformat.write(nb, settings.state_dir / "exports" / "good.ipynb")
+    reader = anyio.CapacityLimiter(1)
+    with anyio.fail_after(60):
+        loaded = await load_source(settings, "good.ipynb", reader)
+        assert len(loaded.cells[0].outputs[0]["data"]["image/png"]) == 64  # its header only
+        for name in ("missing.ipynb", "bad.ipynb", "kernelbridge://sessions/nobody/notebook"):
+            with pytest.raises(ToolError) as refused:
+                await load_source(settings, name, reader)
+            assert str(tmp_path) not in str(refused.value) and "\n" not in str(refused.value), refused.value
