@@ -325,26 +325,33 @@ def export_session(settings: Settings, session: str, path: Path | str) -> Path:
 
 
 MAX_COUNTED_FILES = 100_000
-"""Files :func:`disk_use` looks at; a namespace never has this many (sessions, exports, skills)."""
+"""Files :func:`disk_use` looks at; past this many it answers "full" (fail closed): a namespace's
+files are its sessions' journals, its exports and its saved tools, never this many honestly."""
+FULL = 1 << 62
 
 
 def disk_use(settings: Settings) -> int:
-    """Bytes of the files of ``settings``' namespace on the host: everything below its state
-    directory (journals old and live, exports, saved tools) and its export directory. Blocking."""
+    """Bytes of disk the files of ``settings``' namespace take on the host (each file's size or
+    its allocated blocks, whichever is more): everything below its state directory (journals old
+    and live, exports, saved tools) and its export directory; :data:`FULL` past
+    :data:`MAX_COUNTED_FILES` entries. Blocking."""
     total, seen = 0, 0
     pending = [settings.state_dir, *([settings.export_dir] if settings.export_dir else [])]
-    while pending and seen < MAX_COUNTED_FILES:
+    while pending:
         try:
             entries = list(os.scandir(pending.pop()))
         except OSError:
             continue
+        seen += len(entries)
+        if seen > MAX_COUNTED_FILES:
+            return FULL
         for entry in entries:
-            seen += 1
             try:
                 if entry.is_dir(follow_symlinks=False):
                     pending.append(Path(entry.path))
                 elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
+                    info = entry.stat(follow_symlinks=False)
+                    total += max(info.st_size, info.st_blocks * 512)
             except OSError:
                 continue
     return total

@@ -42,7 +42,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import disk_use, journal_path, journal_read_limit
+from kernelbridge.notebook import FULL, MAX_COUNTED_FILES, disk_use, journal_path, journal_read_limit
 from kernelbridge.notebook_export import export_to_path, notebook_text, run_niced
 
 MAX_EXPORT_PATH = 512
@@ -124,8 +124,9 @@ async def check_quota(settings: Settings, session: str) -> None:
         return  # no journal: the export says so
     if used + size > settings.disk_quota:
         quota = settings.disk_quota / 2**20
+        taken = f"more than {MAX_COUNTED_FILES:,} files" if used >= FULL else f"{used / 2**20:.0f} MiB"
         raise ToolError(
-            f"this client's files on the host take {used / 2**20:.0f} MiB of its {quota:.0f} MiB quota "
+            f"this client's files on the host take {taken} of its {quota:.0f} MiB quota "
             "(KERNELBRIDGE_HTTP_DISK_QUOTA, set by the bridge's operator) and this export would not fit; "
             "export_notebook without a path returns the notebook instead"
         )

@@ -146,7 +146,18 @@ def test_disk_use_counts_a_namespaces_files_and_follows_no_link(tmp_path: Path) 
     (exports / "a" / "n.ipynb").write_bytes(b"y" * 500)
     (elsewhere / "big").write_bytes(b"z" * 10_000)
     (state / "link").symlink_to(elsewhere)
-    assert disk_use(Settings(state_dir=state, export_dir=exports)) == 1500
+    used = disk_use(Settings(state_dir=state, export_dir=exports))
+    assert 1500 <= used <= 1500 + 2 * 16384 and used < 10_000  # the two files' blocks, not the link's
+
+
+def test_disk_use_fails_closed_past_its_file_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbridge import notebook
+    from kernelbridge.config import Settings
+
+    monkeypatch.setattr(notebook, "MAX_COUNTED_FILES", 10)
+    for n in range(11):
+        (tmp_path / f"s{n}.journal.jsonl").write_text("{}")
+    assert notebook.disk_use(Settings(state_dir=tmp_path)) == notebook.FULL
 
 
 @pytest.mark.anyio
