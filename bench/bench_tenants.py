@@ -23,11 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,37 +33,12 @@ from typing import Any
 
 import anyio
 from mcp.client.client import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the suite's harness and attacks
+from bridge_harness import open_http_bridge
+from peers.hostile_cells import BIG_CELL, flood
 
 TOKENS = {"alice": "alice-0123456789abcdef-secret", "bob": "bob-fedcba9876543210-secret"}
-FLOOD = r"""
-import threading, time, uuid
-k = get_ipython().kernel
-png = "A" * ((4 << 20) - 16)
-code = "import time; time.sleep(20)  # typed by a person " + "x" * (1 << 20)
-def flood():
-    end, n = time.monotonic() + SECONDS, 0
-    while time.monotonic() < end:
-        parent = {"header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request",
-                             "session": "console", "username": "a person"}}
-        k.session.send(k.iopub_socket, "status", {"execution_state": "busy"}, parent=parent)
-        k.session.send(k.iopub_socket, "execute_input", {"code": code, "execution_count": 1}, parent=parent)
-        for _ in range(4):
-            k.session.send(k.iopub_socket, "display_data", {"data": {"image/png": png}, "metadata": {}},
-                           parent=parent)
-        k.session.send(k.iopub_socket, "status", {"execution_state": "idle"}, parent=parent)
-        n += 1
-        time.sleep(0.5)
-    open("/workspace/flood.done", "w").write(str(n))
-threading.Thread(target=flood, daemon=True).start()
-"""
-BIG_CELL = """
-import os, base64
-from IPython.display import display
-for _ in range(3):
-    display({"image/png": base64.b64encode(os.urandom(3 * (1 << 20) - 1024)).decode()}, raw=True)
-"""
 
 
 def status_kib(pid: int, key: str) -> int:
@@ -95,37 +66,19 @@ def workers_of(pid: int) -> list[int]:
 
 @contextlib.asynccontextmanager
 async def bridge(state: Path, source: Path | None) -> AsyncIterator[tuple[int, dict[str, Client]]]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(state), "KERNELBRIDGE_WARM_POOL": "0",
-           "KERNELBRIDGE_HTTP_TOKENS": ",".join(f"{n}:{t}" for n, t in TOKENS.items())}  # fmt: skip
-    if source is not None:
+    """The test suite's HTTP bridge (tests/bridge_harness.py), from ``source`` when given."""
+    env = {"KERNELBRIDGE_WARM_POOL": "0"}
+    command = None
+    if source is not None:  # -P: not this checkout from the working directory, the given tree
         env["PYTHONPATH"] = str(source)
-    argv = [sys.executable, "-P", "-c", "import sys; from kernelbridge.cli import main; sys.exit(main())",
-            "serve", "--http", "--port", str(port)]  # fmt: skip
-    proc = await anyio.open_process(argv, env=env, stdin=None, stdout=None, stderr=subprocess.DEVNULL)
-    try:
-        with anyio.fail_after(60):
-            while True:
-                try:
-                    await (await anyio.connect_tcp("127.0.0.1", port)).aclose()
-                    break
-                except OSError:
-                    await anyio.sleep(0.1)
-        async with contextlib.AsyncExitStack() as stack:
-            clients = {}
-            for name, token in TOKENS.items():
-                http = create_mcp_http_client(headers={"authorization": f"Bearer {token}"})
-                transport = streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)
-                clients[name] = await stack.enter_async_context(Client(transport, read_timeout_seconds=600))
-            yield proc.pid, clients
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        with anyio.move_on_after(60) as waited:
-            await proc.wait()
-        if waited.cancelled_caught:
-            proc.kill()
+        command = [
+            sys.executable,
+            "-P",
+            "-c",
+            "import sys; from kernelbridge.cli import main; sys.exit(main())",
+        ]
+    async with open_http_bridge(state, TOKENS, command=command, **env) as tenants:
+        yield tenants["alice"].pid, {name: tenant.client for name, tenant in tenants.items()}
 
 
 async def run(client: Client, code: str, session: str, **extra: Any) -> tuple[float, Any]:
@@ -150,7 +103,7 @@ async def journal_growth(clients: dict[str, Client], state: Path, seconds: float
     await run(alice, "x = 1", "flood")
     before = journal.stat().st_size
     began = time.monotonic()
-    await run(alice, FLOOD.replace("SECONDS", str(seconds)), "flood")
+    await run(alice, flood(seconds), "flood")
     forged = await wait_for_file(alice, "flood", "flood.done")
     await run(alice, "x", "flood")  # after every forged message
     grown = journal.stat().st_size - before

@@ -209,12 +209,13 @@ async def open_bridge(state_dir: Path, **env: str) -> AsyncIterator[Bridge]:
 
 @asynccontextmanager
 async def open_http_bridge(
-    state_dir: Path, tokens: dict[str, str], **env: str
+    state_dir: Path, tokens: dict[str, str], *, command: list[str] | None = None, **env: str
 ) -> AsyncIterator[dict[str, Bridge]]:
     """A fresh ``kernelbridge serve --http`` on a free loopback port with one bearer token per
     namespace (``{"alice": token, ...}``), and a real MCP client over streamable HTTP for each:
     ``{namespace: Bridge}``, each Bridge's ``state_dir`` its namespace's own. Stopped with SIGTERM
-    afterwards (it must exit 0)."""
+    afterwards (it must exit 0). ``command`` replaces the ``kernelbridge`` executable (a bench runs
+    another tree's)."""
     import socket
 
     from mcp.client.streamable_http import streamable_http_client
@@ -230,7 +231,7 @@ async def open_http_bridge(
         "KERNELBRIDGE_HTTP_TOKENS": ",".join(f"{name}:{token}" for name, token in tokens.items()),
         **env,
     }
-    argv = [str(KERNELBRIDGE), "serve", "--http", "--port", str(port)]
+    argv = [*(command or [str(KERNELBRIDGE)]), "serve", "--http", "--port", str(port)]
     async with await anyio.open_process(argv, env=environ, stdin=None, stdout=None, stderr=None) as proc:
         try:
             with anyio.fail_after(60):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import CallToolResult, TextContent
 
 from kernelbridge import __version__
@@ -256,7 +256,10 @@ def build_server(
         mime_type="application/x-ipynb+json",
     )
     async def session_notebook(session: str, ctx: Context) -> str:
-        return await notebook_for_model(_settings(ctx), _check_session(session), _reader(ctx))
+        try:
+            return await notebook_for_model(_settings(ctx), _check_session(session), _reader(ctx))
+        except ToolError as exc:  # a resource answers its own kind of error (else the SDK logs a bug)
+            raise ResourceError(str(exc)) from None
 
     register_file_resources(app, _registry)
     register_output_resources(app, _settings, _reader)

@@ -22,6 +22,7 @@ import nbformat
 import pytest
 from bridge_harness import KERNELBRIDGE, REPO, Bridge, Result, open_http_bridge, reset_peak
 from nbformat import v4
+from peers.hostile_cells import BIG_CELL, flood
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -156,27 +157,6 @@ async def test_one_token_cannot_fill_anothers_host_call_slots(tenants: dict[str,
 
 
 # -- 3. the record ---------------------------------------------------------------------------------
-FLOOD = r"""
-import threading, time, uuid
-k = get_ipython().kernel
-png = "A" * ((4 << 20) - 16)
-code = "import time; time.sleep(20)  # typed by a person " + "x" * (1 << 20)
-def flood():
-    end, n = time.monotonic() + 8, 0
-    while time.monotonic() < end:
-        parent = {"header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request",
-                             "session": "console", "username": "a person"}}
-        k.session.send(k.iopub_socket, "status", {"execution_state": "busy"}, parent=parent)
-        k.session.send(k.iopub_socket, "execute_input", {"code": code, "execution_count": 1}, parent=parent)
-        for _ in range(4):
-            k.session.send(k.iopub_socket, "display_data", {"data": {"image/png": png}, "metadata": {}},
-                           parent=parent)
-        k.session.send(k.iopub_socket, "status", {"execution_state": "idle"}, parent=parent)
-        n += 1
-        time.sleep(0.5)  # ~34 MiB/s, what the tunnel carries: faster only fills the kernel's queue
-    open("/workspace/flood.done", "w").write(str(n))
-threading.Thread(target=flood, daemon=True).start()
-"""
 
 
 async def test_forged_cells_are_not_recorded_and_cannot_grow_the_journal(tenants: dict[str, Bridge]) -> None:
@@ -186,7 +166,7 @@ async def test_forged_cells_are_not_recorded_and_cannot_grow_the_journal(tenants
     reset_peak(alice.pid)
     rss = alice.rss_kib()
     began = time.monotonic()
-    assert (await alice.run(FLOOD, "flood")).status == "ok"
+    assert (await alice.run(flood(), "flood")).status == "ok"
     forged = int(await file_of(alice, "flood", "flood.done"))
     after_flood = await alice.run("x", "flood")  # after every forged message (iopub is in order)
     seconds = time.monotonic() - began
@@ -203,14 +183,6 @@ async def test_forged_cells_are_not_recorded_and_cannot_grow_the_journal(tenants
     await alice.close("flood")
     print(f"\nforged cells: {forged} forged cells of ~17 MiB in {seconds:.1f} s; "
           f"journal +{grown / 1024:.1f} KiB (the 2 real cells); bridge peak +{peak // MiB} MiB")  # fmt: skip
-
-
-BIG_CELL = """
-import os, base64
-from IPython.display import display
-for _ in range(3):
-    display({"image/png": base64.b64encode(os.urandom(3 * (1 << 20) - 1024)).decode()}, raw=True)
-"""
 
 
 async def test_exporting_a_big_journal_is_bounded_and_never_stalls_another_token(
