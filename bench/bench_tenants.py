@@ -35,33 +35,17 @@ import anyio
 from mcp.client.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the suite's harness and attacks
-from bridge_harness import open_http_bridge
+from bridge_harness import children, open_http_bridge, status_kib
 from peers.hostile_cells import BIG_CELL, flood
 
 TOKENS = {"alice": "alice-0123456789abcdef-secret", "bob": "bob-fedcba9876543210-secret"}
 
 
-def status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise LookupError(key)
-
-
 def workers_of(pid: int) -> list[int]:
     """The bridge's worker processes (``anyio.to_process``: exports, resources, restores)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid and b"anyio.to_process" in cmdline:
-            found.append(int(entry.name))
-    return found
+    return [
+        child for child in children(pid) if b"anyio.to_process" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
 
 
 @contextlib.asynccontextmanager
