@@ -284,13 +284,14 @@ class SessionRegistry:
             session.dead = sandbox.death.reason if sandbox.death else "the sandbox ended while idle"
         if session.journal is None:  # first use
             try:
+                journal = await self._new_journal(session)  # before the sandbox: nothing to undo
                 self._attach(session, await self._pool.take(session.name))
             except BaseException:
                 if self._sessions.get(session.name) is session:
                     del self._sessions[session.name]
                 session.closed = True
                 raise
-            session.journal = await self._new_journal(session)
+            session.journal = journal
             try:
                 await anyio.to_thread.run_sync(session.journal.start)
             except OSError as exc:
