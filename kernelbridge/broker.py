@@ -5,6 +5,7 @@ Sandbox code sends ``rpc_request`` frames (docs/rpc.md); the sandbox hands each 
 
 - a malformed request (no integer id) is dropped; a request beyond ``MAX_RPC_IN_FLIGHT`` calls in
   flight is answered ``busy`` at once, so a burst of thousands is answered or refused, never a hang;
+- a call belongs to a running cell (see "Which cell a call belongs to" below), or it is refused;
 - each admitted call runs as its own task (calls are answered in parallel, in any order) under a
   cancel scope, so a call still running when its cell times out or the session closes is
   cancelled on the host and answered ``cancelled``;
@@ -12,12 +13,33 @@ Sandbox code sends ``rpc_request`` frames (docs/rpc.md); the sandbox hands each 
   :data:`MAX_RECORDED_BYTES`) under the cell that made it, for the journal and for replaying a
   notebook offline with the recorded results.
 
-It knows nothing of MCP clients or policy: ``dispatch`` (the hub) does that, and raises an error
-with ``kind`` and ``message`` attributes for refusals (``RpcError``).
+Which cell a call belongs to
+----------------------------
+A request names its ``cell`` (the msg_id of the execute request running when it was made), but
+that is the sandbox's word: kernel code can write any id, or none, and calls whose cell never
+ends are never cancelled. So the session tells the broker which cells really run
+(:meth:`RpcBroker.open_cell` / :meth:`RpcBroker.close_cell`: the bridge's own cells, its silent
+requests, cells that Jupyter clients really sent), and each request is admitted so:
+
+- it claims a running cell: it is that cell's call;
+- it claims a cell that ended at most :data:`LATE_CALL_GRACE` seconds ago: still that cell's (a
+  task created by the cell's last line sends its request after the kernel said idle);
+- otherwise, while some cell runs, it is attributed to the cell that began last: recorded under
+  it and cancelled with it, like its own calls (a thread or task of an earlier cell may call
+  host tools while a later cell runs);
+- with no cell running, it is refused at once (``cancelled``, one line saying why).
+
+So no call escapes the cancellation of a cell, and none outlives every cell by more than the grace.
+
+It knows nothing of MCP clients or policy: the handler (the hub, or a replay's recording) does
+that, and refuses with :class:`~kernelbridge.errors.RpcError`, whose kind and message go back to
+the sandbox as they are. Anything else a handler raises is a bug: logged at ERROR with its
+traceback, answered ``internal`` with a generic message.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import time
@@ -28,6 +50,8 @@ from typing import Any
 import anyio
 
 from kernelbridge import frames
+from kernelbridge.errors import RpcError
+from kernelbridge.hub.rpc import RpcCall, RpcHandler
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +68,14 @@ its data (server, tool, duration, ok/error, and ``*_truncated`` marks)."""
 MAX_RECORDED_CELLS = 16
 """Cells whose records wait to be collected; records of cells nobody collects (an attached
 client's, a forged cell id) are dropped oldest first."""
+LATE_CALL_GRACE = 2.0
+"""Seconds after its cell ended during which a call claiming that cell is still admitted as its own."""
+MAX_TRACKED_CELLS = 64
+"""Running and recently ended cells remembered (a session runs one at a time, plus a few clients')."""
 MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
 """Request bytes held by the calls of one session in flight: two maximal requests. A burst of
 64 maximal requests would otherwise pin 2 GiB in the bridge; past it a request is answered ``busy``."""
 
-Dispatch = Callable[[str, frozenset[str], str, Any], Awaitable[Any]]
-"""(session, grants, method, params) -> result; raises an error with ``kind``/``message``."""
 Answer = Callable[..., Awaitable[None]]
 """``answer(request_id, result=...)`` or ``answer(request_id, error={kind, message})``."""
 Spawn = Callable[..., None]
@@ -71,13 +97,19 @@ class RpcBroker:
     def __init__(
         self,
         session: str,
-        dispatch: Dispatch,
+        handler: RpcHandler,
         answer: Answer,
         spawn: Spawn,
         grants: Callable[[], frozenset[str]],
+        *,
+        namespace: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
-        self._dispatch = dispatch
+        self._clock = clock
+        self.namespace = namespace
+        """The HTTP token's namespace of the session (``""``: shared); every call carries it."""
+        self._handler = handler
         self._answer = answer
         self._spawn = spawn
         self._grants = grants
@@ -86,11 +118,40 @@ class RpcBroker:
         self._records: dict[str | None, list[dict[str, Any]]] = {}
         self._held: dict[str | None, int] = {}
         """Bytes of arguments and results kept in ``_records``, per cell."""
+        self._running: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Cells running now, in the order they began."""
+        self._ended: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Cells that ended, with when (monotonic), the latest last."""
         self.refused = 0
 
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    def open_cell(self, msg_id: str) -> None:
+        """``msg_id`` runs from now on (the session sent it, or a Jupyter client's cell began)."""
+        self._ended.pop(msg_id, None)
+        self._running[msg_id] = None
+        self._running.move_to_end(msg_id)
+        while len(self._running) > MAX_TRACKED_CELLS:
+            self._running.popitem(last=False)
+
+    def close_cell(self, msg_id: str) -> None:
+        """``msg_id`` ended (or stopped being tracked); its calls still in flight run on."""
+        if self._running.pop(msg_id, False) is None:
+            self._ended[msg_id] = self._clock()
+            while len(self._ended) > MAX_TRACKED_CELLS:
+                self._ended.popitem(last=False)
+
+    def cell_of(self, claimed: object) -> str | None:
+        """The running cell a request claiming ``claimed`` belongs to, or None to refuse it."""
+        if isinstance(claimed, str):
+            if claimed in self._running:
+                return claimed
+            ended = self._ended.get(claimed)
+            if ended is not None and self._clock() - ended <= LATE_CALL_GRACE:
+                return claimed
+        return next(reversed(self._running), None)
 
     async def on_request(self, frame: frames.Frame) -> None:
         request_id = frame.get("id")
@@ -100,6 +161,11 @@ class RpcBroker:
             await self._answer(
                 request_id, error=_error("invalid_params", f"request id {request_id} is in flight")
             )
+            return
+        cell = self.cell_of(frame.get("cell"))
+        if cell is None:
+            self.refused += 1
+            await self._answer(request_id, error=_error("cancelled", _no_cell(frame.get("cell"))))
             return
         if len(self._in_flight) >= frames.MAX_RPC_IN_FLIGHT:
             self.refused += 1
@@ -115,7 +181,6 @@ class RpcBroker:
             )
             await self._answer(request_id, error=_error("busy", message))
             return
-        cell = frame.get("cell") if isinstance(frame.get("cell"), str) else None
         call = _Call(request_id, cell, size)
         self._in_flight[request_id] = call
         self._in_flight_bytes += size
@@ -126,19 +191,18 @@ class RpcBroker:
         result: Any = None
         error: dict[str, str] | None = None
         try:
+            rpc = RpcCall(self.session, self._grants(), str(method)[:100], params, namespace=self.namespace)
             with call.scope:
-                result = await self._dispatch(self.session, self._grants(), str(method)[:100], params)
+                result = await self._handler.dispatch(rpc)
             if call.scope.cancelled_caught:
                 error = _error(
                     "cancelled", "the call was cancelled: its cell timed out or the session closed"
                 )
-        except Exception as exc:
-            kind = getattr(exc, "kind", None)
-            if isinstance(kind, str):
-                error = _error(kind, str(getattr(exc, "message", exc)))
-            else:
-                log.exception("session %s: an rpc call failed", self.session)
-                error = _error("internal", "the host failed to answer this call (see the bridge's log)")
+        except RpcError as exc:
+            error = _error(exc.kind, exc.message)
+        except Exception:
+            log.error("session %s: an rpc call failed", self.session, exc_info=True)
+            error = _error("internal", "the host failed to answer this call (see the bridge's log)")
         finally:
             if self._in_flight.pop(call.request_id, None) is not None:
                 self._in_flight_bytes -= call.size
@@ -219,6 +283,14 @@ class RpcBroker:
             oldest = next(iter(self._records))
             self._records.pop(oldest)
             self._held.pop(oldest, None)
+
+
+def _no_cell(claimed: object) -> str:
+    what = f"claims cell {frames.clip(claimed, 12)!r}, which is not running" if claimed else "names no cell"
+    return (
+        f"no cell is running in this session and this host call {what}: host calls are answered "
+        "only while a cell of the session runs (a thread or task may call while a later cell runs)"
+    )
 
 
 def _error(kind: str, message: str) -> dict[str, str]:

@@ -69,8 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("notebook")
     replay.add_argument("-o", "--output", help="write the replayed notebook here")
     replay.add_argument("--strict", action="store_true", help="also fail when an output differs")
+    replay.add_argument("--grant", action="append", default=[], metavar="SERVER",
+                        help="call this configured host server live (repeatable); every other host "
+                             "call is answered from the notebook's recording")  # fmt: skip
     replay.add_argument("--recorded-tools", action="store_true",
-                        help="answer host tool calls from the recorded results (offline)")  # fmt: skip
+                        help="answer host tool calls from the recording (the default)")  # fmt: skip
 
     spec = sub.add_parser("kernelspec", help="manage the `kernelbridge` Jupyter kernelspec")
     spec_sub = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
@@ -84,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--with", dest="packages", action="append", default=[], metavar="PACKAGE",
                        help="add a Python package to the image (repeatable)")  # fmt: skip
 
-    skills = sub.add_parser("skills", help="review the tools sandboxed code saved with save_tool()")
+    skills = sub.add_parser(
+        "skills", help="review the tools sandboxed code saved with save_tool() (a token's as NAMESPACE/NAME)"
+    )
     skills_sub = skills.add_subparsers(dest="skills_command", required=True, metavar="ACTION")
     skills_list = skills_sub.add_parser("list", help="list the saved tools")
     skills_list.add_argument("--json", action="store_true", help="machine-readable output")
@@ -229,7 +234,10 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     """Exit status: 0 every cell behaved as recorded, 1 a cell raised that did not before (or,
-    with --strict, an output differs), 2 the input is not a notebook."""
+    with --strict, an output differs), 2 the input is not a notebook.
+
+    A notebook may come from anywhere: no live host server is called unless the person names it
+    with ``--grant`` (``--recorded-tools``, once needed for that, is the default and a no-op)."""
     from functools import partial
 
     from kernelbridge.errors import ConfigError
@@ -240,7 +248,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     except ConfigError as exc:
         print(f"kernelbridge: {exc}", file=sys.stderr)
         return 2
-    run = partial(replay_notebook, recorded_tools=args.recorded_tools)
+    run = partial(replay_notebook, grant=tuple(args.grant))
     report = anyio.run(run, settings, args.notebook, args.output)
     print(report.text())
     if args.output:
@@ -260,28 +268,30 @@ def cmd_kernelspec(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_skills(args: argparse.Namespace, settings: Settings) -> int:
-    """Saved tools live in ``<state_dir>/skills``; sandboxes use them only by importing them, so a
-    person reviews them here (source as saved, byte for byte)."""
+    """Saved tools live in ``<state_dir>/skills`` and, for each HTTP token, in
+    ``<state_dir>/http/<namespace>/skills`` (shown as ``namespace/tool``); sandboxes use them only
+    by importing them, so a person reviews them here (source as saved, byte for byte)."""
     from kernelbridge.errors import SkillError
-    from kernelbridge.hub import list_skills, read_skill, remove_skill
+    from kernelbridge.hub.skills import list_every_skill, locate, read_skill, remove_skill
 
     if args.skills_command == "list":
-        infos = list_skills(settings.state_dir)
+        infos = list_every_skill(settings.state_dir)
         if args.json:
             print(json.dumps([dataclasses.asdict(i) for i in infos], indent=2))
         elif not infos:
             print("no saved tools")
         else:
-            print(f"{'NAME':<24} {'SAVED (UTC)':<21} DESCRIPTION")
+            width = max(24, *(len(info.name) + 1 for info in infos))
+            print(f"{'NAME':<{width}} {'SAVED (UTC)':<21} DESCRIPTION")
             for info in infos:
                 line = (info.description.strip().splitlines() or [""])[0][:80]
-                print(f"{info.name:<24} {info.saved_at:<21} {line}")
+                print(f"{info.name:<{width}} {info.saved_at:<21} {line}")
         return 0
     if args.skills_command == "show":
-        source = read_skill(settings.state_dir, args.name).source
+        source = read_skill(*locate(settings.state_dir, args.name)).source
         print(source, end="" if source.endswith("\n") else "\n")
         return 0
-    missing = [name for name in args.names if not remove_skill(settings.state_dir, name)]
+    missing = [name for name in args.names if not remove_skill(*locate(settings.state_dir, name))]
     for name in args.names:
         if name not in missing:
             print(f"removed {name}")

@@ -19,6 +19,10 @@ from kernelbridge.errors import ConfigError
 
 _SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
 
+HTTP_DIR = "http"
+"""HTTP tokens' namespaces keep their state in ``<state dir>/http/<namespace>/``."""
+_NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
 RUNTIMES = ("podman", "docker", "podman-api", "docker-api", "podman-cli", "docker-cli")
 """Values of ``KERNELBRIDGE_RUNTIME``: an engine (its API when one answers, else its CLI), or an
 engine and a way to drive it, with no fallback."""
@@ -91,6 +95,10 @@ class HttpSettings:
     ``KERNELBRIDGE_MAX_SESSIONS`` still bounds them all together)."""
     max_calls: int = 4
     """``KERNELBRIDGE_HTTP_MAX_CALLS``: ``run_python`` calls of one token in flight at once."""
+    disk_quota: int = 2 * 1024**3
+    """``KERNELBRIDGE_HTTP_DISK_QUOTA``: bytes one token's files may take on the host (journals of
+    all its sessions, old and live, exports, saved tools). Past it new sessions are not journalled
+    and exports are refused: one token cannot fill the disk the others journal to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,11 @@ class Settings:
     image_budget: int = 50_000
     """``KERNELBRIDGE_IMAGE_BUDGET``: base64 characters of one image sent to the model; a bigger
     image arrives downscaled, its original kept as a resource (see ``server/images.py``)."""
+    journal_budget: int = 64 * 1024 * 1024
+    """``KERNELBRIDGE_JOURNAL_BUDGET``: bytes one session's journal may hold (``64m``, ``1g`` or a
+    number of bytes). Past it the journal gets one ``truncated`` line and nothing more, so no
+    sandbox can fill the host's disk; the default keeps every journal restorable and replayable
+    (``kernelbridge replay`` reads notebooks of up to 64 MiB)."""
     export_dir: Path | None = None
     """``KERNELBRIDGE_EXPORT_DIR``: where ``export_notebook(path=...)`` may write (default
     ``<state_dir>/exports``); a model's export never leaves this directory."""
@@ -147,6 +160,9 @@ class Settings:
     namespace: str = ""
     """The HTTP client (token) this registry serves; empty over stdio. Set by the server, not read
     from the environment: it goes into container names and labels."""
+    disk_quota: int | None = None
+    """Bytes this namespace's files may take (``HttpSettings.disk_quota`` for a token's namespace;
+    None: no quota, the shared namespace). Set by the server, like ``namespace``."""
     http: HttpSettings = field(default_factory=HttpSettings)
 
     @property
@@ -246,6 +262,20 @@ def _labels(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 _RESERVED_LABELS = frozenset({"kernelbridge.session", "kernelbridge.owner", "kernelbridge.host"})
 
 
+def namespace_state_dir(state_dir: Path, namespace: str) -> Path:
+    """The state directory of an HTTP token's namespace: ``<state dir>/http/<namespace>``, or
+    ``state_dir`` itself for the shared namespace ``""`` (stdio, HTTP without authentication).
+
+    The one place that knows this layout (sessions, journals, exports and saved tools all live
+    below it). Raises ConfigError for a name that is not a namespace (it could leave the tree).
+    """
+    if not namespace:
+        return state_dir
+    if not _NAMESPACE.match(namespace):
+        raise ConfigError(f"{namespace[:80]!r} is not a namespace name ([a-z0-9-], up to 64 characters)")
+    return state_dir / HTTP_DIR / namespace
+
+
 def default_state_dir(env: Mapping[str, str]) -> Path:
     base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "state")
     return Path(base) / "kernelbridge"
@@ -301,7 +331,24 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         http=_http_settings(env),
         image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
         export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
+        journal_budget=_bytes(env, "JOURNAL_BUDGET", 64 * 1024 * 1024, minimum=64 * 1024),
     )
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def _bytes(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    """A size in bytes: a number, or a number with k, m or g (binary units)."""
+    raw = _size(env, name, "")
+    if not raw:
+        return default
+    unit = raw[-1] if raw[-1].isalpha() else ""
+    value = int(float(raw[: len(raw) - len(unit)]) * _UNITS[unit])
+    if value < minimum:
+        var = _lookup(env, name)[0]  # type: ignore[index]  # found: _size returned it
+        raise ConfigError(f"{var}={raw!r} must be at least {minimum // 1024} KiB")
+    return value
 
 
 # Between two requirements: spaces, or a comma before the next name ("polars>=1,<2" stays one).
@@ -343,6 +390,7 @@ def _http_settings(env: Mapping[str, str]) -> HttpSettings:
         allowed_hosts=_names(env, "HTTP_ALLOWED_HOSTS"),
         max_sessions=int(_number(env, "HTTP_MAX_SESSIONS", 4, minimum=1, integer=True)),
         max_calls=int(_number(env, "HTTP_MAX_CALLS", 4, minimum=1, integer=True)),
+        disk_quota=_bytes(env, "HTTP_DISK_QUOTA", 2 * 1024**3, minimum=1024**2),
     )
 
 

@@ -8,13 +8,20 @@ them together). Cells of other clients are journalled by the recorder itself as 
 so the notebook is a record of everything that ran; the bridge's own cells are finished and
 journalled by the session layer, which knows their status, timeouts and tool calls.
 
+The record holds only what happened. iopub comes from the kernel, and kernel code can publish
+anything there, under any parent it makes up (a background thread sending ``status: busy`` for an
+invented ``execute_request``). So another client's cell exists only when the tunnel saw that
+client's signed ``execute_request`` arrive (``client_execute``, see
+:meth:`kernelbridge.tunnel.core.Tunnel.take_client_execute`); its username, session and code come
+from that request, never from the iopub messages. iopub under a parent nobody sent is no cell:
+its outputs are background output like any other.
+
 Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.execution.CellOutputs`); at
 most :data:`MAX_OPEN_CELLS` other clients' cells are tracked at once (the oldest is dropped; the
-bridge's own cells never are); output whose
-parent is no known cell (a background thread printing after its cell ended, a forged parent) goes
-into one bounded buffer, reported once with the next result. Nothing is queued: each message is
-folded into this state as it arrives, so the host never holds more than these bounds, however
-fast or long the kernel writes.
+bridge's own cells never are); output whose parent is no known cell (a background thread printing
+after its cell ended, a forged parent) goes into one bounded buffer, reported once with the next
+result. Nothing is queued: each message is folded into this state as it arrives, so the host
+never holds more than these bounds, however fast or long the kernel writes.
 """
 
 from __future__ import annotations
@@ -25,13 +32,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kernelbridge.execution import BoundedText, Cell
+from kernelbridge.tunnel import ClientExecute
 
 log = logging.getLogger(__name__)
 
 MAX_OPEN_CELLS = 4
 """Other clients' cells tracked at once: ipykernel runs one cell at a time and a console sends one
-at a time, so more are forged (any code can publish a ``status: busy`` with a new parent) and
-each open cell may hold up to its output bounds. The bridge's own cells are never dropped."""
+at a time; each open cell may hold up to its output bounds. The bridge's own cells are never
+dropped."""
 BACKGROUND_CHARS = 4000
 """Characters of background output kept (head and tail) until the next result reports them."""
 OUTPUT_TYPES = frozenset(
@@ -39,14 +47,35 @@ OUTPUT_TYPES = frozenset(
 )
 
 ClientCellDone = Callable[[Cell], Awaitable[None]]
+ClientExecutes = Callable[[str], ClientExecute | None]
+"""``Sandbox.client_execute``: the verified execute_request of a msg_id, if a client sent one."""
+CellRunning = Callable[[str, bool], None]
+"""Told when a cell begins to be tracked (True) and when it ends or is dropped (False)."""
 
 
 class Recorder:
-    """Builds cells from a session's iopub; see the module docstring."""
+    """Builds cells from a session's iopub; see the module docstring.
 
-    def __init__(self, output_limit: int, on_client_cell: ClientCellDone | None = None) -> None:
+    ``client_execute`` tells which parents Jupyter clients really sent (None: no client cells at
+    all, e.g. doctor's probe); ``on_client_cell`` journals another client's cell when it ends;
+    ``on_running`` hears every cell, the bridge's and the clients', begin and end (the session's
+    rpc broker admits host calls of running cells only).
+    """
+
+    def __init__(
+        self,
+        output_limit: int,
+        on_client_cell: ClientCellDone | None = None,
+        *,
+        client_execute: ClientExecutes | None = None,
+        on_running: CellRunning | None = None,
+    ) -> None:
         self.output_limit = output_limit
         self.on_client_cell = on_client_cell
+        self.client_execute = client_execute
+        self.on_running = on_running
+        self.unsent = 0
+        """Messages announcing a cell (busy, execute_input) under a parent no client sent: ignored."""
         self.cells: collections.OrderedDict[str, Cell] = collections.OrderedDict()
         self.internal: set[str] = set()
         """msg_ids of the bridge's own silent requests (e.g. refreshing the mcp proxies)."""
@@ -60,6 +89,10 @@ class Recorder:
         self._track(cell)
         return cell
 
+    def _running(self, msg_id: str, running: bool) -> None:
+        if self.on_running is not None:
+            self.on_running(msg_id, running)
+
     def ignore(self, msg_id: str) -> None:
         """A silent request of the bridge's own: its messages are nobody's output."""
         self.internal.add(msg_id)
@@ -67,7 +100,8 @@ class Recorder:
             self.internal.pop()
 
     def forget(self, cell: Cell) -> None:
-        self.cells.pop(cell.msg_id, None)
+        if self.cells.pop(cell.msg_id, None) is not None:
+            self._running(cell.msg_id, False)
 
     async def on_iopub(self, msg: dict[str, Any]) -> None:
         """The sandbox's listener: fold one iopub message into the cells."""
@@ -88,7 +122,7 @@ class Recorder:
         ):
             if msg_type == "status" and content.get("execution_state") != "busy":
                 return
-            cell = self._client_cell(parent_id, parent)
+            cell = self._client_cell(parent_id)
         if cell is None:
             if msg_type in OUTPUT_TYPES:
                 self._background(msg_type, content)
@@ -96,6 +130,7 @@ class Recorder:
         cell.on_iopub(msg_type, content)
         if cell.idle and cell.source != "mcp":
             self.cells.pop(parent_id, None)
+            self._running(parent_id, False)
             if self.on_client_cell is not None:
                 try:
                     await self.on_client_cell(cell)
@@ -133,20 +168,29 @@ class Recorder:
         return f"Output that arrived between calls (e.g. from a background thread){extra}{shown}"
 
     # -- internals ------------------------------------------------------------------------------
-    def _client_cell(self, msg_id: str, parent: dict[str, Any]) -> Cell:
-        cell = Cell(msg_id, self.output_limit, source="client")
-        cell.client = {
-            "username": str(parent.get("username", ""))[:64],
-            "session": str(parent.get("session", ""))[:64],
-        }
+    def _client_cell(self, msg_id: str) -> Cell | None:
+        """A cell for the execute_request ``msg_id`` if a Jupyter client really sent it, else None."""
+        sent = self.client_execute(msg_id) if self.client_execute is not None else None
+        if sent is None:
+            self.unsent += 1
+            if self.unsent in (1, 100) or self.unsent % 10_000 == 0:
+                log.warning(
+                    "recorder: ignored %d message(s) announcing a cell no client sent (forged)",
+                    self.unsent,
+                )
+            return None
+        cell = Cell(msg_id, self.output_limit, source="client", code=sent.code)
+        cell.client = {"username": sent.username, "session": sent.session}
         self._track(cell)
         return cell
 
     def _track(self, cell: Cell) -> None:
         self.cells[cell.msg_id] = cell
+        self._running(cell.msg_id, True)
         others = [c for c in self.cells.values() if c.source != "mcp"]
         for dropped in others[: max(len(others) - MAX_OPEN_CELLS, 0)]:  # the oldest first
             del self.cells[dropped.msg_id]
+            self._running(dropped.msg_id, False)
             log.warning("recorder: stopped tracking cell %s (too many open cells)", dropped.msg_id[:8])
 
     def _background(self, msg_type: str, content: dict[str, Any]) -> None:

@@ -44,12 +44,13 @@ import anyio
 import anyio.abc
 
 from kernelbridge import frames
-from kernelbridge.broker import Dispatch, RpcBroker
-from kernelbridge.config import Settings
+from kernelbridge.broker import RpcBroker
+from kernelbridge.config import HTTP_DIR, Settings
 from kernelbridge.errors import NO_SERVERS_CONFIGURED, NoHostServers, SandboxError, SessionError
 from kernelbridge.execution import Cell, CellResult, State, Status, finish_cell
 from kernelbridge.host import Sandbox, SandboxHandlers, WarmPool, close_sandbox
-from kernelbridge.notebook import Journal, journal_path
+from kernelbridge.hub.rpc import RpcCall, RpcHandler
+from kernelbridge.notebook import Journal, disk_use, journal_path
 from kernelbridge.recorder import Recorder
 from kernelbridge.runtime import RuntimeBackend, pid_alive
 from kernelbridge.tunnel import RpcRequest
@@ -76,6 +77,7 @@ PROGRESS_EVERY = 2.0
 """Seconds between progress notifications of a long cell."""
 REFRESH_TIMEOUT = 30.0
 """Bound on rebinding the host-MCP proxies in the kernel after a grant or a restart."""
+QUOTA_SETTING = "KERNELBRIDGE_HTTP_DISK_QUOTA"
 REFRESH_CODE = "__import__('mcp')._kernelbridge_refresh()"
 """Sent as a silent request: rebinds ``mcp_<alias>`` proxies for the session's grants."""
 
@@ -109,6 +111,8 @@ class Session:
     busy: bool = False
     journal_failed: bool = False
     """A journal write failed and the session was told so (once)."""
+    journal_truncated: bool = False
+    """The journal reached its byte budget and the session was told so (once)."""
     notes: list[str] = field(default_factory=list)
     """Sentences for the next result (e.g. that the kernel was replaced)."""
 
@@ -159,7 +163,7 @@ class SessionRegistry:
         *,
         image: str,
         agent_hash: str | None,
-        dispatch: Dispatch | None = None,
+        dispatch: RpcHandler | None = None,
         check_grants: GrantCheck | None = None,
     ) -> None:
         self.settings = settings
@@ -316,13 +320,14 @@ class SessionRegistry:
             session.dead = sandbox.death.reason if sandbox.death else "the sandbox ended while idle"
         if session.journal is None:  # first use
             try:
+                journal = await self._new_journal(session)  # before the sandbox: nothing to undo
                 self._attach(session, await self._pool.take(session.name))
             except BaseException:
                 if self._sessions.get(session.name) is session:
                     del self._sessions[session.name]
                 session.closed = True
                 raise
-            session.journal = Journal(self.journal_file(session.name), session.name)
+            session.journal = journal
             try:
                 await anyio.to_thread.run_sync(session.journal.start)
             except OSError as exc:
@@ -337,19 +342,37 @@ class SessionRegistry:
             "/workspace are gone."
         )
 
+    async def _new_journal(self, session: Session) -> Journal:
+        """The session's journal, with its byte budget: ``KERNELBRIDGE_JOURNAL_BUDGET``, or what is
+        left of the namespace's disk quota (HTTP tokens) when that is less."""
+        budget, setting = self.settings.journal_budget, "KERNELBRIDGE_JOURNAL_BUDGET"
+        if self.settings.disk_quota is not None:
+            left = self.settings.disk_quota - await anyio.to_thread.run_sync(disk_use, self.settings)
+            if left < budget:
+                budget, setting = max(left, 0), QUOTA_SETTING
+        return Journal(self.journal_file(session.name), session.name, budget=budget, setting=setting)
+
     def _attach(self, session: Session, seat: _Seat) -> None:
         """Make the seat's sandbox the session's: its recorder, rpc broker and journal hooks."""
         assert self._tg is not None
         sandbox = seat.sandbox
-        recorder = Recorder(
-            self.settings.output_limit, on_client_cell=lambda cell: self._journal_client(session, cell)
-        )
         broker = RpcBroker(
             session.name,
-            self._dispatch or _no_hub,
+            self._dispatch or NO_HUB,
             sandbox.agent.answer_rpc,
             self._tg.start_soon,
             lambda: session.grants,
+            namespace=self.settings.namespace,
+        )
+
+        def running(msg_id: str, running: bool) -> None:  # host calls are a running cell's only
+            (broker.open_cell if running else broker.close_cell)(msg_id)
+
+        recorder = Recorder(
+            self.settings.output_limit,
+            on_client_cell=lambda cell: self._journal_client(session, cell),
+            client_execute=sandbox.client_execute,
+            on_running=running,
         )
         seat.recorder, seat.broker = recorder, broker
         session.sandbox, session.recorder, session.broker = sandbox, recorder, broker
@@ -358,15 +381,18 @@ class SessionRegistry:
     async def _refresh_proxies(self, session: Session, timeout: float = REFRESH_TIMEOUT) -> None:
         """Rebind the kernel's host-MCP proxies to the session's grants (a silent request), waiting
         at most ``timeout`` (the call's own: a wedged sandbox must not add REFRESH_TIMEOUT to it)."""
-        assert session.sandbox is not None and session.recorder is not None
+        assert session.sandbox is not None and session.recorder is not None and session.broker is not None
         msg_id = uuid.uuid4().hex
         session.recorder.ignore(msg_id)
+        session.broker.open_cell(msg_id)  # the refresh asks the hub for the manifest
         try:
             await session.sandbox.kernel.execute(REFRESH_CODE, msg_id=msg_id, silent=True)
             reply = await session.sandbox.kernel.reply(msg_id, min(REFRESH_TIMEOUT, timeout))
         except SandboxError as exc:  # the call itself will meet the same sandbox and say so
             log.warning("session %s: refreshing the mcp proxies failed: %s", session.name, exc)
             return
+        finally:
+            session.broker.close_cell(msg_id)
         content = (reply or {}).get("content") or {}
         if content.get("status") == "ok":
             session.needs_refresh = False
@@ -523,6 +549,8 @@ class SessionRegistry:
         """Drop the session's sandbox now; it is closed in the background (bounded)."""
         sandbox, session.sandbox = session.sandbox, None
         session.dead = None
+        if session.broker is not None:  # its calls answer a kernel that is gone: end them now
+            session.broker.cancel()
         if sandbox is not None and self._tg is not None:
             self._tg.start_soon(close_sandbox, sandbox)
         session.needs_refresh = bool(session.grants)
@@ -538,6 +566,9 @@ class SessionRegistry:
 
     async def _replace_sandbox(self, session: Session) -> None:
         old, session.sandbox = session.sandbox, None
+        if session.broker is not None:
+            # The old kernel's calls would hold this session's slots in the hub until they end.
+            session.broker.cancel()
         if old is not None:
             await close_sandbox(old)
         try:
@@ -557,6 +588,7 @@ class SessionRegistry:
             )
         except OSError as exc:
             self._journal_failed(session, exc)
+        self._journal_truncated(session, result.notes)
 
     async def _journal_client(self, session: Session, cell: Cell) -> None:
         if session.journal is None:
@@ -566,6 +598,25 @@ class SessionRegistry:
             await anyio.to_thread.run_sync(session.journal.append_client_cell, cell, calls)
         except OSError as exc:
             self._journal_failed(session, exc)
+        self._journal_truncated(session, session.notes)
+
+    def _journal_truncated(self, session: Session, notes: list[str]) -> None:
+        """Say once that the journal reached its budget (in ``notes``: this result's, or the next's)."""
+        journal = session.journal
+        if journal is None or not journal.truncated or session.journal_truncated:
+            return
+        session.journal_truncated = True
+        log.warning("session %s: its journal reached its budget of %d bytes", session.name, journal.budget)
+        if journal.setting == QUOTA_SETTING:
+            quota = (self.settings.disk_quota or 0) / 2**20
+            why = f"This client's files on the host reached their quota of {quota:.0f} MiB ({QUOTA_SETTING}"
+        else:
+            budget = journal.budget / 2**20
+            why = f"The session's journal reached its budget of {budget:g} MiB ({journal.setting}"
+        notes.append(
+            f"{why}, set by the bridge's operator): this cell and later ones are not recorded, so the "
+            "session's notebook (export_notebook) ends before them. The session itself goes on."
+        )
 
     def _journal_failed(self, session: Session, exc: OSError) -> None:
         """A journal write failed (the state directory is full, or went away): the call goes on,
@@ -645,13 +696,14 @@ class SessionRegistry:
             pass
 
 
-async def _no_hub(session: str, grants: frozenset[str], method: str, params: Any) -> Any:
-    raise _HubMissing()
+class _NoHub(RpcHandler):
+    """The rpc handler of a registry given none: every call is refused ``unavailable``."""
+
+    async def dispatch(self, call: RpcCall) -> object:
+        raise NoHostServers(f"{NO_SERVERS_CONFIGURED} for this bridge")
 
 
-class _HubMissing(Exception):
-    kind = "unavailable"
-    message = "no host MCP servers are configured for this bridge"
+NO_HUB = _NoHub()
 
 
 def _timeout_note(timeout: float, state: State, files_kept: bool = False) -> str:
@@ -702,7 +754,7 @@ def list_session_records(state_dir: Path) -> list[dict[str, Any]]:
     # HTTP clients' sessions live in their namespaces' directories (kernelbridge.server.namespaces);
     # the operator sees them as NAMESPACE/SESSION.
     paths = [("", path) for path in sorted((Path(state_dir) / "sessions").glob("*.session.json"))]
-    http = sorted(Path(state_dir).glob("http/*/sessions/*.session.json"))
+    http = sorted(Path(state_dir).glob(f"{HTTP_DIR}/*/sessions/*.session.json"))
     paths += [(path.parents[1].name, path) for path in http]
     for namespace, path in paths:
         try:

@@ -162,10 +162,10 @@ class Bridge:
         text = "\n".join(b.text for b in answer.content if getattr(b, "type", None) == "text")
         return Result(bool(answer.is_error), text, answer.structured_content or {}, time.monotonic() - start)
 
-    async def probe(self, code: str, session: str, timeout: int = 60) -> Any:
+    async def probe(self, code: str, session: str, timeout: int = 60, **extra: Any) -> Any:
         """Run ``code``, which must leave its findings in a variable ``verdict``; return them."""
         tail = f"\nimport json as _j\nprint({VERDICT!r} + _j.dumps(verdict))"
-        result = await self.run(code + tail, session, timeout)
+        result = await self.run(code + tail, session, timeout, **extra)
         assert result.status == "ok", result.text[-3000:]
         return result.verdict()
 
@@ -205,6 +205,59 @@ async def open_bridge(state_dir: Path, **env: str) -> AsyncIterator[Bridge]:
         pids = serve_pids(state_dir)
         assert len(pids) == 1, pids
         yield Bridge(client, state_dir, pids[0])
+
+
+@asynccontextmanager
+async def open_http_bridge(
+    state_dir: Path, tokens: dict[str, str], *, command: list[str] | None = None, **env: str
+) -> AsyncIterator[dict[str, Bridge]]:
+    """A fresh ``kernelbridge serve --http`` on a free loopback port with one bearer token per
+    namespace (``{"alice": token, ...}``), and a real MCP client over streamable HTTP for each:
+    ``{namespace: Bridge}``, each Bridge's ``state_dir`` its namespace's own. Stopped with SIGTERM
+    afterwards (it must exit 0). ``command`` replaces the ``kernelbridge`` executable (a bench runs
+    another tree's)."""
+    import socket
+
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
+    environ = {
+        **os.environ,
+        "KERNELBRIDGE_STATE_DIR": str(state_dir),
+        "KERNELBRIDGE_HTTP_TOKENS": ",".join(f"{name}:{token}" for name, token in tokens.items()),
+        **env,
+    }
+    argv = [*(command or [str(KERNELBRIDGE)]), "serve", "--http", "--port", str(port)]
+    async with await anyio.open_process(argv, env=environ, stdin=None, stdout=None, stderr=None) as proc:
+        try:
+            with anyio.fail_after(60):
+                while True:
+                    assert proc.returncode is None, "kernelbridge serve --http exited"
+                    try:
+                        await (await anyio.connect_tcp("127.0.0.1", port)).aclose()
+                        break
+                    except OSError:
+                        await anyio.sleep(0.05)
+            async with contextlib.AsyncExitStack() as stack:
+                bridges = {}
+                for name, token in tokens.items():
+                    http = create_mcp_http_client(headers={"authorization": f"Bearer {token}"})
+                    transport = streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)
+                    client = await stack.enter_async_context(
+                        Client(transport, read_timeout_seconds=CLIENT_TIMEOUT)
+                    )
+                    bridges[name] = Bridge(client, state_dir / "http" / name, proc.pid)
+                yield bridges
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(60):
+                status = await proc.wait()
+            assert status == 0, f"the bridge exited with {status}"
 
 
 def stop_process_tree(pid: int) -> None:

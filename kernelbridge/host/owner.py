@@ -58,6 +58,7 @@ from kernelbridge.host.connection import new_connection, write_connection_file
 from kernelbridge.host.container import AttachedContainer
 from kernelbridge.host.state import Change, Death, SandboxState, next_state
 from kernelbridge.tunnel import (
+    ClientExecute,
     Command,
     ControlChannel,
     Exited,
@@ -320,6 +321,12 @@ class TunnelOwner:
             raise SandboxError(
                 f"the sandbox did not take a request within {SEND_TIMEOUT:g} s (it is stopped or wedged)"
             )
+
+    def client_execute(self, msg_id: str) -> ClientExecute | None:
+        """The execute_request ``msg_id`` if a Jupyter client really sent it through the tunnel's
+        sockets (its verified username, session and code), taken once; None for a parent that
+        nobody sent (kernel code may publish iopub under any parent it makes up)."""
+        return self._tunnel.take_client_execute(msg_id) if self._tunnel is not None else None
 
     def interrupt(self) -> None:
         """SIGINT to the kernel's process group (through the agent)."""

@@ -43,6 +43,7 @@ from kernelbridge.host.handlers import NO_HANDLERS, SandboxHandlers
 from kernelbridge.host.owner import SHUTDOWN_GRACE, TunnelOwner
 from kernelbridge.host.state import Death, SandboxState
 from kernelbridge.runtime import RuntimeBackend
+from kernelbridge.tunnel import ClientExecute
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,10 @@ class Sandbox:
         if self.owner.request_close():
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT):
                 await self.ended.wait()
+
+    def client_execute(self, msg_id: str) -> ClientExecute | None:
+        """See :meth:`TunnelOwner.client_execute`: what a Jupyter client really sent, or None."""
+        return self.owner.client_execute(msg_id)
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel's process group (through the agent). Never waits."""

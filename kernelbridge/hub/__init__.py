@@ -7,7 +7,7 @@ General layout (each module depends only on those above it)::
     policy.py      operator allow/deny of servers and tools (from Settings)
     signatures.py  proxy signature strings, by the kernel's own rules (inside/pythonpath/mcp/_signature.py)
     docs.py        ServerSummary/Server/Tool/ToolDoc records and ranked search
-    skills.py      the saved-tools store under <state>/skills (also the CLI's API)
+    skills.py      the saved-tools stores, one per namespace (<ns state dir>/skills; also the CLI's API)
     streams.py     a server's stderr as a bounded log; a transport whose end is observed
     clients.py     ClientPool: one warm MCP client per server, restart, tool cache
     rpc.py         RpcCall, the RpcHandler seam, request validation, size caps
@@ -18,7 +18,8 @@ The wire contract is docs/rpc.md. Typical use by the session layer::
     async with Hub(settings) as hub:
         grants = frozenset(hub.validate_grants(servers))        # HubError -> ToolError
         try:
-            result = await hub.dispatch(RpcCall(session, grants, frame["method"], frame["params"]))
+            call = RpcCall(session, grants, frame["method"], frame["params"], namespace=namespace)
+            result = await hub.dispatch(call)
         except RpcError as exc:
             error = exc.to_wire()
 """

@@ -8,7 +8,12 @@ that session's sandbox to :meth:`Hub.dispatch`. The Hub owns:
   and listed by :meth:`Hub.problems`;
 - the operator's policy (:mod:`.policy`) and the session's grants, applied to every request;
 - the client pool (:mod:`.clients`), its task group and the server processes;
-- the records and search of :mod:`.docs`, and the skills store (:mod:`.skills`).
+- the records and search of :mod:`.docs`, and the skills stores (:mod:`.skills`): one per
+  namespace, ``<namespace state dir>/skills``, so an HTTP token never lists, loads, replaces or
+  crowds another token's saved tools.
+
+One Hub serves every namespace of a bridge (the servers and their processes are shared); what it
+keeps per tenant is keyed by ``(RpcCall.namespace, RpcCall.session)``, never by a bare session name.
 
 Every request is validated (:mod:`.rpc`) before anything else happens, and ``dispatch`` raises
 nothing but RpcError: a bug becomes kind ``internal`` with a generic message, its traceback logged.
@@ -21,12 +26,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 
-from kernelbridge.config import Settings
+from kernelbridge.config import Settings, namespace_state_dir
 from kernelbridge.errors import ADD_SERVERS, NO_SERVERS_CONFIGURED, HubError, RpcError, SkillError
 from kernelbridge.frames import MAX_RPC_IN_FLIGHT
 from kernelbridge.hub import docs, skills
@@ -74,7 +80,8 @@ class Hub(RpcHandler):
             call_timeout=settings.max_timeout + CALL_TIMEOUT_MARGIN,
             connect_mode=connect_mode,
         )
-        self._in_flight: dict[str, int] = {}
+        self._in_flight: dict[tuple[str, str], int] = {}
+        """Calls in flight per (namespace, session)."""
         self._handlers: dict[str, _Handler] = {
             "manifest": self._manifest,
             "list_servers": self._list_servers,
@@ -118,6 +125,11 @@ class Hub(RpcHandler):
         """One line per config file or entry that was skipped (paths shown with ``~``)."""
         return list(self._catalog.problems)
 
+    def resolve(self, name: str) -> str | None:
+        """The real name of the allowed server called ``name`` (or by that alias), or None."""
+        real = resolve(name, self._aliases)
+        return real if real is not None and self._policy.server_allowed(real) else None
+
     def client(self, name: str) -> ServerClient:
         """The pool's client of a configured server (state, restarts, stderr tail)."""
         return self._pool.get(name)
@@ -153,23 +165,25 @@ class Hub(RpcHandler):
         """Answer one rpc request (see docs/rpc.md). Raises RpcError only."""
         try:
             method, params = parse_request(call.method, call.params)
-            if self._in_flight.get(call.session, 0) >= MAX_RPC_IN_FLIGHT:
+            key = (call.namespace, call.session)
+            if self._in_flight.get(key, 0) >= MAX_RPC_IN_FLIGHT:
                 raise RpcError("busy", f"{MAX_RPC_IN_FLIGHT} calls are already in flight in this session")
-            self._in_flight[call.session] = self._in_flight.get(call.session, 0) + 1
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
             try:
                 result = await self._handlers[method](call, params)
             finally:
-                left = self._in_flight[call.session] - 1
+                left = self._in_flight[key] - 1
                 if left:
-                    self._in_flight[call.session] = left
+                    self._in_flight[key] = left
                 else:
-                    del self._in_flight[call.session]
+                    del self._in_flight[key]
             check_result_size(result)
             return result
         except RpcError:
             raise
         except Exception:
-            log.exception("hub: %s from session %r failed", str(call.method)[:60], call.session)
+            who = _qualified(call.namespace, call.session)
+            log.exception("hub: %s from session %r failed", str(call.method)[:60], who)
             raise RpcError("internal", "internal error in kernelbridge (logged on the host)") from None
 
     # -- servers and tools -------------------------------------------------------------------------
@@ -317,28 +331,39 @@ class Hub(RpcHandler):
 
     # -- skills --------------------------------------------------------------------------------------
 
+    def _store(self, call: RpcCall) -> Path:
+        """The state directory whose ``skills/`` holds ``call``'s namespace's saved tools."""
+        return namespace_state_dir(self.settings.state_dir, call.namespace)
+
     async def _save_tool(self, call: RpcCall, params: dict[str, Any]) -> object:
         try:
-            replaced = skills.save_skill(
-                self.settings.state_dir, params["name"], params["source"], params["description"]
+            replaced = await anyio.to_thread.run_sync(
+                skills.save_skill, self._store(call), params["name"], params["source"], params["description"]
             )
         except SkillError as exc:
             raise RpcError("invalid_params", str(exc)) from None
-        log.info("session %r saved skill %r", call.session, params["name"])
+        log.info("session %r saved skill %r", _qualified(call.namespace, call.session), params["name"])
         return {"name": params["name"], "replaced": replaced}
 
     async def _list_skills(self, call: RpcCall, params: dict[str, Any]) -> object:
-        infos = skills.list_skills(self.settings.state_dir)
+        # Files on disk (up to MAX_SKILLS of them): read in a worker thread, never on the loop
+        # every other session's messages go through.
+        infos = await anyio.to_thread.run_sync(skills.list_skills, self._store(call))
         return {
             "skills": [{"name": i.name, "description": i.description, "saved_at": i.saved_at} for i in infos]
         }
 
     async def _load_skill(self, call: RpcCall, params: dict[str, Any]) -> object:
         try:
-            skill = skills.read_skill(self.settings.state_dir, params["name"])
+            skill = await anyio.to_thread.run_sync(skills.read_skill, self._store(call), params["name"])
         except SkillError as exc:
             raise RpcError("invalid_params", str(exc)) from None
         return {"name": skill.name, "source": skill.source, "description": skill.description}
+
+
+def _qualified(namespace: str, session: str) -> str:
+    """A session as the operator names it: ``namespace/session``, or bare in the shared namespace."""
+    return f"{namespace}/{session}" if namespace else session
 
 
 def tool_result(result: types.CallToolResult) -> dict[str, Any]:

@@ -52,6 +52,10 @@ class RpcCall:
     """Untrusted: whatever the sandbox sent."""
     params: object
     """Untrusted JSON value."""
+    namespace: str = ""
+    """The HTTP token's namespace the session belongs to (``""``: the shared one, stdio). Set by
+    the bridge, never by the sandbox: everything the hub keeps per tenant (saved tools, calls in
+    flight) is keyed by it, so two tokens' sessions called ``default`` never meet."""
 
 
 class RpcHandler(Protocol):

@@ -6,9 +6,16 @@
 imports** a skill: it only parses it once so that a syntax error is reported at save time. A later
 session runs it inside its own sandbox only when its code asks (``from mcp.skills import name``).
 
+Each namespace has a store of its own: ``state_dir`` here is the namespace's state directory
+(``<state>/http/<namespace>/`` for an HTTP token, the bridge's own for the shared namespace; see
+:func:`kernelbridge.config.namespace_state_dir`), so one token's saved tools are invisible to
+every other token, and :data:`MAX_SKILLS` counts per namespace.
+
 This module is the store for both the rpc methods (``save_tool``, ``list_skills``,
-``load_skill``) and the CLI (``kernelbridge skills list|show|rm``). Nothing it returns names a
-host path. Every function raises :class:`~kernelbridge.errors.SkillError` with a one-line reason.
+``load_skill``) and the CLI (``kernelbridge skills list|show|rm``), which sees every namespace's
+tools, an HTTP token's as ``namespace/tool`` (:func:`list_every_skill`, :func:`locate`). Nothing
+it returns names a host path. Every function raises :class:`~kernelbridge.errors.SkillError`
+with a one-line reason.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelbridge.errors import SkillError
+from kernelbridge.config import HTTP_DIR, namespace_state_dir
+from kernelbridge.errors import ConfigError, SkillError
 
 MAX_SOURCE_BYTES = 256 * 1024
 """A skill is a function or a small module; 256 KiB is far beyond that and still cheap to ship."""
@@ -40,6 +48,8 @@ class SkillInfo:
     description: str
     saved_at: str
     """UTC, ISO 8601 (``2026-01-31T12:00:00Z``)."""
+    namespace: str = ""
+    """The HTTP token's namespace whose store holds it (``""``: the shared store)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +124,41 @@ def list_skills(state_dir: Path) -> list[SkillInfo]:
         meta = _read_meta(directory, path.stem)
         infos.append(SkillInfo(path.stem, meta.get("description", ""), meta.get("saved_at", "")))
     return infos
+
+
+def list_every_skill(state_dir: Path) -> list[SkillInfo]:
+    """The operator's view: the shared store's skills (bare names), then each HTTP namespace's,
+    named ``namespace/tool``, namespaces in name order."""
+    infos = list_skills(state_dir)
+    try:
+        namespaces = sorted(p.name for p in (state_dir / HTTP_DIR).iterdir() if (p / "skills").is_dir())
+    except OSError:
+        namespaces = []
+    for namespace in namespaces:
+        try:
+            store = namespace_state_dir(state_dir, namespace)
+        except ConfigError:
+            continue  # not a directory a bridge made
+        for info in list_skills(store):
+            infos.append(SkillInfo(f"{namespace}/{info.name}", info.description, info.saved_at, namespace))
+    return infos
+
+
+def locate(state_dir: Path, qualified: str) -> tuple[Path, str]:
+    """The store (a namespace's state directory) and bare name of ``tool`` or ``namespace/tool``.
+    Raises SkillError for a name that is neither."""
+    namespace, sep, name = qualified.rpartition("/")
+    if not sep:
+        return state_dir, qualified
+    try:
+        if not namespace:
+            raise ConfigError("no namespace before the '/'")
+        return namespace_state_dir(state_dir, namespace), validate_skill_name(name)
+    except ConfigError:
+        raise SkillError(
+            f"invalid skill name {qualified[:100]!r}: use NAME or NAMESPACE/NAME "
+            "(see `kernelbridge skills list`)"
+        ) from None
 
 
 def read_skill(state_dir: Path, name: str) -> Skill:

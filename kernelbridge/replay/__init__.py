@@ -3,17 +3,21 @@
 - :mod:`~kernelbridge.replay.judge`: normalized outputs, verdicts (``same`` / ``different`` /
   ``error`` / ``skipped``), the report; no I/O;
 - :mod:`~kernelbridge.replay.recorded`: host tool calls answered from the notebook's recording;
+- :mod:`~kernelbridge.replay.tools`: ``kernelbridge replay``'s rpc handler (the recording, live
+  servers only when named, the saved tools read only);
 - :mod:`~kernelbridge.replay.runner`: cells through a ``SessionRegistry``, and the CLI's entry.
 """
 
 from kernelbridge.replay.judge import CellVerdict, ReplayReport, Verdict, behaviour, judge, normalize_text
 from kernelbridge.replay.recorded import RecordedTools, recorded_in_full
 from kernelbridge.replay.runner import parse_notebook, read_notebook, replay_cells, replay_notebook
+from kernelbridge.replay.tools import ReplayTools
 
 __all__ = [
     "CellVerdict",
     "RecordedTools",
     "ReplayReport",
+    "ReplayTools",
     "Verdict",
     "behaviour",
     "judge",

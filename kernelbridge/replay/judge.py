@@ -203,6 +203,10 @@ class ReplayReport:
 
     cells: list[CellVerdict] = field(default_factory=list)
     where: str = "a fresh sandbox"
+    budget: float | None = None
+    """Seconds the whole replay was allowed (a restore: its run_python's timeout), if bounded."""
+    seconds: float = 0.0
+    """Seconds it took."""
 
     def count(self, verdict: Verdict) -> int:
         return sum(cell.verdict == verdict for cell in self.cells)
@@ -222,4 +226,6 @@ class ReplayReport:
         return {
             "cells": [{"cell": c.index, "verdict": c.verdict, "why": c.why} for c in self.cells],
             "counts": {v: self.count(v) for v in VERDICTS},
+            "budget_seconds": self.budget,
+            "seconds": round(self.seconds, 2),
         }

@@ -47,10 +47,11 @@ def tool_calls(cell: Any) -> list[dict[str, Any]]:
     return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
 
 
-def recorded_in_full(cell: Any) -> bool:
-    """Every tool call of ``cell`` has its arguments and its result (or error) recorded."""
-    calls = tool_calls(cell)
-    if len(calls) >= MAX_CALLS_PER_CELL:
+def recorded_in_full(cell: Any, live: Iterable[str] = ()) -> bool:
+    """Every tool call of ``cell`` has its arguments and its result (or error) recorded; calls to
+    the servers in ``live`` (answered by live servers) need not be."""
+    calls = [c for c in tool_calls(cell) if c.get("server") not in set(live)]
+    if len(tool_calls(cell)) >= MAX_CALLS_PER_CELL:
         return False  # the broker stops recording there: later calls are unknown
     return all(
         isinstance(c.get("server"), str)
@@ -98,7 +99,10 @@ class RecordedTools(RpcHandler):
             real = resolve(name, self._aliases) if isinstance(name, str) else None
             if real is None:
                 known = ", ".join(self._aliases) or "none"
-                raise HubError(f"server {str(name)[:100]!r} is not in the recording (recorded: {known})")
+                raise HubError(
+                    f"server {str(name)[:100]!r} is not in the recording (recorded: {known}); "
+                    f"`kernelbridge replay --grant {str(name)[:100]}` calls a configured server live"
+                )
             if real not in canonical:
                 canonical.append(real)
         return canonical
@@ -112,7 +116,7 @@ class RecordedTools(RpcHandler):
         if method == "call_tool":
             result = self._call_tool(call, params)
         elif method in ("save_tool", "list_skills", "load_skill"):
-            raise RpcError("unavailable", "saved tools are not part of a recording (replay --recorded-tools)")
+            raise RpcError("unavailable", "saved tools are not part of a recording")
         else:
             result = self._docs(call, method, params)
         check_result_size(result)

@@ -2,9 +2,14 @@
 
 Cells run in a session of a :class:`~kernelbridge.sessions.SessionRegistry` (``Sandbox`` and
 all), exactly as ``run_python`` calls would: the servers recorded in each cell are granted, host
-tool calls go to whatever rpc handler the registry was given (the live hub, or
-:class:`~kernelbridge.replay.recorded.RecordedTools`), each cell gets the timeout it was recorded
-with, and a cell that fails does not stop the replay: a reader wants to see every divergence.
+tool calls go to whatever rpc handler the registry was given (the live hub for a restore;
+:class:`~kernelbridge.replay.recorded.ReplayTools` for ``kernelbridge replay``), and a cell that
+fails does not stop the replay: a reader wants to see every divergence.
+
+Bounded in time, since a notebook may come from anywhere and its metadata says anything: each cell
+gets the timeout it was recorded with (at most the bridge's maximum) or, with none recorded, the
+bridge's default timeout (30 s), never the maximum; a restore has a total budget too (the calling
+``run_python``'s timeout), and the cells left when it runs out are ``skipped``, saying why.
 
 Two callers: ``kernelbridge replay`` (:func:`replay_notebook`, a registry of its own in a fresh
 sandbox) and the MCP server's restore (:func:`replay_cells` into the bridge's registry).
@@ -15,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import time
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -24,10 +30,11 @@ import nbformat
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import ConfigError, HubError, SessionError
-from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.notebook import journal_path, notebook_outputs, valid_cell
+from kernelbridge.notebook_export import strip_images
 from kernelbridge.replay.judge import CellVerdict, ReplayReport, behaviour, judge
-from kernelbridge.replay.recorded import RecordedTools, cell_meta, recorded_in_full, tool_calls
+from kernelbridge.replay.recorded import cell_meta
+from kernelbridge.replay.tools import ReplayTools, live_settings
 from kernelbridge.sessions import SessionRegistry
 
 MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
@@ -52,6 +59,12 @@ def read_notebook(path: str | Path) -> nbformat.NotebookNode:
         raise ConfigError(f"cannot read {path}: {exc}") from None
 
 
+def read_restorable(path: str | Path) -> nbformat.NotebookNode:
+    """:func:`read_notebook` without its images' bytes (all a restore judges of them is their
+    size): what a worker process hands back to the bridge."""
+    return strip_images(read_notebook(path))
+
+
 def parse_notebook(text: str, name: str) -> nbformat.NotebookNode:
     """Parse and validate notebook JSON. Raises ConfigError naming ``name``."""
     try:
@@ -71,17 +84,17 @@ def parse_notebook(text: str, name: str) -> nbformat.NotebookNode:
     return nb
 
 
-def cell_timeout(cell: Any, default: float) -> float:
-    """The timeout a cell was run with (recorded by the journal); a cell that timed out before
-    the journal recorded timeouts gets its recorded duration; others ``default``."""
+def cell_timeout(cell: Any, default: float, maximum: float) -> float:
+    """The timeout a cell was run with (recorded by the journal), at most ``maximum``; a cell that
+    timed out before the journal recorded timeouts gets its recorded duration; others ``default``."""
     meta = cell_meta(cell)
     timeout = meta.get("timeout")
     if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
-        return min(float(timeout), default)
+        return min(float(timeout), maximum)
     duration = meta.get("duration_ms")
     if meta.get("status") == "timeout" and isinstance(duration, int) and duration > 0:
-        return max(1.0, min(duration // 1000, default))
-    return default
+        return max(1.0, min(duration // 1000, maximum))
+    return min(default, maximum)
 
 
 def _servers(cell: Any) -> list[str]:
@@ -94,19 +107,30 @@ async def replay_cells(
     session: str,
     nb: nbformat.NotebookNode,
     *,
-    default_timeout: float,
-    recorded: RecordedTools | None = None,
+    recorded: ReplayTools | None = None,
+    budget: float | None = None,
 ) -> ReplayReport:
     """Run every code cell of ``nb`` in ``session`` of ``registry``, judge it, and put the new
     outputs (and the verdict, in ``metadata.kernelbridge.replay``) into ``nb``.
 
-    Raises SandboxError/ImageError when no sandbox can be started; everything about a single
-    cell (it raised, a server is not configured here) is a verdict, not an exception.
+    Each cell runs for its recorded timeout (at most the registry's ``max_timeout``) or its
+    ``default_timeout``;
+    with a ``budget`` (seconds), all of them together for at most that (plus the grace of one
+    cell's timeout), and the cells left after it are skipped. Raises SandboxError/ImageError when
+    no sandbox can be started; everything about a single cell (it raised, a server is not
+    configured here) is a verdict, not an exception.
     """
     report = ReplayReport(where=f"session {session!r}")
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    started = time.monotonic()
     for index, cell in enumerate(code_cells, 1):
-        verdict = await _replay_one(registry, session, index, cell, default_timeout, recorded)
+        timeout = cell_timeout(cell, registry.settings.default_timeout, registry.settings.max_timeout)
+        left = None if budget is None else budget - (time.monotonic() - started)
+        if left is not None and left < 1:
+            verdict = CellVerdict(index, "skipped", f"the restore's time budget of {budget:g} s ran out")
+        else:
+            timeout = timeout if left is None else max(1.0, min(timeout, left))
+            verdict = await _replay_one(registry, session, index, cell, timeout, recorded)
         meta = cell.metadata.setdefault("kernelbridge", {})
         if isinstance(meta, dict):
             meta["replay"] = {"verdict": verdict.verdict, "why": verdict.why}
@@ -119,41 +143,24 @@ async def _replay_one(
     session: str,
     index: int,
     cell: Any,
-    default_timeout: float,
-    recorded: RecordedTools | None,
+    timeout: float,
+    recorded: ReplayTools | None,
 ) -> CellVerdict:
     if not cell.source.strip():
         return CellVerdict(index, "skipped", "empty cell")
     if recorded is not None:
-        if not recorded_in_full(cell):
-            return CellVerdict(index, "skipped", "its host tool calls were not recorded in full")
+        if (why := recorded.cannot_answer(cell)) is not None:
+            return CellVerdict(index, "skipped", why)
         recorded.begin(cell)
     original = behaviour(cell.outputs, cell_meta(cell).get("status"))
     try:
-        result = await registry.run(
-            session, cell.source, timeout=cell_timeout(cell, default_timeout), servers=_servers(cell)
-        )
+        result = await registry.run(session, cell.source, timeout=timeout, servers=_servers(cell))
     except (HubError, SessionError) as exc:
-        hint = (
-            ""
-            if recorded is not None or not tool_calls(cell)
-            else " (replay --recorded-tools runs it offline)"
-        )
-        return CellVerdict(index, "skipped", f"{str(exc).splitlines()[0]}{hint}")
+        return CellVerdict(index, "skipped", str(exc).splitlines()[0])
     cell.outputs = notebook_outputs(result.outputs, result.execution_count)
     cell.execution_count = result.execution_count
     valid_cell(cell)
     return judge(index, original, behaviour(result.outputs, result.status))
-
-
-class _Dispatch:
-    """The session layer's dispatch callable over an :class:`RpcHandler` (the hub or a recording)."""
-
-    def __init__(self, handler: RpcHandler) -> None:
-        self.handler = handler
-
-    async def __call__(self, session: str, grants: frozenset[str], method: str, params: Any) -> Any:
-        return await self.handler.dispatch(RpcCall(session, grants, method, params))
 
 
 async def replay_notebook(
@@ -161,26 +168,27 @@ async def replay_notebook(
     path: str | Path,
     output: str | Path | None = None,
     *,
-    recorded_tools: bool = False,
+    grant: tuple[str, ...] = (),
 ) -> ReplayReport:
     """``kernelbridge replay``: run ``path`` in a fresh sandbox and judge every cell; write the
-    replayed notebook to ``output``. Raises ConfigError for a file that is not a notebook."""
+    replayed notebook to ``output``. Host tool calls are answered from the notebook's recording,
+    except calls to the servers in ``grant``, which are called live (the person named them); the
+    saved tools are never written. Raises ConfigError for a file that is not a notebook, HubError
+    for a ``grant`` that names no configured server."""
     from kernelbridge.host.policy import expected_image
     from kernelbridge.hub import Hub
     from kernelbridge.runtime import open_runtime
 
     nb = read_notebook(path)
     settings = replace(settings, warm_pool=0)
-    recorded = RecordedTools(c for c in nb.cells if c.cell_type == "code") if recorded_tools else None
     session = f"replay-{secrets.token_hex(4)}"
     async with AsyncExitStack() as stack:
+        hub, live = None, []
+        if grant:  # a hub that sees the named servers only
+            hub_settings, live = live_settings(settings, grant)
+            hub = await stack.enter_async_context(Hub(hub_settings))
+        handler = ReplayTools((c for c in nb.cells if c.cell_type == "code"), settings, hub, live)
         runtime = await stack.enter_async_context(open_runtime(settings))
-        handler: RpcHandler
-        if recorded is not None:
-            handler, check = recorded, recorded.validate_grants
-        else:
-            hub = await stack.enter_async_context(Hub(settings))
-            handler, check = hub, hub.validate_grants
         image, agent_hash = expected_image(settings)
         registry = await stack.enter_async_context(
             SessionRegistry(
@@ -188,21 +196,23 @@ async def replay_notebook(
                 runtime,
                 image=image,
                 agent_hash=agent_hash,
-                dispatch=_Dispatch(handler),
-                check_grants=check,
+                dispatch=handler,
+                check_grants=handler.validate_grants,
             )
         )
         try:
-            report = await replay_cells(
-                registry, session, nb, default_timeout=settings.max_timeout, recorded=recorded
-            )
+            report = await replay_cells(registry, session, nb, recorded=handler)
         finally:
             # The replayed notebook (-o) is this run's record; the scratch session's journal is not.
             journal = journal_path(settings.sessions_dir, session)
             for leftover in (journal, journal.with_name(journal.name + ".prev")):
                 with contextlib.suppress(OSError):
                     leftover.unlink()
-    report.where = "a fresh sandbox" + (" with recorded tool results" if recorded is not None else "")
+    report.where = "a fresh sandbox"
+    if handler.live:
+        report.where += f" (host tools: {', '.join(handler.live)} live, others recorded)"
+    elif handler.recording.servers:
+        report.where += " (host tools answered from the recording)"
     if output is not None:
         nbformat.write(nb, str(output), version=4)
     return report

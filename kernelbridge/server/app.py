@@ -21,23 +21,20 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import CallToolResult, TextContent
 
 from kernelbridge import __version__
-from kernelbridge.broker import Dispatch
 from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.host import SandboxGate, SandboxPolicy, expected_image
-from kernelbridge.hub import Hub, RpcCall
-from kernelbridge.notebook import notebook_json
+from kernelbridge.hub import Hub
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
-from kernelbridge.server.exports import export_to_file, load_notebook
+from kernelbridge.server.exports import ExportLimiters, export_to_file, notebook_for_model
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
 from kernelbridge.server.images import fit_images, register_output_resources
@@ -64,6 +61,8 @@ class BridgeContext:
     hub: Hub
     gate: SandboxGate | None = None
     """What sandboxes this bridge may start (None: an injected test runtime, anything goes)."""
+    exports: ExportLimiters = dataclasses.field(default_factory=ExportLimiters)
+    """One journal reader (export, notebook and outputs resources) at a time per namespace."""
 
     @property
     def registry(self) -> SessionRegistry:
@@ -83,6 +82,11 @@ def _registry(ctx: Context) -> SessionRegistry:
 def _settings(ctx: Context) -> Settings:
     """The settings of the calling client's namespace (its own state directory)."""
     return _bridge(ctx).namespaces.settings(namespace_of(ctx))
+
+
+def _reader(ctx: Context) -> anyio.CapacityLimiter:
+    """The calling client's namespace's journal reader (exports are read one at a time each)."""
+    return _bridge(ctx).exports.of(namespace_of(ctx))
 
 
 def _check_session(session: str) -> str:
@@ -143,7 +147,7 @@ def build_server(
                     backend,
                     image=policy.image,
                     agent_hash=policy.agent_hash,
-                    dispatch=hub_dispatch(hub),
+                    dispatch=hub,
                     check_grants=hub.validate_grants,
                 )
 
@@ -186,7 +190,12 @@ def build_server(
                 registry, own = bridge.namespaces.registry(namespace), bridge.namespaces.settings(namespace)
                 bridge.namespaces.check_new_session(namespace, session)
                 # In order: rebuild from a notebook, place files, run the code; each step optional.
-                restored = await restore_session(own, registry, session, restore) if restore else None
+                restored = None
+                if restore:
+                    reader = bridge.exports.of(namespace)
+                    restored = await restore_session(
+                        own, registry, session, restore, budget=timeout, reader=reader
+                    )
                 notes = [await place_files(await registry.sandbox(session), placed)] if placed else []
                 if not code.strip():
                     if restored is not None:
@@ -216,10 +225,10 @@ def build_server(
 
     async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
         own = _settings(ctx)  # an HTTP client's journals and exports are its namespace's
-        nb_text = notebook_json(load_notebook(own, _check_session(session)))
+        _check_session(session)
         if path is None:
-            return nb_text
-        await export_to_file(own, path, nb_text)
+            return await notebook_for_model(own, session, _reader(ctx))
+        await export_to_file(own, session, path, _reader(ctx))
         return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
 
     tools = [
@@ -246,11 +255,14 @@ def build_server(
         description="A session's history as an .ipynb notebook",
         mime_type="application/x-ipynb+json",
     )
-    def session_notebook(session: str, ctx: Context) -> str:
-        return notebook_json(load_notebook(_settings(ctx), _check_session(session)))
+    async def session_notebook(session: str, ctx: Context) -> str:
+        try:
+            return await notebook_for_model(_settings(ctx), _check_session(session), _reader(ctx))
+        except ToolError as exc:  # a resource answers its own kind of error (else the SDK logs a bug)
+            raise ResourceError(str(exc)) from None
 
     register_file_resources(app, _registry)
-    register_output_resources(app, lambda ctx: _settings(ctx).sessions_dir)
+    register_output_resources(app, _settings, _reader)
 
     return app
 
@@ -259,15 +271,6 @@ RUN_PYTHON_DOC = (
     "Run Python in a persistent sandboxed IPython session (state kept per session). "
     "Manual: kernelbridge://capabilities"
 )
-
-
-def hub_dispatch(hub: Hub) -> Dispatch:
-    """The session layer's rpc dispatch, answered by ``hub``."""
-
-    async def dispatch(session: str, grants: frozenset[str], method: str, params: Any) -> Any:
-        return await hub.dispatch(RpcCall(session, grants, method, params))
-
-    return dispatch
 
 
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:

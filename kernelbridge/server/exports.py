@@ -12,6 +12,15 @@ path must never become a way to write arbitrary host files. So a model's export 
   one created after a check) cannot redirect the write; missing directories are created 0700;
 - the notebook is written to a fresh 0600 file next to the target and renamed over it, so an
   existing link or hard link at the target is replaced, never written through.
+
+And what an export costs is bounded, whoever asks and however big the journal: the work (reading
+at most ``journal_read_limit`` bytes of the journal one line at a time, writing the notebook one
+cell at a time) runs in a worker process (:func:`in_worker`, see :mod:`kernelbridge.notebook_export`
+for why not a thread), one at a time per namespace (:class:`ExportLimiters`): a tenant exporting
+in a loop holds one worker and queues behind herself only, and the event loop every session's
+messages go through never waits for it. A notebook returned whole is at most
+``notebook_export.MAX_INLINE_CHARS``; a file export is written by the worker to a private file
+in the namespace's ``run/`` directory, then copied into place as above.
 """
 
 from __future__ import annotations
@@ -20,26 +29,60 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TextIO, TypeVar
 
 import anyio
+import anyio.to_process
+from anyio import BrokenWorkerProcess
 from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import load_session_notebook
+from kernelbridge.notebook import FULL, MAX_COUNTED_FILES, disk_use, journal_path, journal_read_limit
+from kernelbridge.notebook_export import export_to_path, notebook_text, run_niced
 
 MAX_EXPORT_PATH = 512
 """Characters of a requested export path; longer is a mistake or an attack."""
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+T = TypeVar("T")
 
 
-def load_notebook(settings: Settings, session: str) -> Any:
+class ExportLimiters:
+    """One worker process at a time per namespace for reading journals (exports, the notebook and
+    outputs resources, restores): a tenant's queue behind each other, never behind another's."""
+
+    def __init__(self) -> None:
+        self._limiters: dict[str, anyio.CapacityLimiter] = {}
+
+    def of(self, namespace: str) -> anyio.CapacityLimiter:
+        limiter = self._limiters.get(namespace)
+        if limiter is None:
+            limiter = self._limiters[namespace] = anyio.CapacityLimiter(1)
+        return limiter
+
+
+async def in_worker(limiter: anyio.CapacityLimiter, func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a worker process of ``limiter`` (killed if the caller is cancelled);
+    KernelBridgeError and OSError become one-line ToolErrors (without host paths)."""
     try:
-        return load_session_notebook(settings.sessions_dir, session)
+        return await anyio.to_process.run_sync(run_niced, func, *args, cancellable=True, limiter=limiter)
     except KernelBridgeError as exc:
         raise ToolError(str(exc)) from None
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise ToolError(f"the session's journal could not be read: {why}") from None
+    except BrokenWorkerProcess:
+        raise ToolError("the worker reading the journal failed (see the bridge's log); try again") from None
+
+
+async def notebook_for_model(settings: Settings, session: str, limiter: anyio.CapacityLimiter) -> str:
+    """``session``'s notebook as text, bounded (see the module docstring). Raises ToolError."""
+    work = partial(notebook_text, settings.sessions_dir, session, max_bytes=journal_read_limit(settings))
+    return await in_worker(limiter, work)
 
 
 def export_root(settings: Settings) -> Path:
@@ -69,8 +112,29 @@ def export_parts(root: Path, path: str) -> list[str]:
     return parts
 
 
-def write_confined(root: Path, parts: list[str], text: str) -> None:
-    """Write ``text`` to ``root/parts...`` without following any symlink below ``root``.
+async def check_quota(settings: Settings, session: str) -> None:
+    """Refuse an export that could take an HTTP token past its disk quota (its files, plus a
+    notebook about the size of the journal). Raises ToolError."""
+    if settings.disk_quota is None:
+        return
+    used = await anyio.to_thread.run_sync(disk_use, settings)
+    try:
+        size = journal_path(settings.sessions_dir, session).stat().st_size
+    except OSError:
+        return  # no journal: the export says so
+    if used + size > settings.disk_quota:
+        quota = settings.disk_quota / 2**20
+        taken = f"more than {MAX_COUNTED_FILES:,} files" if used >= FULL else f"{used / 2**20:.0f} MiB"
+        raise ToolError(
+            f"this client's files on the host take {taken} of its {quota:.0f} MiB quota "
+            "(KERNELBRIDGE_HTTP_DISK_QUOTA, set by the bridge's operator) and this export would not fit; "
+            "export_notebook without a path returns the notebook instead"
+        )
+
+
+def write_confined(root: Path, parts: list[str], write: Callable[[TextIO], object]) -> None:
+    """Write a file ``root/parts...`` with ``write(file)``, without following any symlink below
+    ``root``; the file appears whole or not at all.
 
     Raises ToolError (a component is a symlink or not a directory) or OSError (no space, ...).
     """
@@ -94,7 +158,7 @@ def write_confined(root: Path, parts: list[str], text: str) -> None:
         out = os.open(tmp, flags, 0o600, dir_fd=fd)
         try:
             with os.fdopen(out, "w", encoding="utf-8") as f:
-                f.write(text)
+                write(f)
             os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -104,13 +168,30 @@ def write_confined(root: Path, parts: list[str], text: str) -> None:
         os.close(fd)
 
 
-async def export_to_file(settings: Settings, path: str, text: str) -> None:
-    """Write a model's export under the export root. Raises ToolError with a one-line reason."""
+async def export_to_file(settings: Settings, session: str, path: str, limiter: anyio.CapacityLimiter) -> None:
+    """Write ``session``'s notebook under the export root (see the module docstring). Raises
+    ToolError with a one-line reason."""
     root = export_root(settings)
     parts = export_parts(root, path)
+    await check_quota(settings, session)
+    scratch = settings.run_dir / "exports"
+    scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+    made = scratch / f"{secrets.token_hex(8)}.ipynb"
     try:
-        await anyio.to_thread.run_sync(write_confined, root, parts, text)
+        limit = journal_read_limit(settings)
+        await in_worker(
+            limiter, partial(export_to_path, settings.sessions_dir, session, made, max_bytes=limit)
+        )
+
+        def copy(out: TextIO) -> None:
+            with open(made, "rb") as written:
+                out.flush()
+                shutil.copyfileobj(written, out.buffer, 1 << 20)
+
+        await anyio.to_thread.run_sync(write_confined, root, parts, copy)
     except IsADirectoryError:
         raise ToolError(f"{path!r} is a directory") from None
     except OSError as exc:
         raise ToolError(f"the notebook could not be written: {exc.strerror or exc}") from None
+    finally:
+        made.unlink(missing_ok=True)

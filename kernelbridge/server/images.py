@@ -10,7 +10,8 @@ and every client pays for in context. Each image of a result is handled so:
   ``ResourceLink`` to its full-size original, the resource
   ``kernelbridge://sessions/<session>/outputs/<digest>.png``; the result's text says so. The
   original needs no second copy: the session's journal holds every output (see
-  :func:`find_output`), so the link works as long as the journal does, across bridge restarts.
+  :func:`kernelbridge.notebook_export.find_png`), so the link works as long as the journal does,
+  across bridge restarts.
 
 Where the downscaling happens: on the host, with Pillow, in a worker thread. Not in the sandbox
 (which has Pillow too), because an image must still be rendered when the kernel is busy with the
@@ -24,19 +25,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import io
-import json
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ContentBlock, ImageContent, ResourceLink
+
+from kernelbridge.config import Settings
+from kernelbridge.notebook_export import digest, find_png
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,6 @@ MAX_PIXELS = 16_000_000
 """Largest image decoded on the host (64 MiB as RGBA): a PNG of a few KB can claim gigapixels."""
 ATTEMPTS = 4
 """Re-encodings tried before giving up on fitting the budget (each aims lower than the last)."""
-DIGEST_CHARS = 24
-
-
-def digest(data: str) -> str:
-    """The name of an image output: a hash of its base64 text."""
-    return hashlib.sha256(data.encode("ascii", errors="replace")).hexdigest()[:DIGEST_CHARS]
 
 
 def output_uri(session: str, data: str) -> str:
@@ -139,46 +134,18 @@ async def fit_images(images: list[str], session: str, budget: int) -> Fitted:
     return fitted
 
 
-def find_output(journal: Path, name: str) -> bytes | None:
-    """The PNG bytes of the image output called ``name`` (``<digest>.png``) in a journal, or None.
-    Blocking: run it in a thread. Reads line by line (a journal line is bounded)."""
-    wanted = name.removesuffix(".png")
-    if len(wanted) != DIGEST_CHARS or not all(c in "0123456789abcdef" for c in wanted):
-        return None
-    try:
-        with open(journal, encoding="utf-8") as lines:
-            for line in lines:
-                if '"image/png"' not in line:
-                    continue
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                for data in _pngs(entry):
-                    if digest(data) == wanted:
-                        return base64.b64decode(data)
-    except OSError:
-        return None
-    return None
-
-
-def _pngs(entry: Any) -> list[str]:
-    outputs = entry.get("outputs") if isinstance(entry, dict) else None
-    found = []
-    for output in outputs if isinstance(outputs, list) else []:
-        data = output.get("data") if isinstance(output, dict) else None
-        png = data.get("image/png") if isinstance(data, dict) else None
-        if isinstance(png, str):
-            found.append(png)
-    return found
-
-
-def register_output_resources(app: MCPServer[Any], sessions_dir_of: Callable[[Context], Path]) -> None:
-    """Add the full-size image outputs resource to ``app`` (an MCPServer); ``sessions_dir_of(ctx)``
-    is the sessions directory of a request's client (HTTP clients each have their own)."""
+def register_output_resources(
+    app: MCPServer[Any],
+    settings_of: Callable[[Context], Settings],
+    reader_of: Callable[[Context], anyio.CapacityLimiter],
+) -> None:
+    """Add the full-size image outputs resource to ``app`` (an MCPServer); ``settings_of(ctx)``
+    are the settings of a request's client (HTTP clients each have their own sessions directory),
+    ``reader_of(ctx)`` its namespace's journal reader (one at a time per namespace)."""
     from mcp.server.mcpserver.exceptions import ResourceError
 
-    from kernelbridge.notebook import journal_path
+    from kernelbridge.notebook import journal_path, journal_read_limit
+    from kernelbridge.server.exports import in_worker
     from kernelbridge.sessions import validate_session_name
 
     @app.resource(
@@ -189,10 +156,12 @@ def register_output_resources(app: MCPServer[Any], sessions_dir_of: Callable[[Co
     )
     async def output_image(session: str, name: str, ctx: Context) -> bytes:
         try:
-            journal = journal_path(sessions_dir_of(ctx), validate_session_name(session))
+            settings = settings_of(ctx)
+            journal = journal_path(settings.sessions_dir, validate_session_name(session))
         except Exception as exc:
             raise ResourceError(str(exc)) from None
-        data = await anyio.to_thread.run_sync(find_output, journal, name)
+        # In a worker process, one at a time per namespace: this reads up to the journal's budget.
+        data = await in_worker(reader_of(ctx), find_png, journal, name, journal_read_limit(settings))
         if data is None:
             raise ResourceError(f"no image output {name!r} in session {session!r}")
         return data

@@ -23,12 +23,9 @@ from contextlib import AsyncExitStack, contextmanager
 
 import anyio
 
-from kernelbridge.config import Settings
+from kernelbridge.config import Settings, namespace_state_dir
 from kernelbridge.errors import SessionError
 from kernelbridge.sessions import SessionRegistry
-
-HTTP_DIR = "http"
-"""Namespaces' state directories are ``<state dir>/http/<namespace>``."""
 
 
 def namespace_settings(base: Settings, namespace: str) -> Settings:
@@ -37,11 +34,12 @@ def namespace_settings(base: Settings, namespace: str) -> Settings:
         return base
     return dataclasses.replace(
         base,
-        state_dir=base.state_dir / HTTP_DIR / namespace,
+        state_dir=namespace_state_dir(base.state_dir, namespace),
         namespace=namespace,
         max_sessions=min(base.http.max_sessions, base.max_sessions),
         # An operator's export directory is shared by the clients: each writes below its own name.
         export_dir=base.export_dir / namespace if base.export_dir else None,
+        disk_quota=base.http.disk_quota,
     )
 
 

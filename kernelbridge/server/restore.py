@@ -12,14 +12,22 @@ way to read host files):
 
 The cells run through the bridge's own session registry (the servers recorded in each cell are
 granted, host tools are called live), so the restored session is an ordinary session whose own
-journal records the rebuild. A session that is open and has run cells is not overwritten: the
-model closes it first or picks another name. An option of ``run_python`` rather than a tool of
+journal records the rebuild. Bounded in time: the whole restore by the calling ``run_python``'s
+timeout (each cell by its recorded timeout or the bridge's default, within what is left; a cell
+that overran still gets its interrupt and restart grace, ``sessions.TIMEOUT_GRACE``), the cells
+left when it runs out skipped, and the result says so. The notebook is read in a worker process
+(a journal bounded by ``notebook.journal_read_limit``), and comes back without its images' bytes.
+
+A session that is open and has run cells is not overwritten: the model closes it first or picks
+another name. An option of ``run_python`` rather than a tool of
 its own: every tool costs ``tools/list`` bytes in every conversation, an argument far fewer.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -29,9 +37,12 @@ from mcp_types import CallToolResult, TextContent
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import load_session_notebook
-from kernelbridge.replay import ReplayReport, read_notebook, replay_cells
-from kernelbridge.sessions import SessionRegistry, validate_session_name
+from kernelbridge.notebook import journal_read_limit
+from kernelbridge.notebook_export import restorable_notebook
+from kernelbridge.replay import ReplayReport, replay_cells
+from kernelbridge.replay.runner import read_restorable
+from kernelbridge.server.exports import in_worker
+from kernelbridge.sessions import TIMEOUT_GRACE, SessionRegistry, validate_session_name
 
 _SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
 
@@ -40,12 +51,18 @@ def exports_dir(settings: Settings) -> Path:
     return settings.state_dir / "exports"
 
 
-async def load_source(settings: Settings, notebook: str) -> nbformat.NotebookNode:
-    """The notebook named by ``notebook`` (see the module docstring). Raises ToolError."""
+async def load_source(
+    settings: Settings, notebook: str, reader: anyio.CapacityLimiter
+) -> nbformat.NotebookNode:
+    """The notebook named by ``notebook`` (see the module docstring), without its images' bytes,
+    loaded in a worker process of ``reader`` (the namespace's). Raises ToolError."""
     try:
         if match := _SESSION_NOTEBOOK.fullmatch(notebook):
             name = validate_session_name(match[1])
-            return await anyio.to_thread.run_sync(load_session_notebook, settings.sessions_dir, name)
+            load = partial(
+                restorable_notebook, settings.sessions_dir, name, max_bytes=journal_read_limit(settings)
+            )
+            return await in_worker(reader, load)
         relative = Path(notebook)
         if relative.is_absolute() or ".." in relative.parts or relative.suffix != ".ipynb":
             raise ToolError(
@@ -56,32 +73,51 @@ async def load_source(settings: Settings, notebook: str) -> nbformat.NotebookNod
         target = (root / relative).resolve()
         if not target.is_relative_to(root):
             raise ToolError(f"{notebook!r} leads out of the exports directory")
-        return await anyio.to_thread.run_sync(read_notebook, target)
-    except KernelBridgeError as exc:
-        message = str(exc).replace(str(settings.state_dir), "<state>")  # no host paths for the model
-        raise ToolError(message.splitlines()[0]) from None
+        return await in_worker(reader, read_restorable, target)
+    except (KernelBridgeError, ToolError) as exc:  # from here or from the worker (a ToolError then)
+        message = str(exc)
+        for path in {str(settings.state_dir.resolve()), str(settings.state_dir)}:
+            message = message.replace(path, "<state>")  # no host paths for the model
+        raise ToolError(message.splitlines()[0] if message else type(exc).__name__) from None
 
 
 async def restore_session(
-    settings: Settings, registry: SessionRegistry, session: str, notebook: str
+    settings: Settings,
+    registry: SessionRegistry,
+    session: str,
+    notebook: str,
+    *,
+    budget: float,
+    reader: anyio.CapacityLimiter,
 ) -> ReplayReport:
-    """Run the notebook's code cells into ``session``; returns the per-cell report. Raises
-    ToolError (a bad source, an open session, no sandbox)."""
+    """Run the notebook's code cells into ``session`` within ``budget`` seconds (the calling
+    ``run_python``'s timeout); returns the per-cell report. Raises ToolError (a bad source, an
+    open session, no sandbox)."""
     current = registry.session(session)
     if current is not None and current.journal is not None and current.journal.cells:
         raise ToolError(
             f"session {session!r} is open and has run {current.journal.cells} cell(s); "
             "close_session it first or restore into a new session name"
         )
-    nb = await load_source(settings, notebook)
+    nb = await load_source(settings, notebook, reader)
+    started = time.monotonic()
     try:
-        return await replay_cells(registry, session, nb, default_timeout=settings.max_timeout)
+        report = await replay_cells(registry, session, nb, budget=budget)
     except KernelBridgeError as exc:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    report.budget = budget
+    report.seconds = time.monotonic() - started
+    return report
 
 
 def report_text(session: str, report: ReplayReport) -> str:
-    return f"{report.text()}\nSession {session!r} now holds the state the notebook built."
+    budget = (
+        f"\nThe restore took {report.seconds:.1f} s of its {report.budget:g} s budget (run_python's "
+        f"timeout; a cell that overran gets up to {TIMEOUT_GRACE:g} s more to be interrupted)."
+        if report.budget is not None
+        else ""
+    )
+    return f"{report.text()}\nSession {session!r} now holds the state the notebook built.{budget}"
 
 
 def report_result(session: str, report: ReplayReport, notes: list[str]) -> CallToolResult:

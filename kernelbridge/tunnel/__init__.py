@@ -13,7 +13,7 @@ It knows nothing of runtimes, sessions, Jupyter clients' kernels or MCP.
 """
 
 from kernelbridge.tunnel.channel import ControlChannel, SocketControlChannel, memory_channel_pair
-from kernelbridge.tunnel.core import PeerMessage, Tunnel, TunnelState
+from kernelbridge.tunnel.core import ClientExecute, PeerMessage, Tunnel, TunnelState
 from kernelbridge.tunnel.events import (
     Command,
     ControlMessage,
@@ -32,6 +32,7 @@ from kernelbridge.tunnel.events import (
 from kernelbridge.tunnel.sockets import ClientSockets
 
 __all__ = [
+    "ClientExecute",
     "ClientSockets",
     "Command",
     "ControlChannel",

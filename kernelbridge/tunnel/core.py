@@ -16,6 +16,12 @@ or MCP: it gets a stream (from whatever started the container), a control channe
 connection info, and runs until the stream ends or it is cancelled. Its last event is always one
 :class:`~kernelbridge.tunnel.events.Exited` (the agent's, or "the container ended" if it had none).
 
+The one thing it remembers about Jupyter: which execute requests really arrived from a
+client on the shell or control socket (signed with the connection file's key), with the sender's
+username, session and code from that verified header (:meth:`Tunnel.take_client_execute`). Kernel
+code can publish iopub messages under any parent it makes up; only this record says a person sent
+a cell.
+
 Untrusted input: every frame from the stream is decoded with the frame cap and shape limits;
 frames a sandbox has no business sending at that moment (a ``ready`` while no start or restart is
 pending, a host-bound type) are dropped and counted; the rest become typed events
@@ -30,6 +36,7 @@ import collections
 import enum
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -76,6 +83,21 @@ BATCH_BYTES = 1 << 20
 """Owner frames gathered into one write to the sandbox's stdin."""
 PEER = "peer"
 """Route of a request sent by the in-process peer (instead of ZMQ identities)."""
+MAX_CLIENT_EXECUTES = 64
+"""Clients' execute_requests remembered until the kernel begins them (the owner takes each once);
+a client that queues more than this loses the oldest records, never more memory."""
+MAX_CLIENT_CODE_CHARS = 1_000_000
+"""Code kept per remembered request; all of them together hold at most 4x this."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientExecute:
+    """An ``execute_request`` a Jupyter client sent, as its verified message said."""
+
+    username: str
+    session: str
+    code: str
+
 
 PeerMessage = Callable[[str, dict[str, Any], list[bytes]], Awaitable[None]]
 """The in-process peer's handler: (channel, msg, buffers) for iopub and for its own replies."""
@@ -115,6 +137,7 @@ class Tunnel:
         self.state = TunnelState.STARTING
         self.clients: ClientSockets | None = None
         self.pending: collections.OrderedDict[str, list[bytes] | str] = collections.OrderedDict()
+        self.client_executes: collections.OrderedDict[str, ClientExecute] = collections.OrderedDict()
         self.decoder = frames.FrameDecoder()
         self.exited: Exited | None = None
         """The agent's own exit frame, once it sent one."""
@@ -303,7 +326,28 @@ class Tunnel:
         if not isinstance(msg_id, str) or not msg_id:
             return
         self.remember(msg_id, wire.idents)
+        if wire.msg["header"].get("msg_type") == "execute_request":
+            self.note_client_execute(msg_id, wire.msg)
         await self.send_frame(frames.kernel_frame(channel, wire.msg, wire.buffers))
+
+    def note_client_execute(self, msg_id: str, msg: dict[str, Any]) -> None:
+        """Remember a client's (non-silent) execute_request for :meth:`take_client_execute`."""
+        header, content = msg["header"], msg.get("content")
+        if not isinstance(content, dict) or content.get("silent") is True:
+            return  # a silent request is a client's bookkeeping, never a cell
+        code = content.get("code")
+        self.client_executes[msg_id] = ClientExecute(
+            str(header.get("username", ""))[:64],
+            str(header.get("session", ""))[:64],
+            code[:MAX_CLIENT_CODE_CHARS] if isinstance(code, str) else "",
+        )
+        held = sum(len(c.code) for c in self.client_executes.values())
+        while len(self.client_executes) > MAX_CLIENT_EXECUTES or held > 4 * MAX_CLIENT_CODE_CHARS:
+            held -= len(self.client_executes.popitem(last=False)[1].code)
+
+    def take_client_execute(self, msg_id: str) -> ClientExecute | None:
+        """The execute_request ``msg_id`` if a Jupyter client sent it (and it was not taken yet)."""
+        return self.client_executes.pop(msg_id, None)
 
     async def send_kernel(
         self, channel: str, msg: dict[str, Any], buffers: list[bytes] | None = None

@@ -1,6 +1,6 @@
 """The example notebooks in ``notebooks/`` (real exported sessions) still replay the same.
 
-``notebooks/generate.py`` regenerates them. Replays run offline with ``--recorded-tools``: the
+``notebooks/generate.py`` regenerates them. Replays run offline (the recording is the default): the
 host MCP session's tool calls are answered from the results recorded in the notebook.
 """
 
@@ -63,8 +63,13 @@ def test_tool_results_come_from_the_recording(tmp_path: Path, sandbox_image: str
     nbformat.write(nb, altered)
     offline = replay(tmp_path, str(altered), "--recorded-tools", "--strict")
     assert offline.returncode == 0, offline.stdout + offline.stderr
-    # Without the recording the server is not configured here: those cells cannot run.
-    live = replay(tmp_path, str(altered))
-    assert live.returncode == 0, live.stdout + live.stderr
-    assert "cell   1  skipped    unknown server 'edge'" in live.stdout, live.stdout
-    assert "(replay --recorded-tools runs it offline)" in live.stdout
+    # The recording is the default: no live server is called unless the person names it.
+    default = replay(tmp_path, str(altered), "--strict")
+    assert default.returncode == 0, default.stdout + default.stderr
+    assert "host tools answered from the recording" in default.stdout.splitlines()[-1]
+    # Named, it must be a configured server: here it is not, and nothing runs.
+    live = replay(tmp_path, str(altered), "--grant", "edge")
+    assert live.returncode == 1 and live.stdout == "", live.stdout
+    assert (
+        live.stderr.startswith("kernelbridge: unknown server 'edge'") and len(live.stderr.splitlines()) == 1
+    )

@@ -12,6 +12,8 @@ import pytest
 
 from kernelbridge import frames
 from kernelbridge.broker import MAX_HELD_BYTES, MAX_RECORDED_BYTES, RpcBroker
+from kernelbridge.errors import RpcError
+from kernelbridge.hub.rpc import RpcCall
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +31,13 @@ class Host:
         self.expected = 0
         self._each: dict[int, anyio.Event] = {}
 
-    async def dispatch(self, session: str, grants: frozenset[str], method: str, params: Any) -> Any:
+    async def dispatch(self, call: RpcCall) -> Any:
+        params, session = call.params, call.session
+        assert isinstance(params, dict)
+        if params.get("tool") == "boom":
+            raise KeyError("a bug")
+        if params.get("tool") == "refuse":
+            raise RpcError("denied", "refused by the host")
         if params.get("tool") == "block":
             try:
                 await self.release.wait()
@@ -56,8 +64,16 @@ async def task_group() -> AsyncIterator[anyio.abc.TaskGroup]:
         tg.cancel_scope.cancel()
 
 
-def broker_for(host: Host, tg: anyio.abc.TaskGroup, session: str = "s") -> RpcBroker:
-    return RpcBroker(session, host.dispatch, host.answer, tg.start_soon, lambda: frozenset({"edge"}))
+def broker_for(
+    host: Host,
+    tg: anyio.abc.TaskGroup,
+    session: str = "s",
+    cells: tuple[str, ...] = ("cell-1", "slow", "other"),
+) -> RpcBroker:
+    broker = RpcBroker(session, host, host.answer, tg.start_soon, lambda: frozenset({"edge"}))
+    for cell in cells:  # what the session does for the cells it runs
+        broker.open_cell(cell)
+    return broker
 
 
 def request(request_id: int, tool: str = "echo", cell: str = "cell-1", **arguments: Any) -> frames.Frame:
@@ -133,3 +149,65 @@ async def test_two_sessions_with_the_same_ids_get_their_own_answers(task_group: 
             await host.answered.wait()
     for host, session in zip(hosts, ("a", "b"), strict=True):
         assert {a["result"]["session"] for a in host.answers.values()} == {session}
+
+
+async def test_refusals_pass_through_and_bugs_are_internal(
+    task_group: anyio.abc.TaskGroup, caplog: pytest.LogCaptureFixture
+) -> None:
+    host = Host()
+    host.expected = 2
+    broker = broker_for(host, task_group)
+    await broker.on_request(request(1, "refuse"))
+    await broker.on_request(request(2, "boom"))
+    with anyio.fail_after(TIMEOUT):
+        await host.answered.wait()
+    assert host.answers[1]["error"] == {"kind": "denied", "message": "refused by the host"}
+    assert (
+        host.answers[2]["error"]["kind"] == "internal" and "a bug" not in host.answers[2]["error"]["message"]
+    )
+    (logged,) = [r for r in caplog.records if "rpc call failed" in r.getMessage()]
+    assert logged.levelname == "ERROR" and logged.exc_info is not None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_call_belongs_to_a_running_cell_or_is_refused(task_group: anyio.abc.TaskGroup) -> None:
+    """Issue 13: a forged or stale ``cell`` never gives a call a life of its own."""
+    host, clock = Host(), Clock()
+    broker = RpcBroker(
+        "s", host, host.answer, task_group.start_soon, lambda: frozenset({"edge"}), clock=clock
+    )
+    with anyio.fail_after(TIMEOUT):
+        await broker.on_request(request(1, cell="made-up"))  # nothing runs: refused at once
+        refused = await host.answer_of(1)
+        assert refused["error"]["kind"] == "cancelled"
+        assert "not running" in refused["error"]["message"] and "\n" not in refused["error"]["message"]
+        await broker.on_request({**request(2), "cell": None})
+        assert (await host.answer_of(2))["error"]["kind"] == "cancelled"
+
+        broker.open_cell("real")
+        await broker.on_request(request(3, "block", cell="made-up"))  # attributed to "real"
+        await broker.on_request(request(4, "block", cell="real"))
+        await anyio.wait_all_tasks_blocked()
+        assert broker.in_flight == 2
+        assert broker.cancel("real") == 2  # the forged claim is cancelled with the cell it ran in
+        assert (await host.answer_of(3))["error"]["kind"] == "cancelled"
+        assert (await host.answer_of(4))["error"]["kind"] == "cancelled"
+        assert {r["ok"] for r in broker.take_records("real")} == {False} and not broker.take_records(
+            "made-up"
+        )
+
+        broker.close_cell("real")
+        clock.now += 1.0  # a task created by the cell's last line: still its call
+        await broker.on_request(request(5, cell="real"))
+        assert "result" in await host.answer_of(5)
+        clock.now += 5.0  # long after: refused
+        await broker.on_request(request(6, cell="real"))
+        assert (await host.answer_of(6))["error"]["kind"] == "cancelled"
+    assert broker.refused == 3

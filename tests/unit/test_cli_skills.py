@@ -47,6 +47,26 @@ def test_list_show_rm(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(capsys, "list")[1] == "no saved tools\n"
 
 
+def test_every_namespace_is_listed_and_managed(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelbridge.config import namespace_state_dir
+
+    save_skill(state, "shared", "def shared():\n    pass\n")
+    save_skill(namespace_state_dir(state, "alice"), "report", SOURCE, "Alice's report.")
+    save_skill(namespace_state_dir(state, "bob"), "report", "def report():\n    pass\n")
+    status, out, _ = cli(capsys, "list")
+    assert status == 0
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["shared", "alice/report", "bob/report"]
+    infos = json.loads(cli(capsys, "list", "--json")[1])
+    assert [(i["name"], i["namespace"]) for i in infos] == [
+        ("shared", ""), ("alice/report", "alice"), ("bob/report", "bob")
+    ]  # fmt: skip
+    assert cli(capsys, "show", "alice/report") == (0, SOURCE, "")
+    assert cli(capsys, "rm", "bob/report") == (0, "removed bob/report\n", "")
+    assert [i["name"] for i in json.loads(cli(capsys, "list", "--json")[1])] == ["shared", "alice/report"]
+    status, _, err = cli(capsys, "show", "../alice/report")
+    assert status == 1 and err.startswith("kernelbridge: invalid skill name"), err
+
+
 def test_failures_are_one_line_and_exit_1(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
     save_skill(state, "kept", "def kept():\n    pass\n")
     assert cli(capsys, "show", "missing") == (1, "", "kernelbridge: no skill named 'missing' is saved\n")

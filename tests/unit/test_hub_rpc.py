@@ -258,6 +258,9 @@ async def test_busy_beyond_the_in_flight_cap(hub: Hub) -> None:
         assert await hub.dispatch(RpcCall("other-session", frozenset(), "list_servers", {})) == {
             "servers": []
         }
+        # Another HTTP token's session of the same name has slots of its own.
+        other_tenant = RpcCall("s1", frozenset(), "list_servers", {}, namespace="bob")
+        assert await hub.dispatch(other_tenant) == {"servers": []}
         release.set()
     assert answers == [{"tools": []}] * MAX_RPC_IN_FLIGHT
     assert await call(hub, "list_servers", {}) == {"servers": []}  # the slots were released

@@ -106,3 +106,59 @@ async def test_rpc_methods(tmp_path: Path) -> None:
             assert str(tmp_path) not in info.value.message
         answers = json.dumps([listed, loaded])
         assert str(tmp_path) not in answers and "/skills" not in answers
+
+
+@pytest.mark.anyio
+async def test_each_namespace_has_a_store_of_its_own(tmp_path: Path) -> None:
+    """Issue 13's first attack at the hub's seam: Alice's saved tool is invisible to Bob (and to
+    the shared namespace), Bob cannot replace it by name, and Alice filling her cap leaves Bob's."""
+    state = tmp_path / "state"
+    env = {"HOME": str(tmp_path), "KERNELBRIDGE_STATE_DIR": str(state)}
+    async with Hub(load_settings(env), env=env) as hub:
+
+        async def call(namespace: str, method: str, **params: Any) -> Any:
+            with anyio.fail_after(10):
+                return await hub.dispatch(
+                    RpcCall("default", frozenset(), method, params, namespace=namespace)
+                )
+
+        await call("alice", "save_tool", name="report", source="def report():\n    return 'alice'\n")
+        assert [s["name"] for s in (await call("alice", "list_skills"))["skills"]] == ["report"]
+        assert (await call("bob", "list_skills"))["skills"] == []
+        assert (await call("", "list_skills"))["skills"] == []
+        with pytest.raises(RpcError, match="no skill named 'report'"):
+            await call("bob", "load_skill", name="report")
+        replaced = await call("bob", "save_tool", name="report", source="def report():\n    return 'bob'\n")
+        assert replaced["replaced"] is False  # Bob's own tool of that name, not a replacement of Alice's
+        assert "'alice'" in (await call("alice", "load_skill", name="report"))["source"]
+        assert "'bob'" in (await call("bob", "load_skill", name="report"))["source"]
+    assert (state / "http" / "alice" / "skills" / "report.py").is_file()
+    assert (state / "http" / "bob" / "skills" / "report.py").is_file()
+    assert not (state / "skills").exists()
+
+
+def test_the_cap_counts_per_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbridge.config import namespace_state_dir
+    from kernelbridge.hub import skills
+
+    monkeypatch.setattr(skills, "MAX_SKILLS", 3)
+    alice, bob = namespace_state_dir(tmp_path, "alice"), namespace_state_dir(tmp_path, "bob")
+    for n in range(3):
+        save_skill(alice, f"f{n}", "x = 1\n")
+    with pytest.raises(SkillError, match="3 skills are saved already"):
+        save_skill(alice, "f3", "x = 1\n")
+    save_skill(bob, "f0", "x = 1\n")  # Bob's allowance is untouched
+    assert [i.name for i in skills.list_every_skill(tmp_path)] == [
+        "alice/f0",
+        "alice/f1",
+        "alice/f2",
+        "bob/f0",
+    ]
+
+
+@pytest.mark.parametrize("name", ["../x/f", "a/b/f", "Alice/f", "/f", "alice/", "alice/../f", ".x/f"])
+def test_qualified_names_cannot_leave_the_tree(tmp_path: Path, name: str) -> None:
+    from kernelbridge.hub.skills import locate
+
+    with pytest.raises(SkillError, match="invalid skill name"):
+        locate(tmp_path, name)

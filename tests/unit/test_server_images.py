@@ -13,7 +13,8 @@ import anyio
 import pytest
 from PIL import Image
 
-from kernelbridge.server.images import digest, downscale, find_output, fit_images
+from kernelbridge.notebook_export import find_png as find_output
+from kernelbridge.server.images import digest, downscale, fit_images
 
 pytestmark = pytest.mark.anyio
 
@@ -73,6 +74,8 @@ def test_the_original_is_found_in_the_journal(tmp_path: Path) -> None:
         "outputs": [{"output_type": "display_data", "data": {"image/png": png}, "metadata": {}}],
     }
     journal.write_text(json.dumps({"type": "session"}) + "\n" + json.dumps(cell) + "\n")
-    assert find_output(journal, f"{digest(png)}.png") == base64.b64decode(png)
-    assert find_output(journal, "0" * 24 + ".png") is None
-    assert find_output(journal, "../../etc/passwd") is None
+    size = journal.stat().st_size
+    assert find_output(journal, f"{digest(png)}.png", size) == base64.b64decode(png)
+    assert find_output(journal, "0" * 24 + ".png", size) is None
+    assert find_output(journal, "../../etc/passwd", size) is None
+    assert find_output(journal, f"{digest(png)}.png", size - 100) is None  # past the read limit

@@ -1,0 +1,225 @@
+"""Notebooks from journals in bounded memory and off the bridge's interpreter.
+
+Exporting a journal (``export_notebook``, the notebook resource, ``kernelbridge export``), finding
+an image output in it (the outputs resource) and loading it for a restore are CPU work on up to
+``KERNELBRIDGE_JOURNAL_BUDGET`` bytes of another tenant's data. Done in the bridge, even in a
+worker thread, it would hold the interpreter lock for tens of milliseconds at a time (json.loads
+and json.dumps of a 16 MiB line do not let go of it), and every other session's messages would
+wait. So the bridge runs these functions in a worker process (``anyio.to_process``, one at a time
+per namespace; see :mod:`kernelbridge.server.exports`); they are plain functions of paths and
+numbers that return small values (text of at most :data:`MAX_INLINE_CHARS`, one image, a notebook
+without its images' bytes), or write a file.
+
+Memory: a journal is read one line at a time (:func:`~kernelbridge.notebook.iter_journal`) and a
+notebook written one cell at a time (:func:`write_notebook`), so the work costs its biggest line
+a few times over (a line is bounded by the recorder's caps: ~17 MiB), plus the text when it is
+returned whole. The text is what ``nbformat.writes`` makes of the same notebook (1-space indent,
+sorted keys, text split in lines), except that past :data:`MAX_SPLIT_LINES` a field stays one
+string (valid too).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+import nbformat
+from nbformat import v4
+
+from kernelbridge.errors import SessionError
+from kernelbridge.notebook import entry_cell, iter_journal, new_notebook, session_journal
+
+MAX_INLINE_CHARS = 16 * 1024 * 1024
+"""Characters of notebook JSON returned whole (``export_notebook`` without a path, the notebook
+resource): a bigger one is written to a file instead. Its text may take 4 bytes a character in
+memory, and the MCP SDK copies it once more as it sends it."""
+MAX_SPLIT_LINES = 100_000
+"""Lines a cell's text is split into at most, as nbformat does for diff-friendly files; past it a
+field stays one string. Each line is a Python object: 16 M one-character lines would cost 1 GB."""
+WORKER_NICE = 10
+"""Niceness of the worker process: on a busy machine its CPU goes to the sessions' own processes
+first (a tenant's export must not slow another tenant's calls through CPU either)."""
+DIGEST_CHARS = 24
+T = TypeVar("T")
+KEPT_PNG_CHARS = 64
+"""Base64 characters of a PNG a restore keeps: its header, all that judging reads (its size)."""
+
+
+class NotebookTooLarge(SessionError):
+    """A notebook is too big to be returned whole (see :data:`MAX_INLINE_CHARS`)."""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
+
+
+def write_notebook(entries: Iterable[dict[str, Any]], session: str, out: TextIO) -> int:
+    """Write the notebook of journal ``entries`` to ``out`` one cell at a time (never the whole
+    notebook in memory); returns the number of cells. The text is ``nbformat.writes``'s for the
+    same notebook (see the module docstring)."""
+    head = _dumps(new_notebook(session))
+    empty = '{\n "cells": []'
+    assert head.startswith(empty)  # "cells" sorts first
+    out.write('{\n "cells": [')
+    cells = 0
+    ids: set[str] = set()
+    for entry in entries:
+        cell = entry_cell(entry)
+        if cell is None:
+            continue
+        while cell.id in ids:  # ids are random: unique within the notebook, as nbformat requires
+            cell.id = v4.new_code_cell().id
+        ids.add(cell.id)
+        _split_lines(cell)
+        cell.metadata.pop("trusted", None)
+        out.write(("," if cells else "") + "\n  " + _dumps(cell).replace("\n", "\n  "))
+        cells += 1
+    out.write("\n ]" if cells else "]")
+    out.write(head[len(empty) :])
+    return cells
+
+
+def _split_lines(cell: nbformat.NotebookNode) -> None:
+    """nbformat's ``split_lines`` for one cell, within :data:`MAX_SPLIT_LINES` in all."""
+    budget = MAX_SPLIT_LINES
+
+    def split(text: Any) -> Any:
+        nonlocal budget
+        if not isinstance(text, str):
+            return text
+        lines = text.count("\n") + text.count("\r") + 1
+        if lines > budget:
+            return text
+        budget -= lines
+        return text.splitlines(True)
+
+    cell["source"] = split(cell.get("source"))
+    for output in cell.get("outputs", []):
+        if output.get("output_type") in ("execute_result", "display_data"):
+            data = output.get("data", {})
+            for key, value in list(data.items()):
+                if key.startswith("text/") or key in ("application/javascript", "image/svg+xml"):
+                    data[key] = split(value)
+        elif output.get("output_type") == "stream":
+            output["text"] = split(output.get("text"))
+
+
+class _BoundedText(io.StringIO):
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.size = 0
+
+    def write(self, text: str) -> int:
+        self.size += len(text)
+        if self.size > self.limit:
+            raise NotebookTooLarge("too large")
+        return super().write(text)
+
+
+def notebook_text(
+    sessions_dir: Path, session: str, *, max_bytes: int, max_chars: int = MAX_INLINE_CHARS
+) -> str:
+    """``session``'s notebook as JSON text, from at most ``max_bytes`` of its journal. Blocking:
+    run it in a worker thread. Raises SessionError (no journal), NotebookTooLarge (over
+    ``max_chars``: write it to a file instead), OSError."""
+    out = _BoundedText(max_chars)
+    try:
+        write_notebook(iter_journal(session_journal(sessions_dir, session), max_bytes), session, out)
+    except NotebookTooLarge:
+        raise NotebookTooLarge(
+            f"the notebook of session {session!r} is over {max_chars / 2**20:g} MiB of JSON, too big to "
+            "return whole: export_notebook(session, path='name.ipynb') writes it to a file "
+            "(or `kernelbridge export` on the host)"
+        ) from None
+    return out.getvalue()
+
+
+def write_session_notebook(sessions_dir: Path, session: str, out: TextIO, *, max_bytes: int) -> int:
+    """Stream ``session``'s notebook into ``out`` (a file); returns its cells. Blocking."""
+    return write_notebook(iter_journal(session_journal(sessions_dir, session), max_bytes), session, out)
+
+
+def run_niced(func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` at :data:`WORKER_NICE`: what a worker process runs (never the bridge)."""
+    current = os.nice(0)
+    if current < WORKER_NICE:
+        os.nice(WORKER_NICE - current)
+    return func(*args)
+
+
+def digest(data: str) -> str:
+    """The name of an image output: a hash of its base64 text."""
+    return hashlib.sha256(data.encode("ascii", errors="replace")).hexdigest()[:DIGEST_CHARS]
+
+
+def find_png(journal: Path, name: str, max_bytes: int) -> bytes | None:
+    """The PNG bytes of the image output called ``name`` (``<digest>.png``) in a journal, or None.
+    Reads one line at a time, at most ``max_bytes`` of the journal."""
+    wanted = name.removesuffix(".png")
+    if len(wanted) != DIGEST_CHARS or not all(c in "0123456789abcdef" for c in wanted):
+        return None
+    read = 0
+    try:
+        with open(journal, "rb") as lines:
+            while read <= max_bytes and (line := lines.readline(max_bytes - read + 1)):
+                read += len(line)
+                if b'"image/png"' not in line:
+                    continue
+                try:
+                    entry = json.loads(line.decode("utf-8", errors="replace"))
+                except (ValueError, RecursionError):
+                    continue
+                for data in _pngs(entry):
+                    if digest(data) == wanted:
+                        return base64.b64decode(data)
+    except (OSError, binascii.Error):
+        return None
+    return None
+
+
+def _pngs(entry: Any) -> list[str]:
+    outputs = entry.get("outputs") if isinstance(entry, dict) else None
+    found = []
+    for output in outputs if isinstance(outputs, list) else []:
+        data = output.get("data") if isinstance(output, dict) else None
+        png = data.get("image/png") if isinstance(data, dict) else None
+        if isinstance(png, str):
+            found.append(png)
+    return found
+
+
+def export_to_path(sessions_dir: Path, session: str, target: Path, *, max_bytes: int) -> int:
+    """Write ``session``'s notebook to a new file ``target`` (0600, never an existing one, never
+    through a link); returns its cells. Raises SessionError, OSError."""
+    journal = session_journal(sessions_dir, session)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        return write_notebook(iter_journal(journal, max_bytes), session, out)
+
+
+def restorable_notebook(sessions_dir: Path, session: str, *, max_bytes: int) -> nbformat.NotebookNode:
+    """``session``'s notebook as a restore needs it: every cell, with its images cut to their
+    headers (judging compares a PNG's size, nothing else of an image). Raises SessionError."""
+    nb = new_notebook(session)
+    entries = iter_journal(session_journal(sessions_dir, session), max_bytes)
+    nb.cells = [strip_images(cell) for cell in map(entry_cell, entries) if cell is not None]
+    return nb
+
+
+def strip_images(node: Any) -> Any:
+    """A cell (or every cell of a notebook) with its images cut to their headers, in place."""
+    for cell in node.cells if "cells" in node else [node]:
+        for output in cell.get("outputs", []):
+            data = output.get("data")
+            for mime, value in list(data.items()) if isinstance(data, dict) else []:
+                if mime.startswith("image/") and not mime.endswith("svg+xml") and isinstance(value, str):
+                    data[mime] = value[:KEPT_PNG_CHARS] if mime == "image/png" else ""
+    return node
