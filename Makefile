@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: all setup setup-venv test test-fast lint format demo bench image clean
+.PHONY: all setup setup-venv test test-fast lint typecheck format demo bench image clean
 
 all: test
 
@@ -19,19 +19,35 @@ setup-venv:
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
 
-test: setup
+# The static checks, before any test: ruff (lint and format) and mypy (pyproject.toml's [tool.mypy]).
+# mypy runs twice: the sandbox's `mcp` package (kernelbridge/inside/pythonpath) takes the MCP SDK's
+# name, so it is checked on its own, with its directory first on the search path.
+SANDBOX_MCP = $(shell find kernelbridge/inside/pythonpath -name '*.py' | sort)
+define TYPECHECK
+	$(VENV)/bin/mypy
+	MYPYPATH=kernelbridge/inside/pythonpath $(VENV)/bin/mypy --explicit-package-bases $(SANDBOX_MCP)
+endef
+define CHECKS
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(TYPECHECK)
+endef
+
+test: setup
+	$(CHECKS)
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL)
 
 # Everything but the slow tests (building and installing the package, the unprivileged user):
 # for quick iterations; `make test` runs them all.
 test-fast: setup
-	$(VENV)/bin/ruff check .
+	$(CHECKS)
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -m "not install"
 
 lint: setup-venv
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(CHECKS)
+
+typecheck: setup-venv
+	$(TYPECHECK)
 
 format: setup-venv
 	$(VENV)/bin/ruff format .
@@ -52,4 +68,4 @@ image: setup-venv
 	$(PY) -m kernelbridge.image --force
 
 clean:
-	rm -rf .pytest_cache .ruff_cache build *.egg-info
+	rm -rf .pytest_cache .ruff_cache .mypy_cache build *.egg-info

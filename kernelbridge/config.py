@@ -340,14 +340,14 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 def _bytes(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
     """A size in bytes: a number, or a number with k, m or g (binary units)."""
+    found = _lookup(env, name)
     raw = _size(env, name, "")
-    if not raw:
+    if found is None or not raw:
         return default
     unit = raw[-1] if raw[-1].isalpha() else ""
     value = int(float(raw[: len(raw) - len(unit)]) * _UNITS[unit])
     if value < minimum:
-        var = _lookup(env, name)[0]  # type: ignore[index]  # found: _size returned it
-        raise ConfigError(f"{var}={raw!r} must be at least {minimum // 1024} KiB")
+        raise ConfigError(f"{found[0]}={raw!r} must be at least {minimum // 1024} KiB")
     return value
 
 

@@ -1,8 +1,11 @@
-"""A real bridge for the security, fault and load suites: ``kernelbridge serve`` over stdio.
+"""A real bridge for the suites: ``kernelbridge serve`` over stdio (or ``--http``), as its own process.
 
-The bridge runs as its own process, exactly as an MCP host starts it, so that its memory (VmRSS,
-VmHWM) can be measured apart from the test process, and so that it can be killed. Every wait is
-bounded; helpers return plain data a test can assert on.
+The bridge runs exactly as an MCP host starts it, so that its memory (VmRSS, VmHWM) can be
+measured apart from the test process, and so that it can be killed. Every wait is bounded;
+helpers return plain data a test can assert on. ``tests/`` is on ``sys.path``: the conftests
+(the suite-wide fixtures in tests/conftest.py, the integration suite's, the module-scoped bridge
+of the security and fault suites) and test modules import from here, and so does
+``peers.host_bridge``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,24 +38,44 @@ VERDICT = "@@verdict@@"
 """Marks the line of JSON a probe prints as its last act (see :meth:`Bridge.probe`)."""
 
 
+PASSED_ON = ("KERNELBRIDGE_ALLOW_UNLIMITED", "KERNELBRIDGE_IMAGE_PACKAGES", "PYTHONPATH")
+"""Variables of the test process that the spawned bridges get too: the suite run as an
+unprivileged user on cgroup v1 (tests/install) allows unlimited sandboxes, with an image of extra
+packages and the checkout's code; the MCP client passes only a few variables on by itself."""
+
+
 def ensure_image() -> str:
-    """The current sandbox image (built once if missing or stale); skips without podman."""
+    """The current sandbox image of the configured extra packages (``KERNELBRIDGE_IMAGE_PACKAGES``,
+    none by default: the bridges the tests start expect that image), built once if missing or
+    stale (about two minutes); skips without podman."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
+    from kernelbridge.config import load_settings
+    from kernelbridge.image import extras_from_settings
     from kernelbridge.testing import ensure_sandbox_image
 
-    return ensure_sandbox_image()
+    return ensure_sandbox_image(extras=extras_from_settings(load_settings()))
 
 
-def serve_params(state_dir: Path, **env: str) -> StdioServerParameters:
+def serve_params(state_dir: Path, *args: str, **env: str) -> StdioServerParameters:
+    """``kernelbridge serve ARGS`` with its state in ``state_dir``: this test run's label, PATH and
+    :data:`PASSED_ON` from the test process, then ``env``."""
     base = {
         "KERNELBRIDGE_STATE_DIR": str(state_dir),
         "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        **{key: value for key, value in os.environ.items() if key in PASSED_ON},
     }
     return StdioServerParameters(
-        command=str(KERNELBRIDGE), args=["serve"], env={**base, **env}, cwd=str(REPO)
+        command=str(KERNELBRIDGE), args=["serve", *args], env={**base, **env}, cwd=str(REPO)
     )
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def serve_pids(state_dir: Path) -> list[int]:
@@ -79,24 +103,45 @@ def status_kib(pid: int, key: str) -> int:
     raise AssertionError(f"no {key} for {pid}")
 
 
-def children(pid: int) -> list[int]:
-    """Direct children of ``pid``."""
+def rss_kib(pid: int) -> int:
+    """The resident set size of ``pid`` now."""
+    return status_kib(pid, "VmRSS")
+
+
+def peak_rss_kib(pid: int) -> int:
+    """The peak resident set size of ``pid`` (VmHWM): catches a spike between two samples."""
+    return status_kib(pid, "VmHWM")
+
+
+def children(pid: int, *, zombies: bool = True) -> list[int]:
+    """Direct children of ``pid`` (from /proc; without the exited ones unless ``zombies``)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
             continue
-        if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
-            found.append(int(entry.name))
+        if int(ppid) == pid and (zombies or state != "Z"):
+            found.append(int(stat.parent.name))
     return found
 
 
 def podman(*args: str, timeout: float = 60) -> str:
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
     return result.stdout
+
+
+def list_containers() -> list[str]:
+    """Names of kernelbridge sandbox containers (running or not)."""
+    out = subprocess.run(
+        ["podman", "ps", "-a", "--filter", "label=kernelbridge.session", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    return out.split()
 
 
 async def container_gone(container: str, timeout: float = 60.0) -> bool:
@@ -159,7 +204,7 @@ class Bridge:
             answer = await self.client.call_tool(
                 "run_python", {"code": code, "session": session, "timeout": timeout, **extra}
             )
-        text = "\n".join(b.text for b in answer.content if getattr(b, "type", None) == "text")
+        text = text_of(answer)
         return Result(bool(answer.is_error), text, answer.structured_content or {}, time.monotonic() - start)
 
     async def probe(self, code: str, session: str, timeout: int = 60, **extra: Any) -> Any:
@@ -172,7 +217,7 @@ class Bridge:
     async def call(self, tool: str, **args: Any) -> tuple[bool, str]:
         with anyio.fail_after(CLIENT_TIMEOUT):
             answer = await self.client.call_tool(tool, args)
-        text = "\n".join(b.text for b in answer.content if getattr(b, "type", None) == "text")
+        text = text_of(answer)
         return bool(answer.is_error), text
 
     async def listed(self) -> dict[str, dict[str, Any]]:
@@ -187,14 +232,30 @@ class Bridge:
         self.sessions.discard(session)
 
     def rss_kib(self) -> int:
-        return status_kib(self.pid, "VmRSS")
+        return rss_kib(self.pid)
 
     def peak_kib(self) -> int:
-        return status_kib(self.pid, "VmHWM")
+        return peak_rss_kib(self.pid)
 
     def connection(self, session: str) -> dict[str, Any]:
         record = json.loads((self.state_dir / "sessions" / f"{session}.session.json").read_text())
         return json.loads(Path(record["connection_file"]).read_text())
+
+
+def module_bridge(name: str) -> Any:
+    """A module-scoped ``bridge`` fixture (a conftest binds it as ``bridge``): one real bridge per
+    test module with its state in a temporary directory named ``name``, 16 sessions and a warm
+    pool of one. Every attack runs in a session of its own, so an attack that ends its sandbox
+    costs only that session; the sessions are closed when the module ends, and the suite-wide
+    check in tests/conftest.py fails if any container is left behind."""
+
+    @pytest.fixture(scope="module")
+    async def bridge(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> AsyncIterator[Bridge]:
+        state = tmp_path_factory.mktemp(name) / "state"
+        async with open_bridge(state, KERNELBRIDGE_MAX_SESSIONS="16", KERNELBRIDGE_WARM_POOL="1") as opened:
+            yield opened
+
+    return bridge
 
 
 @asynccontextmanager
@@ -216,14 +277,10 @@ async def open_http_bridge(
     ``{namespace: Bridge}``, each Bridge's ``state_dir`` its namespace's own. Stopped with SIGTERM
     afterwards (it must exit 0). ``command`` replaces the ``kernelbridge`` executable (a bench runs
     another tree's)."""
-    import socket
-
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
     environ = {
         **os.environ,

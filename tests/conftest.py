@@ -1,4 +1,9 @@
-"""Suite-wide checks. Every sandbox a test starts must be gone when the suite ends."""
+"""Suite-wide fixtures and checks. Every sandbox a test starts must be gone when the suite ends.
+
+The fixtures every suite shares live here once (``anyio_backend``, ``sandbox_image``); what the
+suites that start real bridges share is ``bridge_harness`` (importable: ``tests/`` is on
+``sys.path``).
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,23 @@ LEFTOVER_GRACE = 20.0
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", help="also run the long soak tests (tests/load)")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """asyncio for every async test and fixture: pyzmq's sockets (jupyter_client's, the tunnel's)
+    are asyncio-only. Module-scoped, so that module-scoped async fixtures (a bridge per module)
+    can use it."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def sandbox_image() -> str:
+    """The current sandbox image of the configured extra packages, built once if missing or stale
+    (about two minutes); skips without podman (``bridge_harness.ensure_image``)."""
+    from bridge_harness import ensure_image  # the MCP client it imports is not every test's
+
+    return ensure_image()
 
 
 def leftover_containers() -> list[str]:

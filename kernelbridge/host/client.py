@@ -48,8 +48,9 @@ class BridgeClient:
             return
         if channel == "stdin":
             return  # the bridge never allows stdin; an input_request would have no one to answer
-        parent = msg.get("parent_header") or {}
-        waiter = self._waiters.get(parent.get("msg_id")) if isinstance(parent, dict) else None
+        parent = msg.get("parent_header")
+        msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        waiter = self._waiters.get(msg_id) if isinstance(msg_id, str) else None
         if waiter is not None:
             waiter.reply = msg
             waiter.done.set()

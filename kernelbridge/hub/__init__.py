@@ -9,7 +9,8 @@ General layout (each module depends only on those above it)::
     docs.py        ServerSummary/Server/Tool/ToolDoc records and ranked search
     skills.py      the saved-tools stores, one per namespace (<ns state dir>/skills; also the CLI's API)
     streams.py     a server's stderr as a bounded log; a transport whose end is observed
-    clients.py     ClientPool: one warm MCP client per server, restart, tool cache
+    clients.py     ServerClient: one warm MCP client per server, restart, tool cache
+    pool.py        ClientPool: a ServerClient per configured server, their task group, bounded close
     rpc.py         RpcCall, the RpcHandler seam, request validation, size caps
     dispatch.py    Hub: owns the pool, applies grants and policy, answers every rpc method
 
@@ -26,9 +27,9 @@ The wire contract is docs/rpc.md. Typical use by the session layer::
 
 from __future__ import annotations
 
-from kernelbridge.errors import HubError, RpcError, SkillError
+from kernelbridge.errors import HubError, RpcError, ServerFailure, SkillError
 from kernelbridge.hub.aliases import alias, assign_aliases
-from kernelbridge.hub.clients import ClientState, ServerClient, ServerFailure
+from kernelbridge.hub.clients import ClientState, ServerClient
 from kernelbridge.hub.config import (
     HttpServer,
     ServerCatalog,

@@ -1,6 +1,7 @@
-"""The client pool: one warm MCP client per host server, shared by every session of a hub.
+"""One warm MCP client per host server, shared by every session of a hub.
 
-Each configured server gets one :class:`ServerClient` for the pool's lifetime. Its MCP connection
+Each configured server gets one :class:`ServerClient` for the lifetime of the hub's
+:class:`~kernelbridge.hub.pool.ClientPool`. Its MCP connection
 (a child process for stdio, an HTTP session for remote servers) is started on first use and kept
 warm; every call, from any session, goes over it concurrently. This layer knows MCP and transports;
 it knows nothing of sessions, grants, policy or the rpc wire (those are ``dispatch``'s).
@@ -25,9 +26,9 @@ Lifecycle of one connection (a :class:`_Connection`, one server process or HTTP 
 - **Tool lists** are cached per connection, dropped on ``notifications/tools/list_changed``
   (delivered as a message on 2025 connections, through a ``subscriptions/listen`` stream that the
   runner keeps open on 2026-07-28 ones) and fetched again on next use.
-- **Close** (shielded, bounded by :data:`CLOSE_TIMEOUT`): ``stop`` is set on every connection
-  and the runners leave their clients; the SDK's stdio transport closes stdin, waits, then
-  terminates the process tree. Whatever is still running after the bound is cancelled.
+- **Close** (shielded, bounded by :data:`~kernelbridge.hub.pool.CLOSE_TIMEOUT`): ``stop`` is set on
+  every connection and the runners leave their clients; the SDK's stdio transport closes stdin,
+  waits, then terminates the process tree. Whatever is still running after the bound is cancelled.
 
 Secrets: a stdio server's ``env`` is merged into the host environment only when spawning it, and
 an HTTP server's headers live in its httpx client. Neither appears in any message this module
@@ -42,13 +43,11 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
 import httpx2
 import mcp_types as types
@@ -66,6 +65,9 @@ from kernelbridge.frames import MAX_RPC_BYTES
 from kernelbridge.hub.config import HttpServer, ServerConfig, StdioServer
 from kernelbridge.hub.streams import StderrLog, watch_transport
 
+if TYPE_CHECKING:
+    from kernelbridge.hub.pool import ClientPool
+
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 60.0
@@ -74,9 +76,6 @@ themselves on first start; a dead command fails in milliseconds anyway."""
 START_RETRY_AFTER = 5.0
 """After a failed start, calls within this many seconds get the same error instead of spawning
 the broken command again (a search over every server would otherwise spawn it each time)."""
-CLOSE_TIMEOUT = 10.0
-"""Bound on closing every client: the SDK's stdio shutdown takes at most ~6.5 s per server
-(stdin close, 2 s grace, SIGTERM, 2 s, SIGKILL, 2 s), and servers close in parallel."""
 MAX_TOOL_PAGES = 100
 MAX_TOOLS = 2000
 """A server listing more tools than this is misbehaving; the rest are ignored."""
@@ -134,7 +133,7 @@ class _Connection:
 
 
 class ServerClient:
-    """The hub's one client to one host server. Create through :class:`ClientPool`."""
+    """The hub's one client to one host server. Create through :meth:`ClientPool.get`."""
 
     def __init__(self, pool: ClientPool, config: ServerConfig, alias: str) -> None:
         self._pool = pool
@@ -195,9 +194,7 @@ class ServerClient:
         except TimeoutError:
             raise ServerFailure(f"server {self.name!r} did not answer within {timeout:g} s") from None
         except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED and not conn.exited:
-                raise ServerFailure(f"server {self.name!r}: {_safe(exc.message)}") from None
-            raise self._died(conn) from None
+            raise self._protocol_error(conn, exc) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
             conn.mark_exited()
             raise self._died(conn) from None
@@ -252,6 +249,12 @@ class ServerClient:
                 break
         return conn
 
+    def _protocol_error(self, conn: _Connection, exc: MCPError) -> ServerFailure:
+        """An MCP error answer (its message passed on), or the connection's end seen as one."""
+        if exc.code == CONNECTION_CLOSED or conn.exited:
+            return self._died(conn)
+        return ServerFailure(f"server {self.name!r}: {_safe(exc.message)}")
+
     def _died(self, conn: _Connection) -> ServerFailure:
         detail = conn.failure or "the connection closed"
         if conn.restart and not conn.answered:
@@ -277,9 +280,7 @@ class ServerClient:
                     f"server {self.name!r} did not list its tools within {START_TIMEOUT:g} s"
                 ) from None
             except MCPError as exc:
-                if exc.code == CONNECTION_CLOSED or conn.exited:
-                    raise self._died(conn) from None
-                raise ServerFailure(f"server {self.name!r}: {_safe(exc.message)}") from None
+                raise self._protocol_error(conn, exc) from None
             except (
                 ValidationError,
                 RuntimeError,
@@ -343,7 +344,7 @@ class ServerClient:
             await anyio.lowlevel.checkpoint()
 
         async with AsyncExitStack() as stack:
-            errlog: IO[str] | None = None
+            errlog: TextIO | None = None
             if isinstance(self.config, StdioServer):
                 errlog = self._stderr_pipe()
                 transport: Any = stdio_client(self._stdio_parameters(self.config), errlog=errlog)
@@ -389,78 +390,11 @@ class ServerClient:
         timeout = httpx2.Timeout(30.0, read=self._pool.call_timeout)
         return httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout)
 
-    def _stderr_pipe(self) -> IO[str]:
+    def _stderr_pipe(self) -> TextIO:
         """A pipe for the child's stderr, drained into the bounded log by a pool task."""
         read_fd, write_fd = os.pipe()
         self._pool.task_group.start_soon(self._stderr.drain, read_fd, name=f"hub stderr {self.name}")
         return os.fdopen(write_fd, "w")
-
-
-class ClientPool:
-    """One :class:`ServerClient` per configured server, and the task group their runners live in.
-
-    ``async with ClientPool(...) as pool``; ``pool.get(name)`` returns the server's client.
-    """
-
-    def __init__(
-        self,
-        servers: Mapping[str, ServerConfig],
-        aliases: Mapping[str, str],
-        *,
-        env: Mapping[str, str],
-        log_dir: Path | None,
-        call_timeout: float,
-        connect_mode: str = "auto",
-    ) -> None:
-        self.env = dict(env)
-        self.log_dir = log_dir
-        self.call_timeout = call_timeout
-        self.connect_mode = connect_mode
-        self._servers = dict(servers)
-        self._aliases = dict(aliases)
-        self._clients: dict[str, ServerClient] = {}
-        self._tg: anyio.abc.TaskGroup | None = None
-
-    @property
-    def task_group(self) -> anyio.abc.TaskGroup:
-        if self._tg is None:
-            raise RuntimeError("the client pool is not open: use `async with ClientPool(...)`")
-        return self._tg
-
-    def get(self, name: str) -> ServerClient:
-        client = self._clients.get(name)
-        if client is None:
-            client = self._clients[name] = ServerClient(self, self._servers[name], self._aliases[name])
-        return client
-
-    def clients(self) -> list[ServerClient]:
-        return list(self._clients.values())
-
-    async def __aenter__(self) -> ClientPool:
-        if self.log_dir is not None:
-            try:
-                self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError as exc:
-                log.warning("host server logs disabled: cannot create their directory (%s)", exc.strerror)
-                self.log_dir = None
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        self._tg = tg
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> bool | None:
-        tg = self.task_group
-        with anyio.CancelScope(shield=True):
-            for client in self._clients.values():
-                client.close()
-            with anyio.move_on_after(CLOSE_TIMEOUT) as bound:
-                for client in self._clients.values():
-                    await client.wait_closed()
-            if bound.cancelled_caught:
-                log.warning("host servers did not close within %g s; cancelling them", CLOSE_TIMEOUT)
-            tg.cancel_scope.cancel()
-        self._tg = None
-        return await tg.__aexit__(*exc_info)  # type: ignore[arg-type]
 
 
 async def _list_tools(client: Client) -> list[types.Tool]:

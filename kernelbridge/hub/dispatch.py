@@ -27,20 +27,29 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import anyio
 import mcp_types as types
 
 from kernelbridge.config import Settings, namespace_state_dir
-from kernelbridge.errors import ADD_SERVERS, NO_SERVERS_CONFIGURED, HubError, RpcError, SkillError
+from kernelbridge.errors import (
+    ADD_SERVERS,
+    NO_SERVERS_CONFIGURED,
+    HubError,
+    RpcError,
+    ServerFailure,
+    SkillError,
+)
 from kernelbridge.frames import MAX_RPC_IN_FLIGHT
 from kernelbridge.hub import docs, skills
 from kernelbridge.hub.aliases import assign_aliases, resolve
-from kernelbridge.hub.clients import START_TIMEOUT, ClientPool, ServerClient, ServerFailure
+from kernelbridge.hub.clients import START_TIMEOUT, ServerClient
 from kernelbridge.hub.config import ServerCatalog, load_catalog
 from kernelbridge.hub.docs import ToolEntry
 from kernelbridge.hub.policy import Policy
+from kernelbridge.hub.pool import ClientPool
 from kernelbridge.hub.rpc import RpcCall, RpcHandler, check_result_size, parse_request
 
 log = logging.getLogger("kernelbridge.hub")
@@ -103,9 +112,11 @@ class Hub(RpcHandler):
         await self._pool.__aenter__()
         return self
 
-    async def __aexit__(self, *exc_info: object) -> bool | None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
         """Close every client (shielded, bounded); stdio servers' processes end with it."""
-        return await self._pool.__aexit__(*exc_info)
+        return await self._pool.__aexit__(exc_type, exc, tb)
 
     # -- for the session layer, the server and doctor ----------------------------------------------
 
@@ -316,7 +327,7 @@ class Hub(RpcHandler):
     async def _search_tool_docs(self, call: RpcCall, params: dict[str, Any]) -> object:
         servers = self.server_names()
         found = await self._gather(servers, DOCS_TIMEOUT)
-        entries = [e for s in servers if isinstance(found[s], list) for e in found[s]]
+        entries = [e for result in found.values() if isinstance(result, list) for e in result]
         hits = docs.search(params["query"], entries, params["limit"])
         return {"results": [{**docs.tool_doc(entry), "score": score} for score, entry in hits]}
 

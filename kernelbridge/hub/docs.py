@@ -155,5 +155,5 @@ def _match(q: str, candidates: set[str]) -> float:
 
 
 def _parameter_names(tool: types.Tool) -> list[str]:
-    properties = tool.input_schema.get("properties") if isinstance(tool.input_schema, dict) else None
+    properties = tool.input_schema.get("properties")  # a dict: the SDK validated the schema
     return [name for name in properties if isinstance(name, str)] if isinstance(properties, dict) else []

@@ -34,7 +34,7 @@ def launch_for(
         connection_file=connection_file,
         agent_hash=agent_hash,
         container=container,
-        limits={name: getattr(settings.limits, name) for name in settings.limits.__slots__},  # type: ignore[attr-defined]
+        limits={name: getattr(settings.limits, name) for name in settings.limits.__slots__},
         runtime=settings.runtime,
         engine=engine,
         state_dir=str(settings.state_dir),

@@ -13,7 +13,7 @@ from queue import Empty
 from typing import Any
 
 import anyio
-from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
@@ -55,6 +55,8 @@ class SandboxKernelManager(AsyncKernelManager):
     def versions(self) -> dict[str, Any] | None:
         return self.sandbox.versions if self.sandbox else None
 
+    # KernelManager declares restart_kernel as its run_sync twin; AsyncKernelManager's is a coroutine
+    # (jupyter_client assigns it with an ignore of its own): the async signature is the right one.
     async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:  # type: ignore[override]
         """Restart the kernel inside its container, so files in /workspace and /tmp survive a
         restart as they would on a workstation; the tunnel, ports and clients stay connected.

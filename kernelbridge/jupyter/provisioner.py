@@ -45,7 +45,7 @@ from typing import Any
 import anyio
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.launcher import launch_kernel
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
 from kernelbridge.config import Settings, load_settings
 from kernelbridge.errors import KernelBridgeError, SandboxStartTimeout, start_error
@@ -67,7 +67,7 @@ ANSWER_MARGIN = 5.0
 own bound is the start timeout, and its answer says more than ours would."""
 
 
-class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
+class SandboxProvisioner(LocalProvisioner):
     """Runs the kernel inside a sandbox container behind a kernelbridge tunnel process."""
 
     spec: ContainerSpec | None = None
@@ -95,11 +95,18 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
     def container_name(self) -> str | None:
         return self.spec.name if self.spec is not None else None
 
+    @property
+    def kernel_manager(self) -> Any:
+        """The KernelManager that made this provisioner (it passes itself as the parent)."""
+        if self.parent is None:
+            raise KernelBridgeError("a SandboxProvisioner is made by a KernelManager (its parent)")
+        return self.parent
+
     # -- launch ------------------------------------------------------------------------------
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Called by the KernelManager before launch_kernel: ports and the connection file (by
         LocalProvisioner), then the tunnel command instead of the kernelspec's argv."""
-        km = self.parent
+        km = self.kernel_manager
         # A relative connection_dir (MultiKernelManager's default) would be resolved against the
         # tunnel's working directory, not ours: make the file's path absolute first.
         if km.connection_file:
@@ -160,7 +167,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.pgid = os.getpgid(self.pid)
         self.control = SocketControlChannel(ours)
         launch = launch_for(
-            connection_file=absolute(self.parent.connection_file),
+            connection_file=absolute(self.kernel_manager.connection_file),
             spec=self.spec,
             agent_hash=agent_hash,
             settings=settings,

@@ -63,10 +63,10 @@ async def open_selection(settings: Settings) -> AsyncIterator[Selection]:
     engine service or ssh forward it started) is closed on exit."""
     selection = await select_runtime(settings)
     async with contextlib.AsyncExitStack() as stack:
-        enter = getattr(selection.backend, "__aenter__", None)
-        if enter is not None:
+        backend = selection.backend
+        if isinstance(backend, contextlib.AbstractAsyncContextManager):
             # Backends that own a task group (the CLI's) must be entered; closing is their exit.
-            await stack.enter_async_context(selection.backend)  # type: ignore[arg-type]
+            await stack.enter_async_context(backend)
         else:
             stack.push_async_callback(_close, selection.backend)
         yield selection
@@ -82,7 +82,10 @@ def _split(runtime: str | None) -> tuple[list[Engine], str]:
     if not runtime:
         return ["podman", "docker"], "auto"
     engine, _, mode = runtime.partition("-")
-    return [engine], mode or "auto"  # type: ignore[list-item]
+    match engine:
+        case "podman" | "docker":
+            return [engine], mode or "auto"
+    raise ConfigError(f"unknown runtime {runtime!r}: expected podman or docker")  # load_settings said so
 
 
 async def select_runtime(settings: Settings) -> Selection:

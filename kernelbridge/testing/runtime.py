@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from kernelbridge.runtime.base import (
     RuntimeInfo,
 )
 from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
+from kernelbridge.runtime.process import end_process
 from kernelbridge.testing.images import MemoryImages
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -126,10 +126,9 @@ class LocalProcessRuntime(RuntimeBackend):
             if local is None:
                 continue
             local.removed = True
-            if local.process is not None and local.process.returncode is None:
-                _signal_group(local.process, signal.SIGKILL)
-                with anyio.CancelScope(shield=True):
-                    await local.process.wait()
+            if local.process is not None:
+                # The agent and its kernel (its own process group) are one "container".
+                await end_process(local.process, ask=None, grace=0, group=True)
             shutil.rmtree(local.root, ignore_errors=True)
 
     async def inspect(self, container: str) -> ContainerInfo | None:
@@ -157,11 +156,3 @@ class LocalProcessRuntime(RuntimeBackend):
 
     async def info(self) -> RuntimeInfo:
         return RuntimeInfo(self.name, self.engine, sys.version.split()[0], "local", limits_enforced=False)
-
-
-def _signal_group(process: anyio.abc.Process, signum: int) -> None:
-    """The agent and its kernel (its own process group) are one "container"."""
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -47,7 +47,7 @@ from kernelbridge.errors import ExitKind
 from kernelbridge.ratelimit import RateLimitedLog
 from kernelbridge.tunnel.channel import ControlChannel
 from kernelbridge.tunnel.events import (
-    Command,
+    ControlMessage,
     Event,
     Exited,
     FsRequest,
@@ -74,7 +74,7 @@ DROP_BURST = 20
 """Warnings about dropped frames per LOG_WINDOW; every drop is counted in ``dropped``."""
 OWNER_COMMANDS = (RpcResponse, FsRequest, Interrupt, Restart, Shutdown)
 """What an owner may send to the sandbox through the tunnel."""
-SANDBOX_EVENTS = {
+SANDBOX_EVENTS: dict[str, Callable[[frames.Frame], Event]] = {
     frames.READY: Ready.from_frame,
     frames.RPC_REQUEST: RpcRequest.from_frame,
     frames.FS_RESPONSE: FsResponse.from_frame,
@@ -216,16 +216,17 @@ class Tunnel:
                 return
             batch: list[bytes] = []
             size = 0
-            while frame is not None:
-                data = self.from_owner(frame)
+            message: ControlMessage | None = frame
+            while message is not None:
+                data = self.from_owner(message)
                 if data:
                     batch.append(data)
                     size += len(data)
-                frame = self.control.receive_nowait() if size < BATCH_BYTES else None
+                message = self.control.receive_nowait() if size < BATCH_BYTES else None
             if batch:
                 await self.send_bytes(b"".join(batch), f"{len(batch)} frame(s) from the owner")
 
-    def from_owner(self, command: Command | Event) -> bytes | None:
+    def from_owner(self, command: ControlMessage) -> bytes | None:
         """The encoded frame if ``command`` is one the owner may send to the sandbox, else None
         (logged)."""
         if not isinstance(command, OWNER_COMMANDS):

@@ -27,6 +27,7 @@ decoders here clip its strings and keep only well-typed fields, so no owner pars
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -284,7 +285,7 @@ Command = Interrupt | Restart | Shutdown | RpcResponse | FsRequest
 """What an owner tells its tunnel (and the tunnel relays to the sandbox's agent)."""
 ControlMessage = Event | Command | Launch
 
-_DECODERS: dict[str, Any] = {
+_DECODERS: dict[str, Callable[[frames.Frame], ControlMessage]] = {
     cls.TYPE: cls.from_frame
     for cls in (
         Ready,
@@ -308,7 +309,6 @@ def from_frame(frame: frames.Frame) -> ControlMessage | None:
     if decode is None:
         return None
     try:
-        message: ControlMessage = decode(frame)
+        return decode(frame)
     except (TypeError, ValueError):
         return None
-    return message

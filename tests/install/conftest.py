@@ -98,18 +98,3 @@ def user_tmp(test_user: TestUser) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def sandbox_image() -> str:
-    """The checkout's sandbox image (root's podman), built once if missing or stale."""
-    if shutil.which("podman") is None:
-        pytest.skip("podman is not installed")
-    from kernelbridge.testing import ensure_sandbox_image
-
-    return ensure_sandbox_image()
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

@@ -13,7 +13,7 @@ import ast
 import json
 import re
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -26,9 +26,7 @@ from peers.host_bridge import (
     HEADER_SECRET,
     HostConfig,
     hidden,
-    host_with_remote_edge,
     open_bridge,
-    peers_missing,
     printed,
     run,
     text_of,
@@ -41,19 +39,6 @@ SERVERS = ["time", "everything", "victim", "edge", "edge-http", "dead"]
 KNOWN = "configured servers: " + ", ".join(SERVERS)
 BRIDGE_SECRET = "bridge-only-" + "c0ffee"
 """In the bridge's own environment: must not reach sandboxes either."""
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"  # module scope: one bridge for the module (jupyter_client needs asyncio)
-
-
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> Iterator[HostConfig]:
-    if why := peers_missing():
-        pytest.skip(why)
-    with host_with_remote_edge(tmp_path_factory.mktemp("host")) as config:
-        yield config
 
 
 @pytest.fixture(scope="module")

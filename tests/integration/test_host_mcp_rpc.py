@@ -14,35 +14,20 @@ import os
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
 from mcp.client.client import Client
 from peers.host_bridge import (
     HostConfig,
-    host_with_remote_edge,
     open_bridge,
-    peers_missing,
     printed,
     run,
     text_of,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"  # module scope: one bridge for the module (jupyter_client needs asyncio)
-
-
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> Iterator[HostConfig]:
-    if why := peers_missing():
-        pytest.skip(why)
-    with host_with_remote_edge(tmp_path_factory.mktemp("host")) as config:
-        yield config
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from bridge_harness import children
 
 from kernelbridge.config import load_settings
 from kernelbridge.errors import HubError, RpcError
@@ -25,19 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 EVERYTHING = REPO / ".cache/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 TIMEOUT = 60.0
 """Bound on any one hub call here (a cold node or python server starts in about a second)."""
-
-
-def children(pid: int) -> list[int]:
-    """Live child processes of ``pid`` (from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
 
 
 def alive(pid: int) -> bool:
@@ -176,13 +164,13 @@ async def test_secrets_never_appear_in_any_result(hub: Hub) -> None:
 
 async def test_clean_shutdown_leaves_no_child_process(env: dict[str, str]) -> None:
     # Other fixtures of this process (a podman service, another module's bridge) are children too.
-    before = set(children(os.getpid()))
+    before = set(children(os.getpid(), zombies=False))
     async with Hub(load_settings(env), env=env) as hub:
         await call(hub, "discovered_servers", detailed=True)  # starts both servers
-        pids = [pid for pid in children(os.getpid()) if pid not in before]
+        pids = [pid for pid in children(os.getpid(), zombies=False) if pid not in before]
         assert len(pids) >= 2
     assert not [pid for pid in pids if alive(pid)]
-    assert set(children(os.getpid())) <= before
+    assert set(children(os.getpid(), zombies=False)) <= before
 
 
 async def test_stderr_goes_to_a_bounded_log(hub: Hub, env: dict[str, str]) -> None:

@@ -11,24 +11,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from kernelbridge.jupyter import install_kernelspec
-
 pytestmark = pytest.mark.podman
 
 
-@pytest.fixture
-def kernelspec_env(tmp_path: Path, sandbox_image: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    install_kernelspec(prefix=str(tmp_path / "prefix"))
-    env = {
-        "JUPYTER_PATH": str(tmp_path / "prefix" / "share" / "jupyter"),
-        "KERNELBRIDGE_STATE_DIR": str(tmp_path / "state"),
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return env
-
-
-def test_kernelspec_is_installed_with_the_provisioner(kernelspec_env: dict[str, str]) -> None:
+def test_kernelspec_is_installed_with_the_provisioner(jupyter_env: dict[str, str]) -> None:
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.provisioning import KernelProvisionerFactory
 
@@ -37,7 +23,7 @@ def test_kernelspec_is_installed_with_the_provisioner(kernelspec_env: dict[str, 
     assert KernelProvisionerFactory.instance().is_provisioner_available(spec)
 
 
-def test_jupyter_console_runs_code_in_the_sandbox(kernelspec_env: dict[str, str]) -> None:
+def test_jupyter_console_runs_code_in_the_sandbox(jupyter_env: dict[str, str]) -> None:
     console = Path(sys.executable).with_name("jupyter-console")
     result = subprocess.run(
         [str(console), "--kernel", "kernelbridge", "--simple-prompt"],
@@ -45,13 +31,13 @@ def test_jupyter_console_runs_code_in_the_sandbox(kernelspec_env: dict[str, str]
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **kernelspec_env},
+        env={**os.environ, **jupyter_env},
         check=False,
     )
     assert "answer 42 65534" in result.stdout, result.stdout + result.stderr
 
 
-def test_nbclient_executes_a_notebook_in_the_sandbox(kernelspec_env: dict[str, str]) -> None:
+def test_nbclient_executes_a_notebook_in_the_sandbox(jupyter_env: dict[str, str]) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell("import os\nvalue = 20 + 1"),

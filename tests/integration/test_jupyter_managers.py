@@ -12,25 +12,9 @@ from pathlib import Path
 import pytest
 from jupyter_client import MultiKernelManager
 
-from kernelbridge.jupyter import install_kernelspec
-
 pytestmark = pytest.mark.podman
 
 READY_TIMEOUT = 120
-
-
-@pytest.fixture
-def jupyter_env(tmp_path: Path, sandbox_image: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    install_kernelspec(prefix=str(tmp_path / "prefix"))
-    env = {
-        "JUPYTER_PATH": str(tmp_path / "prefix" / "share" / "jupyter"),
-        "KERNELBRIDGE_STATE_DIR": str(tmp_path / "state"),
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    # Managers resolve a relative connection_dir against the working directory: make it ours.
-    monkeypatch.chdir(tmp_path)
-    return env
 
 
 @pytest.mark.parametrize("connection_dir", ["", "relative-dir", "ABSOLUTE"])

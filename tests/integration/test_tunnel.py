@@ -38,11 +38,6 @@ os.execv(sys.executable, [sys.executable, "-m", "kernelbridge.inside.agent"])
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass
 class Running:
     tunnel: Tunnel

@@ -1,19 +1,8 @@
-"""Fixtures of the load tests: a real bridge over stdio per test (its memory is measured)."""
+"""The load tests: a real bridge over stdio per test (its memory is measured); soaks only with --soak."""
 
 from __future__ import annotations
 
 import pytest
-from bridge_harness import ensure_image
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="session")
-def sandbox_image() -> str:
-    return ensure_image()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

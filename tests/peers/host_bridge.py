@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from bridge_harness import free_port, serve_params, text_of
 from mcp.client.client import Client
-from mcp.client.stdio import StdioServerParameters
 
 REPO = Path(__file__).resolve().parents[2]
 KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
@@ -58,12 +58,6 @@ class HostConfig:
     arg_file: Path
     """Given with ``--servers-config``."""
     http_url: str
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class HttpEdge:
@@ -208,17 +202,13 @@ def write_host_config(root: Path, http_url: str) -> HostConfig:
 @asynccontextmanager
 async def open_bridge(config: HostConfig, **env: str) -> AsyncIterator[Client]:
     """``kernelbridge serve`` over stdio with ``config``'s home and files, as an MCP host runs it."""
-    params = StdioServerParameters(
-        command=str(KERNELBRIDGE),
-        args=["serve", "--servers-config", str(config.arg_file)],
-        env={
-            "HOME": str(config.home),
-            "KERNELBRIDGE_STATE_DIR": str(config.state_dir),
-            "KERNELBRIDGE_SERVERS_CONFIG": str(config.env_file),
-            "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
-            **env,
-        },
-        cwd=str(REPO),
+    params = serve_params(
+        config.state_dir,
+        "--servers-config",
+        str(config.arg_file),
+        HOME=str(config.home),
+        KERNELBRIDGE_SERVERS_CONFIG=str(config.env_file),
+        **env,
     )
     async with Client(params, read_timeout_seconds=CLIENT_TIMEOUT) as client:
         yield client
@@ -228,10 +218,6 @@ async def run(client: Client, code: str, *, bound: float = CLIENT_TIMEOUT, **arg
     """``run_python`` with every argument given, bounded."""
     with anyio.fail_after(bound):
         return await client.call_tool("run_python", {"code": code, **args})
-
-
-def text_of(result: Any) -> str:
-    return "\n".join(block.text for block in result.content if getattr(block, "type", None) == "text")
 
 
 def printed(result: Any) -> Any:

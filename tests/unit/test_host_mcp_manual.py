@@ -9,8 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from kernelbridge.cli.doctor import Doctor
 from kernelbridge.config import load_settings
-from kernelbridge.doctor import Doctor
 from kernelbridge.hub import Hub
 from kernelbridge.server.manual import MAX_LISTED_SERVERS, ServerLine, render_manual
 

@@ -27,7 +27,7 @@ MESSAGE_CHARS = 1 << 20
 CELL_CAP_CHARS = 64 << 20
 
 
-class CappedOutStream(OutStream):  # type: ignore[misc]
+class CappedOutStream(OutStream):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._cap_lock = threading.Lock()
@@ -36,9 +36,10 @@ class CappedOutStream(OutStream):  # type: ignore[misc]
         self._cap_unflushed = 0
         self._cap_noticed = False
 
-    def write(self, string: str) -> int | None:
-        if not isinstance(string, str):
-            return super().write(string)  # ipykernel's own TypeError
+    # OutStream.write returns None for a subprocess's write (ipykernel ignores the override too).
+    def write(self, string: str) -> int | None:  # type: ignore[override]
+        if not isinstance(string, str):  # untyped callers exist: ipykernel's own TypeError
+            return super().write(string)  # type: ignore[unreachable]
         # One huge write (print of a 50 MB string) goes out in message-sized pieces too.
         for start in range(0, len(string), MESSAGE_CHARS):
             keep, notice, flush = self._admit(string[start : start + MESSAGE_CHARS])

@@ -21,7 +21,9 @@ from ipykernel.ipkernel import IPythonKernel
 class SandboxKernel(IPythonKernel):
     """IPythonKernel whose ``history_reply`` names the current session by its number."""
 
-    def do_history(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    # IPythonKernel answers history requests synchronously (ipykernel 7.4: a plain method, although
+    # Kernel declares a coroutine, which kernelbase awaits only if it gets one); this keeps its form.
+    def do_history(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         reply: dict[str, Any] = super().do_history(*args, **kwargs)
         current = getattr(getattr(self.shell, "history_manager", None), "session_number", None)
         if isinstance(current, int) and isinstance(reply.get("history"), list):

@@ -9,7 +9,6 @@ backend's task group (an undrained stderr pipe would block the child once 64 KiB
 from __future__ import annotations
 
 import contextlib
-import signal
 from collections import deque
 
 import anyio
@@ -17,6 +16,7 @@ import anyio.abc
 from anyio.abc import Process
 
 from kernelbridge.runtime.base import ContainerStream
+from kernelbridge.runtime.process import end_process
 
 STDERR_LINES = 40
 """Lines of stderr kept: enough to explain a failed start, never a growing buffer."""
@@ -50,14 +50,7 @@ class ProcessStream(ContainerStream):
         """Close stdin (the agent exits on EOF), give the child a moment, then kill it.
         Shielded and bounded: this also runs while the owner is being cancelled."""
         with anyio.CancelScope(shield=True):
-            with contextlib.suppress(Exception):
-                await self.send_eof()
-            with anyio.move_on_after(CLOSE_GRACE):
-                await self.process.wait()
-            if self.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.send_signal(signal.SIGKILL)
-                await self.process.wait()
+            await end_process(self.process, ask=self.send_eof, grace=CLOSE_GRACE)
             with contextlib.suppress(Exception):
                 await self.process.aclose()
 

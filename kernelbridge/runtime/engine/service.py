@@ -14,7 +14,6 @@ sees a plain unix socket.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -28,6 +27,7 @@ import anyio.abc
 
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.runtime.engine.endpoint import UNIX_PATH_MAX, Endpoint
+from kernelbridge.runtime.process import end_process
 
 START_TIMEOUT = 20.0
 """Bound of a helper's start until the engine answers through it: podman's service answers in
@@ -101,15 +101,9 @@ class HelperProcess:
         """SIGTERM, wait up to :data:`STOP_GRACE`, SIGKILL. Idempotent; shielded from cancellation."""
         process, self._process = self._process, None
         with anyio.CancelScope(shield=True):
-            for signum in (signal.SIGTERM, signal.SIGKILL):
-                if process is None or process.returncode is not None:
-                    break
-                # The whole session: setpriv execs, but podman may have children of its own.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signum)
-                with anyio.move_on_after(STOP_GRACE):
-                    await process.wait()
             if process is not None:
+                # The whole session: setpriv execs, but podman may have children of its own.
+                await end_process(process, ask=signal.SIGTERM, grace=STOP_GRACE, group=True)
                 await process.aclose()
             for path in self._cleanup:
                 if path.is_dir():

@@ -319,7 +319,7 @@ class EngineClient:
             hint = f"; {self.hint}" if self.hint else ""
             raise RuntimeUnavailable(f"cannot reach {where}: {exc}{hint}") from None
         except (httpcore2.NetworkError, httpcore2.ProtocolError) as exc:
-            raise RuntimeUnavailable(f"{where} broke off {what}: {exc or type(exc).__name__}") from None
+            raise RuntimeUnavailable(f"{where} broke off {what}: {str(exc) or type(exc).__name__}") from None
 
     def _refused(self, what: str, status: int, body: bytes) -> EngineRefused:
         reason = engine_message(body) or f"HTTP {status}"

@@ -23,6 +23,7 @@ execute request) whenever the session's grants change or the kernel restarted.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from . import runtime, servers, skills
@@ -74,5 +75,5 @@ def _kernelbridge_refresh() -> dict[str, Any]:
     return refresh()
 
 
-install_finder(SkillFinder())
+install_finder(SkillFinder(sys.modules[__name__]))
 install_finder(ServerModuleFinder())

@@ -23,7 +23,7 @@ import inspect
 import keyword
 import types
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 from . import _transport
 from ._errors import McpError
@@ -81,8 +81,11 @@ def make_tool_function(server: str, server_alias: str, tool: dict[str, Any]) -> 
 
     def tool_proxy(*args: Any, **kwargs: Any) -> Coroutine[Any, Any, dict[str, Any]]:
         __tracebackhide__ = True
-        coroutine = call(signature.arguments(alias, args, kwargs))
-        # So that "coroutine ... was never awaited" names the tool that was not awaited.
+        # An async def's call makes a types.CoroutineType, whose names are writable: so that
+        # "coroutine ... was never awaited" names the tool that was not awaited.
+        coroutine = cast(
+            "types.CoroutineType[Any, Any, dict[str, Any]]", call(signature.arguments(alias, args, kwargs))
+        )
         coroutine.__name__ = alias
         coroutine.__qualname__ = proxy_name
         return coroutine
@@ -117,7 +120,7 @@ def _dress(
     func.__qualname__ = qualname
     func.__module__ = f"mcp.servers.{server_alias}"
     func.__doc__ = doc
-    func.__signature__ = sig.signature  # type: ignore[attr-defined]
+    func.__signature__ = sig.signature  # type: ignore[attr-defined]  # inspect and help() read it
 
 
 def tool_doc(

@@ -193,9 +193,9 @@ def annotation_for(schema: object, depth: int = 0) -> Any:
         return Any
     enum = schema.get("enum")
     if isinstance(enum, list) and 0 < len(enum) <= MAX_ENUM and all(isinstance(v, _SCALARS) for v in enum):
-        return Literal[tuple(dict.fromkeys(enum))]  # type: ignore[valid-type]
+        return Literal[tuple(dict.fromkeys(enum))]
     if "const" in schema and isinstance(schema["const"], _SCALARS):
-        return Literal[schema["const"]]  # type: ignore[valid-type]
+        return Literal[schema["const"]]
     kind = schema.get("type")
     if isinstance(kind, str):
         return _annotation_of_type(kind, schema, depth)
@@ -212,7 +212,7 @@ def _annotation_of_type(kind: str, schema: dict[str, Any], depth: int) -> Any:
     if kind == "array":
         items = annotation_for(schema.get("items"), depth + 1)
         if items in (str, int, float, bool, dict):
-            return list[items]  # type: ignore[valid-type]
+            return list[items]  # type: ignore[valid-type]  # built at run time, for inspect.Signature
         return list
     return _SIMPLE_TYPES.get(kind, Any)
 

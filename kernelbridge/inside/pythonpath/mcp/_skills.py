@@ -91,14 +91,12 @@ def forget_loaded(name: str) -> None:
         package.__dict__.pop(name, None)
 
 
-def skill_globals() -> dict[str, Any]:
-    """The names a loaded skill sees besides its own: the sandbox API as bound at load time."""
-    import mcp
-    from mcp import runtime
-
+def skill_globals(package: types.ModuleType) -> dict[str, Any]:
+    """The names a loaded skill sees besides its own: the sandbox API as bound at load time
+    (``package`` is the ``mcp`` package, which hands itself to its SkillFinder)."""
     names: dict[str, Any] = {
-        "mcp": mcp,
-        "runtime": runtime,
+        "mcp": package,
+        "runtime": package.runtime,
         "mcp_servers": REGISTRY.servers,
         "save_tool": save_tool,
     }
@@ -109,8 +107,9 @@ def skill_globals() -> dict[str, Any]:
 class SkillLoader(importlib.abc.Loader):
     """Executes a saved tool's source, fetched with ``load_skill``, in a fresh module."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, package: types.ModuleType) -> None:
         self.name = name
+        self.package = package
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return None  # the default module
@@ -131,13 +130,19 @@ class SkillLoader(importlib.abc.Loader):
         # mtime None: linecache.checkcache() keeps entries without a file on disk.
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         description = record.get("description")
-        module.__dict__.update(skill_globals())
+        module.__dict__.update(skill_globals(self.package))
         module.__doc__ = description if isinstance(description, str) else None
         exec(compile(source, filename, "exec"), module.__dict__)
 
 
 class SkillFinder(importlib.abc.MetaPathFinder):
-    """Finds ``mcp.skills.<name>`` for any valid name; whether it exists is the host's answer."""
+    """Finds ``mcp.skills.<name>`` for any valid name; whether it exists is the host's answer.
+
+    ``package`` is the ``mcp`` package whose API loaded skills see: the package installs the
+    finder and passes itself (importing it from here would make an import cycle)."""
+
+    def __init__(self, package: types.ModuleType) -> None:
+        self.package = package
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
@@ -146,7 +151,9 @@ class SkillFinder(importlib.abc.MetaPathFinder):
         name = fullname[len(prefix) :] if fullname.startswith(prefix) else ""
         if not valid_skill_name(name):
             return None
-        return importlib.machinery.ModuleSpec(fullname, SkillLoader(name), origin=f"saved tool {name!r}")
+        return importlib.machinery.ModuleSpec(
+            fullname, SkillLoader(name, self.package), origin=f"saved tool {name!r}"
+        )
 
 
 def import_skill(name: str) -> Any:

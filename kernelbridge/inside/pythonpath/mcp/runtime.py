@@ -71,9 +71,9 @@ def _name(value: object, what: str) -> str:
 
 
 def _detail(value: object) -> Detail:
-    if value not in ("summary", "full"):
-        raise ValueError(f'detail must be "summary" or "full", not {value!r}')
-    return value  # type: ignore[return-value]
+    if value == "summary" or value == "full":
+        return value
+    raise ValueError(f'detail must be "summary" or "full", not {value!r}')
 
 
 def _arguments(value: object) -> dict[str, Any]:
@@ -204,7 +204,7 @@ def search_tool_docs_sync(query: str, limit: int = 5, detail: Detail = "summary"
     hits = _dicts(_field(_transport.request("search_tool_docs", params), "results", list))
     if _detail(detail) == "full":
         return _with_full_docs(
-            hits, [query_tool_docs_sync(*_hit_key(h), "full") for h in hits if _hit_key(h)]
+            hits, [query_tool_docs_sync(*key, "full") for key in map(_hit_key, hits) if key]
         )
     return hits
 

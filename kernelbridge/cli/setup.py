@@ -22,6 +22,7 @@ peers).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -30,20 +31,33 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from kernelbridge import __version__
+from kernelbridge.cli.doctor import run_doctor
 from kernelbridge.config import Settings, check_state_dir
-from kernelbridge.doctor import run_doctor
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.image import ImageExtras, build_image, extras_from_settings
-from kernelbridge.image.rootfs import unshare_problem
-from kernelbridge.runtime import VFS_WARNING, open_runtime, rootless_storage_conf, use_overlay_storage
+
+if TYPE_CHECKING:
+    from kernelbridge.cli.command import Subcommands
+    from kernelbridge.image import ImageExtras
 
 # command -> the Debian package that provides it
 NEEDED = {"podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap"}
 ROOTLESS_NEEDED = {"newuidmap": "uidmap"}
+
+
+def add_parsers(sub: Subcommands) -> None:
+    setup = sub.add_parser("setup", help="check this machine, build the sandbox image, run doctor")
+    setup.add_argument("--with", dest="packages", action="append", default=[], metavar="PACKAGE",
+                       help="add a Python package to the image (repeatable)")  # fmt: skip
+    setup.set_defaults(run=cmd_setup)
+
+
+def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
+    return run_setup(settings, packages=args.packages)
 
 
 def say(message: str) -> None:
@@ -69,6 +83,9 @@ def kernelbridge_command() -> str:
 async def storage_and_image(settings: Settings, extras: ImageExtras, *, rootless: bool) -> str:
     """Steps 4 and 5: the storage driver (rootless only), then the image; its tag.
     Raises KernelBridgeError (one line) when the runtime cannot be used or the build fails."""
+    from kernelbridge.image import build_image
+    from kernelbridge.runtime import VFS_WARNING, open_runtime, rootless_storage_conf, use_overlay_storage
+
     if rootless:
         async with open_runtime(settings) as runtime:
             info = await runtime.info()
@@ -87,6 +104,9 @@ async def storage_and_image(settings: Settings, extras: ImageExtras, *, rootless
 
 def run_setup(settings: Settings, packages: list[str]) -> int:
     """Run every step (module docstring); returns the exit status."""
+    from kernelbridge.image import extras_from_settings
+    from kernelbridge.image.rootfs import unshare_problem
+
     root = os.geteuid() == 0
     who = "root" if root else "a normal user"
     say(f"kernelbridge {__version__} ({kernelbridge_command()}), running as {who}")

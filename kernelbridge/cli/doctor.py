@@ -9,6 +9,7 @@ image store, a probe container), so a remote engine is checked like a local one.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -16,12 +17,16 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import anyio
 
 from kernelbridge.config import SandboxLimits, Settings
 from kernelbridge.errors import ADD_SERVERS, NO_HOST_SERVERS, KernelBridgeError
-from kernelbridge.runtime import VFS_WARNING, ContainerSpec, RuntimeBackend, cgroup_layout, open_selection
+
+if TYPE_CHECKING:
+    from kernelbridge.cli.command import Subcommands
+    from kernelbridge.runtime import ContainerSpec, RuntimeBackend
 
 PROBE_MEMORY_MIB = 96
 PROBE_MEMORY = f"{PROBE_MEMORY_MIB}m"
@@ -40,6 +45,15 @@ print(json.dumps({
     "pids": read("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"),
 }))
 """
+
+
+def add_parsers(sub: Subcommands) -> None:
+    doctor = sub.add_parser("doctor", help="check the runtime, limits, image and a kernel start")
+    doctor.set_defaults(run=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    return anyio.run(run_doctor, settings)
 
 
 @dataclass
@@ -85,6 +99,8 @@ class Doctor:
         return self.report(name, status, detail)
 
     async def runtime_check(self) -> tuple[str, str]:
+        from kernelbridge.runtime import VFS_WARNING, cgroup_layout
+
         assert self.runtime is not None
         info = await self.runtime.info()
         forced = getattr(self.runtime, "oci_runtime", None)
@@ -133,6 +149,8 @@ class Doctor:
         return "ok", f"{self.settings.state_dir} is writable"
 
     async def limits_check(self) -> tuple[str, str]:
+        from kernelbridge.runtime import ContainerSpec
+
         assert self.runtime is not None and self.image is not None
         spec = ContainerSpec(
             image=self.image,
@@ -202,6 +220,8 @@ class Doctor:
         return "ok", detail
 
     async def run(self) -> int:
+        from kernelbridge.runtime import open_selection
+
         await self.check("state", self.state_check)
         try:
             async with open_selection(self.settings) as selection:

@@ -1,0 +1,22 @@
+"""The ``kernelbridge`` command line: a thin shell over each layer's API.
+
+Layout (one module per command group; ``main`` builds the parser from them):
+
+- ``main``        the parser, ``main(argv)``: one-line failures and exit statuses
+- ``command``     what a group shares (the handler type, the sub-parsers type)
+- ``serve``       ``serve`` (stdio or ``--http``)
+- ``image``       ``image build``, ``image status``
+- ``doctor``      ``doctor``: can this machine run sandboxes, and are their limits real
+- ``sessions``    ``sessions``, ``attach``, ``export``: live sessions and their journals
+- ``replay``      ``replay``: a notebook re-run in a fresh sandbox and judged
+- ``kernelspec``  ``kernelspec install``
+- ``setup``       ``setup``: this machine made ready, in one command
+- ``skills``      ``skills list|show|rm``: the tools sandboxed code saved
+- ``demo``        ``demo`` (the scripted session itself is :mod:`kernelbridge.demo`)
+
+``[project.scripts] kernelbridge = "kernelbridge.cli:main"``; ``python -m kernelbridge.cli`` works too.
+"""
+
+from kernelbridge.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,56 @@
+"""``kernelbridge serve``: the MCP server over stdio, or streamable HTTP with ``--http``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernelbridge.config import Settings
+from kernelbridge.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kernelbridge.cli.command import Subcommands
+
+
+def add_parsers(sub: Subcommands) -> None:
+    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    serve.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    serve.add_argument("--allowed-host", action="append", default=[], metavar="HOST",
+                       help="a Host name HTTP clients use (repeatable; needed off loopback)")  # fmt: skip
+    serve.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+    serve.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    serve.add_argument("--no-auth", action="store_true",
+                       help="no bearer tokens (loopback only; any local user may run code)")  # fmt: skip
+    serve.add_argument("--servers-config", action="append", default=[], metavar="FILE",
+                       help="host MCP servers config file (repeatable)")  # fmt: skip
+    serve.set_defaults(run=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.image import extras_from_settings
+    from kernelbridge.server import serve
+    from kernelbridge.server.http import HttpOptions
+
+    if args.servers_config:
+        extra = tuple(Path(p).expanduser() for p in args.servers_config)
+        settings = dataclasses.replace(settings, servers_config=settings.servers_config + extra)
+    extras_from_settings(settings)  # a bad package list stops the start, with one line
+    http = None
+    if args.http:
+        http = HttpOptions.from_args(
+            settings,
+            host=args.host,
+            port=args.port,
+            allowed_hosts=args.allowed_host,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            auth=not args.no_auth,
+        )
+    elif args.no_auth or args.allowed_host or args.tls_cert or args.tls_key:
+        raise ConfigError("--no-auth, --allowed-host and --tls-* only apply with --http")
+    serve(settings, http=http)
+    return 0

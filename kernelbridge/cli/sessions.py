@@ -1,0 +1,84 @@
+"""``kernelbridge sessions``, ``attach`` and ``export``: the live sessions of every bridge on this
+state directory, a Jupyter console on one of them, and a session's journal as a notebook."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernelbridge.config import Settings
+from kernelbridge.errors import KernelBridgeError, SessionError
+
+if TYPE_CHECKING:
+    from kernelbridge.cli.command import Subcommands
+
+
+def add_parsers(sub: Subcommands) -> None:
+    sessions = sub.add_parser("sessions", help="list live sessions")
+    sessions.add_argument("--json", action="store_true", help="machine-readable output")
+    sessions.set_defaults(run=cmd_sessions)
+
+    attach = sub.add_parser("attach", help="open `jupyter console --existing` on a live session")
+    attach.add_argument("session")
+    attach.add_argument("--print", action="store_true", help="only print the connection file path")
+    attach.set_defaults(run=cmd_attach)
+
+    export = sub.add_parser("export", help="export a session's journal as a notebook")
+    export.add_argument("session")
+    export.add_argument("-o", "--output", required=True, help="output .ipynb path")
+    export.set_defaults(run=cmd_export)
+
+
+def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.sessions import list_session_records
+
+    records = list_session_records(settings.state_dir)
+    if args.json:
+        print(json.dumps(records, indent=2, default=str))
+        return 0
+    if not records:
+        print("no live sessions")
+        return 0
+    print(f"{'SESSION':<20} {'CONTAINER':<36} {'OWNER':>7}  CONNECTION FILE")
+    for r in records:
+        container, owner = r.get("container") or "-", r.get("owner_pid", "-")
+        print(f"{r['name']:<20} {container:<36} {owner:>7}  {r['connection_file']}")
+    return 0
+
+
+def find_session(settings: Settings, name: str) -> dict[str, Any]:
+    from kernelbridge.sessions import list_session_records
+
+    for record in list_session_records(settings.state_dir):
+        if record["name"] == name:
+            return record
+    raise SessionError(f"no live session named {name!r} (see `kernelbridge sessions`)")
+
+
+def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
+    connection_file = str(find_session(settings, args.session)["connection_file"])
+    if args.print:
+        print(connection_file)
+        return 0
+    # Beside our own interpreter first: the venv's bin directory need not be on PATH.
+    beside = Path(sys.executable).with_name("jupyter-console")
+    console = str(beside) if beside.exists() else shutil.which("jupyter-console")
+    if console is None:
+        raise KernelBridgeError("jupyter console is not installed (pip install jupyter-console)")
+    argv = [console, "--existing", connection_file]
+    if not sys.stdin.isatty():  # scripted input: prompt_toolkit needs a terminal
+        argv.append("--simple-prompt")
+    os.execv(console, argv)
+
+
+def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.notebook import export_session
+
+    path = export_session(settings, args.session, args.output)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,360 @@
+"""Checks of the package's structure from its source: an AST walk, nothing imported or run.
+
+:func:`package_modules` parses every module of ``kernelbridge/`` (the sandbox's ``mcp`` package,
+``kernelbridge/inside/pythonpath/mcp``, under its name in the kernel: ``mcp``) with its imports,
+lazy ones (inside functions) marked, and those under ``if TYPE_CHECKING:`` marked as never run.
+Each check takes parsed modules and returns one line per offence, naming the module and line:
+tests/unit/test_structure.py runs them on the package, and on made-up sources (:func:`made_up`)
+to show each can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "kernelbridge"
+SANDBOX_PATH = PACKAGE / "inside" / "pythonpath"
+"""On the kernel's path in the container: its ``mcp`` package is top-level ``mcp`` there."""
+
+MAX_LINES = 500
+CONTAINER_CLIS = frozenset({"podman", "docker"})
+SPAWNERS = frozenset(
+    {
+        "subprocess.run",
+        "subprocess.Popen",
+        "subprocess.call",
+        "subprocess.check_call",
+        "subprocess.check_output",
+        "subprocess.getoutput",
+        "subprocess.getstatusoutput",
+        "anyio.run_process",
+        "anyio.open_process",
+        "asyncio.create_subprocess_exec",
+        "asyncio.create_subprocess_shell",
+        "os.system",
+        "os.popen",
+    }
+)
+"""Calls that start a process from a command string (a list argv is caught wherever it is built)."""
+ENGINE_API = ("httpcore2", "kernelbridge.runtime.engine")
+"""What speaking the engine API takes: its HTTP client, or the engine backend's own modules."""
+SANDBOX_THIRD_PARTY = frozenset({"zmq", "ipykernel", "IPython"})
+SANDBOX_KERNELBRIDGE = ("kernelbridge.frames", "kernelbridge.inside", "mcp")
+
+
+# -- the source, parsed ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Import:
+    target: str
+    """The module named (``from a.b import c``: ``a.b.c`` if that is a module, else ``a.b``)."""
+    line: int
+    lazy: bool
+    """Inside a function: runs when called, not when the module is imported."""
+    typing_only: bool
+    """Under ``if TYPE_CHECKING:``: never runs."""
+
+    def where(self) -> str:
+        return f"line {self.line}{' (lazy)' if self.lazy else ''}"
+
+
+@dataclass
+class Module:
+    name: str
+    path: str
+    """Relative to the repository, for messages."""
+    tree: ast.Module
+    lines: int
+    package: bool
+    imports: list[Import] = field(default_factory=list)
+
+    @property
+    def sandbox_package(self) -> bool:
+        """Part of the sandbox's ``mcp`` package (top-level ``mcp`` in the kernel)."""
+        return self.name == "mcp" or self.name.startswith("mcp.")
+
+    @property
+    def inside(self) -> bool:
+        return self.sandbox_package or _within(self.name, "kernelbridge.inside")
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def module_name(path: Path) -> tuple[str, bool]:
+    """The module's import name and whether it is a package, by where it lives."""
+    root = SANDBOX_PATH if SANDBOX_PATH in path.parents else REPO
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    package = parts[-1] == "__init__"
+    if package:
+        parts.pop()
+    return ".".join(parts), package
+
+
+def parse(name: str, source: str, *, path: str = "", package: bool = False) -> Module:
+    return Module(name, path or name, ast.parse(source), len(source.splitlines()), package)
+
+
+def package_modules() -> list[Module]:
+    modules = []
+    for directory, subdirs, files in os.walk(PACKAGE):  # links (sandbox_kernel_image) not followed
+        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+        for file in sorted(files):
+            if file.endswith(".py"):
+                path = Path(directory) / file
+                name, package = module_name(path)
+                rel = str(path.relative_to(REPO))
+                modules.append(parse(name, path.read_text(encoding="utf-8"), path=rel, package=package))
+    return resolve_imports(modules)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _raw_imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """Every import statement with (lazy, typing_only)."""
+
+    def walk(
+        node: ast.AST, lazy: bool, typing_only: bool
+    ) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                yield child, lazy, typing_only
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.body:
+                    yield from walk(ast.Module(body=[stmt], type_ignores=[]), lazy, True)
+                for stmt in child.orelse:
+                    yield from walk(ast.Module(body=[stmt], type_ignores=[]), lazy, typing_only)
+            else:
+                inner = lazy or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+                yield from walk(child, inner, typing_only)
+
+    yield from walk(tree, False, False)
+
+
+def resolve_imports(modules: list[Module]) -> list[Module]:
+    """Fill each module's ``imports`` with the modules of this set it names. The host's ``mcp`` is
+    the MCP SDK; only the sandbox's modules mean the sandbox package by it."""
+    known = {m.name for m in modules}
+    for module in modules:
+        world = known if module.inside else {n for n in known if not _within(n, "mcp")}
+        for node, lazy, typing_only in _raw_imports(module.tree):
+            for target in _targets(module, node):
+                resolved = _known_prefix(target, world)
+                module.imports.append(Import(resolved or target, node.lineno, lazy, typing_only))
+    return modules
+
+
+def _targets(module: Module, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+        return
+    base = node.module or ""
+    if node.level:
+        parts = module.name.split(".")
+        keep = len(parts) - node.level + (1 if module.package else 0)
+        base = ".".join(parts[:keep] + ([base] if base else []))
+    for alias in node.names:
+        yield f"{base}.{alias.name}" if base else alias.name  # a submodule, or a name in ``base``
+
+
+def _known_prefix(target: str, known: set[str]) -> str | None:
+    parts = target.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in known:
+            return ".".join(parts[:end])
+    return None
+
+
+# -- the checks (each returns its findings, one line per offence) ------------------------------------------
+def import_cycles(modules: list[Module], allowed: dict[frozenset[str], str] | None = None) -> list[str]:
+    """One line per cycle (a strongly connected component of the import graph, TYPE_CHECKING
+    imports left out), with the import that makes each step; and one per ``allowed`` cycle that
+    is gone."""
+    allowed = allowed or {}
+    by_name = {m.name: m for m in modules}
+    edges: dict[str, dict[str, Import]] = {m.name: {} for m in modules}
+    for module in modules:
+        for imp in module.imports:
+            if not imp.typing_only and imp.target in by_name and imp.target != module.name:
+                edges[module.name].setdefault(imp.target, imp)
+    found = []
+    components = _components(edges)
+    for members, why in allowed.items():
+        if set(members) not in [set(c) for c in components]:
+            found.append(f"the cycle of {sorted(members)} is allowed ({why}) but gone: remove it")
+    for component in components:
+        if frozenset(component) in allowed:
+            continue
+        cycle = _cycle_in(component, edges)
+        steps = [f"{a} ({edges[a][b].where()}) -> {b}" for a, b in itertools.pairwise(cycle)]
+        found.append(f"import cycle: {'; '.join(steps)}")
+    return found
+
+
+def _components(edges: dict[str, dict[str, Import]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    result = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    result.append(sorted(component))
+    return result
+
+
+def _cycle_in(component: list[str], edges: dict[str, dict[str, Import]]) -> list[str]:
+    """A cycle through the component's first module, as a path that ends where it starts."""
+    members, start = set(component), component[0]
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for child in sorted(edges[node]):
+            if child == start:
+                return [*paths[node], start]
+            if child in members and child not in paths:
+                paths[child] = [*paths[node], child]
+                queue.append(child)
+    raise AssertionError(f"no cycle in the component {component}")
+
+
+def long_modules(modules: list[Module], allowed: dict[str, str]) -> list[str]:
+    found = []
+    for module in modules:
+        if module.lines > MAX_LINES and module.path not in allowed:
+            found.append(f"{module.path} has {module.lines} lines (> {MAX_LINES}): split it by concept")
+    paths = {m.path: m for m in modules}
+    for path, why in allowed.items():
+        if path not in paths or paths[path].lines <= MAX_LINES:
+            found.append(
+                f"{path} is allowed past {MAX_LINES} lines ({why}) but no longer needs it: remove it"
+            )
+    return found
+
+
+def container_cli_spawns(modules: list[Module]) -> list[str]:
+    """Places outside runtime/ that build a podman/docker argv or run one as a command string."""
+    found = []
+    for module in modules:
+        if _within(module.name, "kernelbridge.runtime"):
+            continue
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.List | ast.Tuple) and _is_cli_argv(node.elts):
+                found.append(f"{module.path}:{node.lineno} builds a container CLI argv")
+            elif isinstance(node, ast.Call) and _dotted(node.func) in SPAWNERS and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    if _names_cli(ast.Constant(first.value.split(" ", 1)[0])):
+                        found.append(f"{module.path}:{node.lineno} runs a container CLI command")
+    return found
+
+
+def _is_cli_argv(elements: list[ast.expr]) -> bool:
+    """``["podman", "rm", ...]``, ``("docker", *args)``; not a tuple of names such as
+    config.RUNTIMES ``("podman", "docker", ...)``, whose second element is no subcommand."""
+    if not elements or not _names_cli(elements[0]):
+        return False
+    return len(elements) == 1 or not _names_cli(elements[1])
+
+
+def _names_cli(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and os.path.basename(node.value) in CONTAINER_CLIS
+    )
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ""
+
+
+def engine_api_imports(modules: list[Module]) -> list[str]:
+    return [
+        f"{module.path}:{imp.line} imports {imp.target} (the engine API is runtime/'s)"
+        for module in modules
+        if not _within(module.name, "kernelbridge.runtime")
+        for imp in module.imports
+        if any(_within(imp.target, api) for api in ENGINE_API)
+    ]
+
+
+def host_imports_inside(modules: list[Module]) -> list[str]:
+    stdlib = sys.stdlib_module_names
+    found = []
+    for module in modules:
+        if not module.inside:
+            continue
+        for imp in module.imports:
+            top = imp.target.split(".")[0]
+            if top in stdlib or top in SANDBOX_THIRD_PARTY:
+                continue
+            if any(_within(imp.target, allowed) for allowed in SANDBOX_KERNELBRIDGE):
+                continue
+            found.append(
+                f"{module.path}:{imp.line} imports {imp.target}: code in the container may import only"
+                " the standard library, pyzmq, ipykernel/IPython, kernelbridge.frames and inside/"
+            )
+    return found
+
+
+def imports_of_testing(modules: list[Module]) -> list[str]:
+    return [
+        f"{module.path}:{imp.line} imports {imp.target} (test doubles are for tests and benches)"
+        for module in modules
+        if not _within(module.name, "kernelbridge.testing")
+        for imp in module.imports
+        if _within(imp.target, "kernelbridge.testing")
+    ]
+
+
+def made_up(sources: dict[str, str], packages: tuple[str, ...] = ()) -> list[Module]:
+    return resolve_imports(
+        [parse(name, source, package=name in packages) for name, source in sources.items()]
+    )
