@@ -182,7 +182,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.sessions import list_session_records
+    from kernelbridge.session.registry import list_session_records
 
     records = list_session_records(settings.state_dir)
     if args.json:
@@ -199,7 +199,7 @@ def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def find_session(settings: Settings, name: str) -> dict:
-    from kernelbridge.sessions import list_session_records
+    from kernelbridge.session.registry import list_session_records
 
     for record in list_session_records(settings.state_dir):
         if record["name"] == name:
@@ -225,7 +225,7 @@ def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.notebook import export_session
+    from kernelbridge.notebook.journal import export_session
 
     path = export_session(settings, args.session, args.output)
     print(f"wrote {path}")
@@ -241,7 +241,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from functools import partial
 
     from kernelbridge.errors import ConfigError
-    from kernelbridge.replay import read_notebook, replay_notebook
+    from kernelbridge.notebook.replay import read_notebook, replay_notebook
 
     try:
         read_notebook(args.notebook)  # bad input is one line and status 2, before any sandbox

@@ -1,6 +1,6 @@
 """The kernelbridge MCP server: its tools, resources and lifespan.
 
-This module turns tool calls into :class:`~kernelbridge.sessions.SessionRegistry` operations and
+This module turns tool calls into :class:`~kernelbridge.session.registry.SessionRegistry` operations and
 renders results for a model: short text first (what a model reads), images as image content, and
 the full record as ``structuredContent``. Failures a model can act on (a bad argument, too many
 sessions, a sandbox that will not start) are ``ToolError``s with one-line messages; a user's
@@ -44,7 +44,7 @@ from kernelbridge.server.render import to_tool_result
 from kernelbridge.server.restore import report_result, report_text, restore_session
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
-from kernelbridge.sessions import SessionRegistry, validate_session_name
+from kernelbridge.session.registry import SessionRegistry, validate_session_name
 
 log = logging.getLogger(__name__)
 

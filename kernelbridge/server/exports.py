@@ -15,7 +15,7 @@ path must never become a way to write arbitrary host files. So a model's export 
 
 And what an export costs is bounded, whoever asks and however big the journal: the work (reading
 at most ``journal_read_limit`` bytes of the journal one line at a time, writing the notebook one
-cell at a time) runs in a worker process (:func:`in_worker`, see :mod:`kernelbridge.notebook_export`
+cell at a time) runs in a worker process (:func:`in_worker`, see :mod:`kernelbridge.notebook.export`
 for why not a thread), one at a time per namespace (:class:`ExportLimiters`): a tenant exporting
 in a loop holds one worker and queues behind herself only, and the event loop every session's
 messages go through never waits for it. A notebook returned whole is at most
@@ -42,8 +42,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import FULL, MAX_COUNTED_FILES, disk_use, journal_path, journal_read_limit
-from kernelbridge.notebook_export import export_to_path, notebook_text, run_niced
+from kernelbridge.notebook.export import export_to_path, notebook_text, run_niced
+from kernelbridge.notebook.journal import FULL, MAX_COUNTED_FILES, disk_use, journal_path, journal_read_limit
 
 MAX_EXPORT_PATH = 512
 """Characters of a requested export path; longer is a mistake or an attack."""

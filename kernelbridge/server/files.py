@@ -35,7 +35,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
 from kernelbridge.errors import SandboxError, SandboxFileError
 from kernelbridge.host import Sandbox
-from kernelbridge.sessions import SessionRegistry
+from kernelbridge.session.registry import SessionRegistry
 
 MAX_RESOURCE_BYTES = 16 * 1024 * 1024
 """Largest file read as a resource: its base64 in one MCP message is ~22 MB."""
@@ -168,7 +168,7 @@ async def read_blob(registry: SessionRegistry, session: str, path: str) -> bytes
 def register_file_resources(app: MCPServer[Any], registry_of: Callable[[Context], SessionRegistry]) -> None:
     """Add the listing, text and blob resources to ``app`` (an MCPServer);
     ``registry_of(ctx)`` is the session registry of a request."""
-    from kernelbridge.sessions import validate_session_name
+    from kernelbridge.session.registry import validate_session_name
 
     def session_of(session: str) -> str:
         try:

@@ -10,7 +10,7 @@ and every client pays for in context. Each image of a result is handled so:
   ``ResourceLink`` to its full-size original, the resource
   ``kernelbridge://sessions/<session>/outputs/<digest>.png``; the result's text says so. The
   original needs no second copy: the session's journal holds every output (see
-  :func:`kernelbridge.notebook_export.find_png`), so the link works as long as the journal does,
+  :func:`kernelbridge.notebook.export.find_png`), so the link works as long as the journal does,
   across bridge restarts.
 
 Where the downscaling happens: on the host, with Pillow, in a worker thread. Not in the sandbox
@@ -37,7 +37,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ContentBlock, ImageContent, ResourceLink
 
 from kernelbridge.config import Settings
-from kernelbridge.notebook_export import digest, find_png
+from kernelbridge.notebook.export import digest, find_png
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,9 @@ def register_output_resources(
     ``reader_of(ctx)`` its namespace's journal reader (one at a time per namespace)."""
     from mcp.server.mcpserver.exceptions import ResourceError
 
-    from kernelbridge.notebook import journal_path, journal_read_limit
+    from kernelbridge.notebook.journal import journal_path, journal_read_limit
     from kernelbridge.server.exports import in_worker
-    from kernelbridge.sessions import validate_session_name
+    from kernelbridge.session.registry import validate_session_name
 
     @app.resource(
         "kernelbridge://sessions/{session}/outputs/{name}",

@@ -1,4 +1,4 @@
-"""Sessions by namespace: one :class:`~kernelbridge.sessions.SessionRegistry` per HTTP token.
+"""Sessions by namespace: one :class:`~kernelbridge.session.registry.SessionRegistry` per HTTP token.
 
 Over stdio (and HTTP without authentication) there is one namespace, ``""``, with the bridge's own
 settings. With bearer tokens each token's namespace gets a registry of its own, with its own
@@ -25,7 +25,7 @@ import anyio
 
 from kernelbridge.config import Settings, namespace_state_dir
 from kernelbridge.errors import SessionError
-from kernelbridge.sessions import SessionRegistry
+from kernelbridge.session.registry import SessionRegistry
 
 
 def namespace_settings(base: Settings, namespace: str) -> Settings:

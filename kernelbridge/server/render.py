@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
-from kernelbridge.execution import CellResult
+from kernelbridge.session.cell import CellResult
 
 MAX_IMAGES = 10
 """Images returned per call; more would flood the model's context."""

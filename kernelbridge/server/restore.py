@@ -37,12 +37,12 @@ from mcp_types import CallToolResult, TextContent
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import journal_read_limit
-from kernelbridge.notebook_export import restorable_notebook
-from kernelbridge.replay import ReplayReport, replay_cells
-from kernelbridge.replay.runner import read_restorable
+from kernelbridge.notebook.export import restorable_notebook
+from kernelbridge.notebook.journal import journal_read_limit
+from kernelbridge.notebook.replay import ReplayReport, replay_cells
+from kernelbridge.notebook.replay.runner import read_restorable
 from kernelbridge.server.exports import in_worker
-from kernelbridge.sessions import TIMEOUT_GRACE, SessionRegistry, validate_session_name
+from kernelbridge.session.registry import TIMEOUT_GRACE, SessionRegistry, validate_session_name
 
 _SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
 

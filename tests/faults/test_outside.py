@@ -17,7 +17,7 @@ import anyio
 import pytest
 from bridge_harness import KERNELBRIDGE, REPO, Bridge, container_gone, fill, open_bridge, serve_params
 
-from kernelbridge.notebook import read_journal
+from kernelbridge.notebook.journal import read_journal
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 

@@ -15,7 +15,7 @@ import anyio
 import pytest
 from bridge_harness import Bridge, children, container_gone, open_bridge, podman
 
-from kernelbridge.sessions import TIMEOUT_GRACE
+from kernelbridge.session.registry import TIMEOUT_GRACE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 

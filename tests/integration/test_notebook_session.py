@@ -24,9 +24,9 @@ from nbclient import NotebookClient
 
 from kernelbridge.config import load_settings
 from kernelbridge.jupyter import install_kernelspec
-from kernelbridge.replay import behaviour, judge
+from kernelbridge.notebook.replay import behaviour, judge
 from kernelbridge.runtime import cli_runtime, reap_orphans
-from kernelbridge.sessions import list_session_records
+from kernelbridge.session.registry import list_session_records
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 

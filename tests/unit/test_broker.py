@@ -11,9 +11,9 @@ import anyio.abc
 import pytest
 
 from kernelbridge import frames
-from kernelbridge.broker import MAX_HELD_BYTES, MAX_RECORDED_BYTES, RpcBroker
 from kernelbridge.errors import RpcError
 from kernelbridge.hub.rpc import RpcCall
+from kernelbridge.session.broker import MAX_HELD_BYTES, MAX_RECORDED_BYTES, RpcBroker
 
 pytestmark = pytest.mark.anyio
 

@@ -6,7 +6,7 @@ import base64
 import tracemalloc
 from typing import Any
 
-from kernelbridge.execution import (
+from kernelbridge.session.cell import (
     MAX_DISPLAYS,
     BoundedText,
     Cell,

@@ -19,9 +19,9 @@ import pytest
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
-from kernelbridge.notebook import read_journal
+from kernelbridge.notebook.journal import read_journal
 from kernelbridge.runtime import ContainerSpec
-from kernelbridge.sessions import SessionRegistry, validate_session_name
+from kernelbridge.session.registry import SessionRegistry, validate_session_name
 from kernelbridge.testing import LocalProcessRuntime
 
 pytestmark = pytest.mark.anyio

@@ -13,8 +13,7 @@ import pytest
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
-from kernelbridge.execution import CellError, CellResult
-from kernelbridge.notebook import (
+from kernelbridge.notebook.journal import (
     KERNELSPEC,
     Journal,
     export_session,
@@ -22,7 +21,8 @@ from kernelbridge.notebook import (
     journal_to_notebook,
     read_journal,
 )
-from kernelbridge.sessions import list_session_records
+from kernelbridge.session.cell import CellError, CellResult
+from kernelbridge.session.registry import list_session_records
 
 
 def result(**kw: object) -> CellResult:
@@ -96,7 +96,7 @@ def test_export_session_works_from_another_process(tmp_path: Path) -> None:
     out = tmp_path / "out.ipynb"
     code = (
         "import sys; from pathlib import Path; from kernelbridge.config import Settings;"
-        "from kernelbridge.notebook import export_session;"
+        "from kernelbridge.notebook.journal import export_session;"
         "export_session(Settings(state_dir=Path(sys.argv[1])), 'other', sys.argv[2])"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path), str(out)], check=True, timeout=60)

@@ -11,15 +11,21 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kernelbridge.execution import CellResult
-from kernelbridge.notebook import Journal, iter_journal, journal_path, journal_to_notebook, read_journal
-from kernelbridge.notebook_export import (
+from kernelbridge.notebook.export import (
     MAX_SPLIT_LINES,
     NotebookTooLarge,
     notebook_text,
     restorable_notebook,
     write_notebook,
 )
+from kernelbridge.notebook.journal import (
+    Journal,
+    iter_journal,
+    journal_path,
+    journal_to_notebook,
+    read_journal,
+)
+from kernelbridge.session.cell import CellResult
 
 PNG = "iVBORw0KGgo" + "A" * 1000
 
@@ -118,7 +124,7 @@ def test_a_notebook_too_big_to_return_whole_says_what_to_do(tmp_path: Path) -> N
 
 
 def test_a_restore_gets_the_cells_without_their_images_bytes(tmp_path: Path) -> None:
-    from kernelbridge.replay import behaviour
+    from kernelbridge.notebook.replay import behaviour
 
     journal = Journal(journal_path(tmp_path, "s"), "s")
     journal.start()
@@ -137,7 +143,7 @@ def test_a_restore_gets_the_cells_without_their_images_bytes(tmp_path: Path) -> 
 
 def test_disk_use_counts_a_namespaces_files_and_follows_no_link(tmp_path: Path) -> None:
     from kernelbridge.config import Settings
-    from kernelbridge.notebook import disk_use
+    from kernelbridge.notebook.journal import disk_use
 
     state, exports, elsewhere = tmp_path / "state", tmp_path / "exports", tmp_path / "elsewhere"
     for directory in (state / "sessions", exports / "a", elsewhere):
@@ -151,8 +157,8 @@ def test_disk_use_counts_a_namespaces_files_and_follows_no_link(tmp_path: Path) 
 
 
 def test_disk_use_fails_closed_past_its_file_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernelbridge import notebook
     from kernelbridge.config import Settings
+    from kernelbridge.notebook import journal as notebook
 
     monkeypatch.setattr(notebook, "MAX_COUNTED_FILES", 10)
     for n in range(11):
@@ -166,7 +172,7 @@ async def test_a_tokens_disk_quota_bounds_its_journals_and_exports(tmp_path: Pat
 
     from kernelbridge.config import Settings
     from kernelbridge.server.exports import check_quota
-    from kernelbridge.sessions import SessionRegistry
+    from kernelbridge.session.registry import SessionRegistry
     from kernelbridge.testing import LocalProcessRuntime
 
     settings = Settings(state_dir=tmp_path, warm_pool=0, disk_quota=3 << 20)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernelbridge.execution import Cell, CellResult
-from kernelbridge.notebook import Journal, journal_path, journal_to_notebook, read_journal
+from kernelbridge.notebook.journal import Journal, journal_path, journal_to_notebook, read_journal
+from kernelbridge.session.cell import Cell, CellResult
 
 
 def client_cell(code: str | None) -> Cell:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kernelbridge.recorder import Recorder
+from kernelbridge.session.recorder import Recorder
 from kernelbridge.tunnel import ClientExecute, Tunnel
 from kernelbridge.tunnel.core import MAX_CLIENT_CODE_CHARS, MAX_CLIENT_EXECUTES
 

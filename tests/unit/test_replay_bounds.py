@@ -20,10 +20,10 @@ from kernelbridge.config import Settings, load_settings
 from kernelbridge.errors import HubError, RpcError
 from kernelbridge.hub import Hub, save_skill
 from kernelbridge.hub.rpc import RpcCall
-from kernelbridge.replay import ReplayTools, replay_cells
-from kernelbridge.replay.runner import cell_timeout
-from kernelbridge.replay.tools import live_settings
-from kernelbridge.sessions import SessionRegistry
+from kernelbridge.notebook.replay import ReplayTools, replay_cells
+from kernelbridge.notebook.replay.runner import cell_timeout
+from kernelbridge.notebook.replay.tools import live_settings
+from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.testing import LocalProcessRuntime
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ import anyio
 import pytest
 from PIL import Image
 
-from kernelbridge.notebook_export import find_png as find_output
+from kernelbridge.notebook.export import find_png as find_output
 from kernelbridge.server.images import digest, downscale, fit_images
 
 pytestmark = pytest.mark.anyio

@@ -1,9 +1,9 @@
 """Run one cell on a Jupyter kernel client and collect its outputs, with bounded memory.
 
 This module owns what one ``execute_request`` produced: a :class:`Cell` gathers the iopub
-messages whose parent is that request (fed by :mod:`kernelbridge.recorder`, which reads every
+messages whose parent is that request (fed by :mod:`kernelbridge.session.recorder`, which reads every
 message of a session) and its shell reply. It knows nothing about sessions, timeout policy,
-interrupts or MCP; :mod:`kernelbridge.sessions` waits on a :class:`Cell` in slices and decides
+interrupts or MCP; :mod:`kernelbridge.session.registry` waits on a :class:`Cell` in slices and decides
 what to do when a deadline passes, and :mod:`kernelbridge.server` turns a :class:`CellResult`
 into MCP content.
 
@@ -307,7 +307,7 @@ class CellOutputs:
 
 class Cell:
     """One execute request as seen on iopub, whichever client sent it, with its shell reply when
-    the bridge sent it. Fed by :class:`kernelbridge.recorder.Recorder`; awaited by the session.
+    the bridge sent it. Fed by :class:`kernelbridge.session.recorder.Recorder`; awaited by the session.
 
     Times are monotonic: ``queued`` when the request was sent (or first seen), ``started`` when
     the kernel began it (``status: busy``), ``finished`` at ``status: idle``. A call's timeout

@@ -4,11 +4,11 @@ It owns the lifecycle of every sandbox the bridge starts: create on first use (f
 when one is ready), one ``run_python`` call at a time per session (an ``anyio.Lock``; different
 sessions run in parallel), host MCP grants per session, the timeout policy, death detection,
 idle reaping and teardown. It knows nothing about MCP: :mod:`kernelbridge.server` calls
-:meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.execution.CellResult`.
+:meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.session.cell.CellResult`.
 
-Each session has a :class:`~kernelbridge.recorder.Recorder` reading its kernel's iopub
+Each session has a :class:`~kernelbridge.session.recorder.Recorder` reading its kernel's iopub
 continuously, so cells sent by any Jupyter client (a person in ``kernelbridge attach``) are
-journalled too, and an :class:`~kernelbridge.broker.RpcBroker` for its code's host MCP calls.
+journalled too, and an :class:`~kernelbridge.session.broker.RpcBroker` for its code's host MCP calls.
 
 Sandboxes come from an injected :class:`~kernelbridge.runtime.RuntimeBackend`: the product uses a
 container engine; tests may use the local test double.
@@ -44,15 +44,15 @@ import anyio
 import anyio.abc
 
 from kernelbridge import frames
-from kernelbridge.broker import RpcBroker
 from kernelbridge.config import HTTP_DIR, Settings
 from kernelbridge.errors import NO_SERVERS_CONFIGURED, NoHostServers, SandboxError, SessionError
-from kernelbridge.execution import Cell, CellResult, State, Status, finish_cell
 from kernelbridge.host import Sandbox, SandboxHandlers, WarmPool, close_sandbox
 from kernelbridge.hub.rpc import RpcCall, RpcHandler
-from kernelbridge.notebook import Journal, disk_use, journal_path
-from kernelbridge.recorder import Recorder
+from kernelbridge.notebook.journal import Journal, disk_use, journal_path
 from kernelbridge.runtime import RuntimeBackend, pid_alive
+from kernelbridge.session.broker import RpcBroker
+from kernelbridge.session.cell import Cell, CellResult, State, Status, finish_cell
+from kernelbridge.session.recorder import Recorder
 from kernelbridge.tunnel import RpcRequest
 
 log = logging.getLogger(__name__)

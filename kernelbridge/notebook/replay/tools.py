@@ -5,7 +5,7 @@ A notebook may come from anywhere, and its metadata names whatever servers it li
 must not make the bridge's host servers do anything the person did not ask for. So
 :class:`ReplayTools` answers:
 
-- ``call_tool`` from the notebook's recording (:class:`~kernelbridge.replay.recorded.RecordedTools`),
+- ``call_tool`` from the notebook's recording (:class:`~kernelbridge.notebook.replay.recorded.RecordedTools`),
   except calls to a server named with ``--grant SERVER``, which go to the live hub; the hub of a
   replay is made to see only those servers (an allow list of exactly them, on top of the operator's
   policy, which still applies), so its docs and search start no other server either;
@@ -29,7 +29,7 @@ from kernelbridge.config import Settings
 from kernelbridge.errors import RpcError, SkillError
 from kernelbridge.hub import skills
 from kernelbridge.hub.rpc import RpcCall, RpcHandler, parse_request
-from kernelbridge.replay.recorded import RecordedTools, recorded_in_full, tool_calls
+from kernelbridge.notebook.replay.recorded import RecordedTools, recorded_in_full, tool_calls
 
 if TYPE_CHECKING:
     from kernelbridge.hub import Hub

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kernelbridge.execution import strip_ansi
+from kernelbridge.session.cell import strip_ansi
 
 Verdict = Literal["same", "different", "error", "skipped"]
 VERDICTS: tuple[Verdict, ...] = ("same", "different", "error", "skipped")

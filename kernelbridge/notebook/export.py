@@ -34,7 +34,7 @@ import nbformat
 from nbformat import v4
 
 from kernelbridge.errors import SessionError
-from kernelbridge.notebook import entry_cell, iter_journal, new_notebook, session_journal
+from kernelbridge.notebook.journal import entry_cell, iter_journal, new_notebook, session_journal
 
 MAX_INLINE_CHARS = 16 * 1024 * 1024
 """Characters of notebook JSON returned whole (``export_notebook`` without a path, the notebook

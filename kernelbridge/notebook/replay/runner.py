@@ -1,9 +1,9 @@
 """Running a notebook's code cells through the bridge's own machinery, judging each one.
 
-Cells run in a session of a :class:`~kernelbridge.sessions.SessionRegistry` (``Sandbox`` and
+Cells run in a session of a :class:`~kernelbridge.session.registry.SessionRegistry` (``Sandbox`` and
 all), exactly as ``run_python`` calls would: the servers recorded in each cell are granted, host
 tool calls go to whatever rpc handler the registry was given (the live hub for a restore;
-:class:`~kernelbridge.replay.recorded.ReplayTools` for ``kernelbridge replay``), and a cell that
+:class:`~kernelbridge.notebook.replay.recorded.ReplayTools` for ``kernelbridge replay``), and a cell that
 fails does not stop the replay: a reader wants to see every divergence.
 
 Bounded in time, since a notebook may come from anywhere and its metadata says anything: each cell
@@ -30,12 +30,12 @@ import nbformat
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import ConfigError, HubError, SessionError
-from kernelbridge.notebook import journal_path, notebook_outputs, valid_cell
-from kernelbridge.notebook_export import strip_images
-from kernelbridge.replay.judge import CellVerdict, ReplayReport, behaviour, judge
-from kernelbridge.replay.recorded import cell_meta
-from kernelbridge.replay.tools import ReplayTools, live_settings
-from kernelbridge.sessions import SessionRegistry
+from kernelbridge.notebook.export import strip_images
+from kernelbridge.notebook.journal import journal_path, notebook_outputs, valid_cell
+from kernelbridge.notebook.replay.judge import CellVerdict, ReplayReport, behaviour, judge
+from kernelbridge.notebook.replay.recorded import cell_meta
+from kernelbridge.notebook.replay.tools import ReplayTools, live_settings
+from kernelbridge.session.registry import SessionRegistry
 
 MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
 """A notebook bigger than this is not read (a journal's outputs are capped far below it)."""
@@ -111,7 +111,7 @@ async def replay_cells(
     budget: float | None = None,
 ) -> ReplayReport:
     """Run every code cell of ``nb`` in ``session`` of ``registry``, judge it, and put the new
-    outputs (and the verdict, in ``metadata.kernelbridge.replay``) into ``nb``.
+    outputs (and the verdict, in ``metadata.kernelbridge.notebook.replay``) into ``nb``.
 
     Each cell runs for its recorded timeout (at most the registry's ``max_timeout``) or its
     ``default_timeout``;

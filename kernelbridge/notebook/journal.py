@@ -4,7 +4,7 @@ The journal is the durable record of what ran in a session: one JSON object per 
 ``<state_dir>/sessions/<name>.journal.jsonl``, appended after every ``run_python`` call. Living on
 disk (not only in the bridge's memory) lets ``kernelbridge export`` turn the session of another,
 still running bridge process into a notebook. Entries hold already-capped outputs (see
-:mod:`kernelbridge.execution`), so a line stays bounded whatever the cell printed.
+:mod:`kernelbridge.session.cell`), so a line stays bounded whatever the cell printed.
 
 Line kinds::
 
@@ -19,7 +19,7 @@ Line kinds::
 
 Each line is written (one ``write``) as soon as its cell ends, so a bridge killed with SIGKILL
 loses at most the cell in flight. ``timeout`` is the seconds the call allowed (a replay gives the
-cell the same); ``tool_calls`` are what :mod:`kernelbridge.replay` answers from with
+cell the same); ``tool_calls`` are what :mod:`kernelbridge.notebook.replay` answers from with
 ``--recorded-tools``. A journal holds at most ``Settings.journal_budget`` bytes
 (``KERNELBRIDGE_JOURNAL_BUDGET``): the first line that would pass it is replaced by one
 ``truncated`` line, and nothing is written after that, whatever the session does.
@@ -28,7 +28,7 @@ cell the same); ``tool_calls`` are what :mod:`kernelbridge.replay` answers from 
 Jupyter client of the same kernel (``client``: a person in ``kernelbridge attach``, nbclient).
 
 Reading is bounded too (:func:`iter_journal`: at most a given number of bytes, one line at a
-time); :mod:`kernelbridge.notebook_export` writes notebooks one cell at a time from it.
+time); :mod:`kernelbridge.notebook.export` writes notebooks one cell at a time from it.
 
 This module does no MCP and knows no kernels; replay and diff build on :func:`read_journal`.
 """
@@ -47,7 +47,7 @@ from nbformat import v4
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
-from kernelbridge.execution import Cell, CellResult
+from kernelbridge.session.cell import Cell, CellResult
 
 KERNELSPEC: dict[str, str] = {
     "name": "kernelbridge",
@@ -298,7 +298,7 @@ def load_session_notebook(
     sessions_dir: Path, session: str, max_bytes: int | None = None
 ) -> nbformat.NotebookNode:
     """The notebook of ``session``'s journal (at most ``max_bytes`` of it). Raises SessionError if
-    it has none. Blocking, and its size in memory (see :mod:`kernelbridge.notebook_export` for the
+    it has none. Blocking, and its size in memory (see :mod:`kernelbridge.notebook.export` for the
     bounded ways)."""
     return journal_to_notebook(iter_journal(session_journal(sessions_dir, session), max_bytes), session)
 
@@ -315,7 +315,7 @@ def export_session(settings: Settings, session: str, path: Path | str) -> Path:
     """Write ``session``'s notebook to ``path`` (works for a session of another bridge process),
     one cell at a time. Raises SessionError if the session has no journal, OSError if ``path``
     cannot be written."""
-    from kernelbridge.notebook_export import write_notebook
+    from kernelbridge.notebook.export import write_notebook
 
     target = Path(path).expanduser()
     journal = session_journal(settings.sessions_dir, session)

@@ -16,7 +16,7 @@ client's signed ``execute_request`` arrive (``client_execute``, see
 from that request, never from the iopub messages. iopub under a parent nobody sent is no cell:
 its outputs are background output like any other.
 
-Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.execution.CellOutputs`); at
+Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.session.cell.CellOutputs`); at
 most :data:`MAX_OPEN_CELLS` other clients' cells are tracked at once (the oldest is dropped; the
 bridge's own cells never are); output whose parent is no known cell (a background thread printing
 after its cell ended, a forged parent) goes into one bounded buffer, reported once with the next
@@ -31,7 +31,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kernelbridge.execution import BoundedText, Cell
+from kernelbridge.session.cell import BoundedText, Cell
 from kernelbridge.tunnel import ClientExecute
 
 log = logging.getLogger(__name__)

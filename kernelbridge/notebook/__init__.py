@@ -1,0 +1,1 @@
+"""A session's record as notebooks: the journal, its notebook, export and replay."""

@@ -1,0 +1,1 @@
+"""The session layer: named, stateful sandboxes of one bridge, and what they record."""
