@@ -182,7 +182,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.session.registry import list_session_records
+    from kernelbridge.session.store import list_session_records
 
     records = list_session_records(settings.state_dir)
     if args.json:
@@ -199,7 +199,7 @@ def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def find_session(settings: Settings, name: str) -> dict:
-    from kernelbridge.session.registry import list_session_records
+    from kernelbridge.session.store import list_session_records
 
     for record in list_session_records(settings.state_dir):
         if record["name"] == name:
@@ -225,7 +225,7 @@ def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.notebook.journal import export_session
+    from kernelbridge.session.store import export_session
 
     path = export_session(settings, args.session, args.output)
     print(f"wrote {path}")

@@ -8,6 +8,7 @@
 - :mod:`~kernelbridge.notebook.replay.runner`: cells through a ``SessionRegistry``, and the CLI's entry.
 """
 
+from kernelbridge.notebook.convert import parse_notebook, read_notebook
 from kernelbridge.notebook.replay.judge import (
     CellVerdict,
     ReplayReport,
@@ -17,7 +18,7 @@ from kernelbridge.notebook.replay.judge import (
     normalize_text,
 )
 from kernelbridge.notebook.replay.recorded import RecordedTools, recorded_in_full
-from kernelbridge.notebook.replay.runner import parse_notebook, read_notebook, replay_cells, replay_notebook
+from kernelbridge.notebook.replay.runner import replay_cells, replay_notebook
 from kernelbridge.notebook.replay.tools import ReplayTools
 
 __all__ = [
