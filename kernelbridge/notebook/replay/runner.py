@@ -31,7 +31,16 @@ import nbformat
 from kernelbridge.config import Settings
 from kernelbridge.errors import HubError, SessionError
 from kernelbridge.notebook.convert import notebook_outputs, read_notebook, valid_cell, write_notebook_file
-from kernelbridge.notebook.replay.judge import CellVerdict, ReplayReport, behaviour, judge
+from kernelbridge.notebook.replay.judge import (
+    CellVerdict,
+    ReplayReport,
+    behaviour,
+    judge,
+    skipped_empty,
+    skipped_out_of_time,
+    skipped_refused,
+    skipped_unrecorded,
+)
 from kernelbridge.notebook.replay.recorded import cell_meta
 from kernelbridge.notebook.replay.tools import ReplayTools, live_settings
 from kernelbridge.session.registry import SessionRegistry
@@ -81,7 +90,7 @@ async def replay_cells(
         timeout = cell_timeout(cell, registry.settings.default_timeout, registry.settings.max_timeout)
         left = None if budget is None else budget - (time.monotonic() - started)
         if left is not None and left < 1:
-            verdict = CellVerdict(index, "skipped", f"the restore's time budget of {budget:g} s ran out")
+            verdict = skipped_out_of_time(index, budget or 0)
         else:
             timeout = timeout if left is None else max(1.0, min(timeout, left))
             verdict = await _replay_one(registry, session, index, cell, timeout, recorded)
@@ -101,16 +110,16 @@ async def _replay_one(
     recorded: ReplayTools | None,
 ) -> CellVerdict:
     if not cell.source.strip():
-        return CellVerdict(index, "skipped", "empty cell")
+        return skipped_empty(index)
     if recorded is not None:
-        if (why := recorded.cannot_answer(cell)) is not None:
-            return CellVerdict(index, "skipped", why)
+        if (servers := recorded.unrecorded(cell)) is not None:
+            return skipped_unrecorded(index, servers)
         recorded.begin(cell)
     original = behaviour(cell.outputs, cell_meta(cell).get("status"))
     try:
         result = await registry.run(session, cell.source, timeout=timeout, servers=_servers(cell))
     except (HubError, SessionError) as exc:
-        return CellVerdict(index, "skipped", str(exc).splitlines()[0])
+        return skipped_refused(index, str(exc))
     cell.outputs = notebook_outputs(result.outputs, result.execution_count)
     cell.execution_count = result.execution_count
     valid_cell(cell)
