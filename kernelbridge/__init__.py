@@ -2,9 +2,10 @@
 
 General layout (one direction of dependency, top to bottom; see docs/architecture.md):
 
-- ``server``     MCP tools and resources; formats results for a model
-- ``sessions``   session registry: create/reuse/close, locks, timeouts, idle reaping
-- ``execution``  runs one cell on a kernel client and collects its outputs (bounded)
+- ``server``     MCP tools and resources; the one place results and notes become prose for a model
+- ``session``    session registry, a session's state machine, the cell runner and its timeout policy,
+                 the session store (records and journals by generation), one cell's outputs, outcomes
+- ``notebook``   the journal, journal <-> nbformat, exports, replay
 - ``jupyter``    jupyter_client integration: a KernelProvisioner whose kernel process is a tunnel
                  process, a kernel manager, the kernelspec (for plain Jupyter clients)
 - ``host``       the bridge's side of one sandbox: ``Sandbox``, the one tunnel owner (also the tunnel
