@@ -58,6 +58,7 @@ READ_SLACK = 64 * 1024
 BUDGET_SETTING = "KERNELBRIDGE_JOURNAL_BUDGET"
 
 CellSource = Literal["mcp", "client"]
+"""Who sent a cell: the bridge's own ``run_python`` or another Jupyter client of the kernel."""
 
 
 @dataclass(slots=True)

@@ -24,17 +24,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from kernelbridge.notebook.journal import CellSource
 from kernelbridge.session.outcome import DisplaysDropped, Note, State, Status
 
 if TYPE_CHECKING:
     from kernelbridge.session.broker import ToolCallRecord
-
-CellSource = Literal["mcp", "client"]
-"""Who sent a cell: the bridge's own ``run_python`` or another Jupyter client of the kernel."""
 
 # Why these bounds: a cell may print gigabytes or display thousands of images; the bridge must
 # not hold them. The text caps come from Settings.output_limit; these cover rich outputs.
@@ -213,7 +211,7 @@ def bounded_reply(content: dict[str, Any], limit: int) -> dict[str, Any]:
     return reply
 
 
-@dataclass
+@dataclass(slots=True)
 class CellOutputs:
     """The outputs of one cell, gathered from its iopub messages, in bounded memory."""
 

@@ -37,7 +37,7 @@ REFRESH_CODE = "__import__('mcp')._kernelbridge_refresh()"
 """Sent as a silent request: rebinds ``mcp_<alias>`` proxies for the session's grants."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Seat:
     """A sandbox the registry started, with the handlers it was started with (see the module
     docstring)."""
