@@ -153,13 +153,13 @@ def register_output_resources(
     async def output_image(session: str, name: str, ctx: Context) -> bytes:
         try:
             settings = settings_of(ctx)
-            journal = await anyio.to_thread.run_sync(
-                SessionStore.of(settings).journal, validate_session_name(session)
-            )
+            store = SessionStore.of(settings)
+            journal = await anyio.to_thread.run_sync(store.journal_or_none, validate_session_name(session))
         except Exception as exc:
             raise ResourceError(str(exc)) from None
-        # In a worker process, one at a time per namespace: this reads up to the journal's budget.
-        data = await in_worker(reader_of(ctx), find_png, journal, name, journal_read_limit(settings))
+        data = None
+        if journal is not None:  # in a worker process, one at a time per namespace (up to the budget)
+            data = await in_worker(reader_of(ctx), find_png, journal, name, journal_read_limit(settings))
         if data is None:
             raise ResourceError(f"no image output {name!r} in session {session!r}")
         return data

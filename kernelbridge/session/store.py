@@ -310,6 +310,13 @@ class SessionStore:
                 return path
         raise SessionError(f"no journal for session {session!r}: it has not run any code here")
 
+    def journal_or_none(self, session: str) -> Path | None:
+        """:meth:`journal`, or None if the session has none."""
+        try:
+            return self.journal(session)
+        except SessionError:
+            return None
+
     def records(self) -> list[SessionRecord]:
         """The current record of every session of this namespace, by name."""
         try:
