@@ -28,7 +28,11 @@ generation it is, when it began, which bridge process owns it (``owner_pid``, ``
 its container (name and id) and connection file, where its journal is, where its adoption secret
 is kept (``secret``: a file of the session's directory, mode 0600, not written yet), and when it
 was closed. A record without ``ended`` whose owner is gone is a session whose bridge died: today
-its container is reaped; a bridge that adopts sandboxes will find them here.
+its container is reaped. A bridge that adopts sandboxes (issue 15) finds them in :meth:`records`,
+inspects ``container_id``, proves itself with the secret kept where ``secret`` says, and takes the
+generation over with :meth:`update` (its own ``owner_pid``, the new connection file): the journal
+goes on. Listing and exporting older generations (issue 17) is :meth:`generations`, :meth:`record`
+and :meth:`journal_path`; their budget and pruning come with it.
 
 Records are small JSON objects read as untrusted input: anything that does not decode is skipped.
 Blocking file I/O: the registry calls the writing methods in worker threads.
@@ -187,6 +191,12 @@ class SessionStore:
         """The store of ``settings``' namespace (a registry's)."""
         return cls(settings.state_dir, settings.namespace)
 
+    @classmethod
+    def of_namespace(cls, state_dir: Path, namespace: str) -> SessionStore:
+        """The store of ``namespace`` below the bridge's ``state_dir`` (``""``: the shared one).
+        Raises ConfigError for a name that is not a namespace."""
+        return cls(namespace_state_dir(state_dir, namespace), namespace)
+
     def __repr__(self) -> str:
         return f"<SessionStore {self.namespace or '(shared)'} {self.root}>"
 
@@ -335,8 +345,9 @@ def live_sessions(state_dir: Path) -> list[SessionRecord]:
     was SIGKILLed leaves records whose owner is gone: they are left out)."""
     live: list[SessionRecord] = []
     for namespace in namespace_names(state_dir):
-        store = SessionStore(namespace_state_dir(state_dir, namespace), namespace)
-        live += (record for record in store.records() if record.live)
+        live += (
+            record for record in SessionStore.of_namespace(state_dir, namespace).records() if record.live
+        )
     return live
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbridge.config import namespace_names, namespace_state_dir
+from kernelbridge.config import namespace_names
 from kernelbridge.errors import SessionError
 from kernelbridge.session.store import (
     SessionRecord,
@@ -98,7 +98,7 @@ def test_records_that_do_not_decode_are_skipped(tmp_path: Path) -> None:
 
 
 def test_live_sessions_of_every_namespace_leave_out_dead_bridges_and_closed_sessions(tmp_path: Path) -> None:
-    shared, alice = SessionStore(tmp_path), SessionStore(namespace_state_dir(tmp_path, "alice"), "alice")
+    shared, alice = SessionStore(tmp_path), SessionStore.of_namespace(tmp_path, "alice")
     live = shared.begin("live", connection_file="/c/live.json", container="kb-live")
     theirs = alice.begin("default", connection_file="/c/alice.json")
     orphan = shared.begin("orphan")
