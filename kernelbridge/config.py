@@ -113,7 +113,20 @@ class Settings:
     """Sandbox image reference; None means the locally built image of this version."""
     max_sessions: int = 8
     idle_timeout: float = 1800.0
-    """Seconds after which an unused session's sandbox is closed."""
+    """Seconds after which an unused session's sandbox is closed; also how long a sandbox whose
+    bridge has gone waits for another to adopt it before it ends itself."""
+    durable: bool = True
+    """``KERNELBRIDGE_DURABLE``: sessions outlive their bridge (a client restart, a crash, an
+    upgrade): the sandbox runs on detached and the next bridge on this state directory adopts
+    it. 0: sessions end with their bridge (no sandbox is left behind)."""
+    detached_buffer: int = 32 * 1024 * 1024
+    """``KERNELBRIDGE_DETACHED_BUFFER``: bytes of kernel output a detached sandbox holds for its
+    next bridge (in the sandbox's own memory); past it the oldest output is dropped, counted."""
+    restore_lost: str = "offer"
+    """``KERNELBRIDGE_RESTORE_LOST``: what the first call on a session whose sandbox was lost while
+    no bridge was attached (e.g. the machine restarted) does: ``offer`` (say so, and how to
+    ``restore=``) or ``auto`` (restore it from its journal, host tool results from the record,
+    before the call's code runs)."""
     warm_pool: int = 1
     """Pre-started sandboxes kept ready so a new session's first call skips the cold start."""
     default_timeout: float = 30.0
@@ -326,6 +339,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_sessions=int(_number(env, "MAX_SESSIONS", 8, minimum=1, integer=True)),
         idle_timeout=_number(env, "IDLE_TIMEOUT", 1800.0, minimum=1, integer=False),
         warm_pool=int(_number(env, "WARM_POOL", 1, minimum=0, integer=True)),
+        durable=_flag(env, "DURABLE", default=True),
+        detached_buffer=_bytes(env, "DETACHED_BUFFER", 32 * 1024 * 1024, minimum=64 * 1024),
+        restore_lost=_choice(env, "RESTORE_LOST", ("offer", "auto")),
         default_timeout=default_timeout,
         max_timeout=max_timeout,
         output_limit=int(_number(env, "OUTPUT_LIMIT", 20_000, minimum=200, integer=True)),
@@ -384,10 +400,21 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first is the default)."""
     found = _lookup(env, name)
     if found is None:
-        return False
+        return choices[0]
+    var, raw = found
+    if raw.lower() not in choices:
+        raise ConfigError(f"{var}={raw!r}: expected {' or '.join(choices)}")
+    return raw.lower()
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    found = _lookup(env, name)
+    if found is None:
+        return default
     var, raw = found
     if raw.lower() not in _TRUE + _FALSE:
         raise ConfigError(f"{var}={raw!r}: expected 1 or 0")

@@ -12,6 +12,7 @@ boundaries (e.g. a failing ``podman`` call becomes RuntimeUnavailable inside ``r
     │   ├── SandboxStartFailed        the sandbox ended (or never came) before its kernel was ready
     │   ├── SandboxStartTimeout       its kernel was not ready within the start timeout
     │   ├── LimitsNotEnforced         the runtime ignores memory/pid limits and that is not allowed
+    │   ├── AdoptionFailed            a sandbox that outlived its bridge could not be taken over
     │   └── SandboxFileError          a file request on /workspace was refused (``kind``)
     ├── SessionError                  session-level refusal (bad name, too many sessions, ...)
     ├── HubError                      host MCP servers: an unknown or denied server name, a skill refused
@@ -99,6 +100,16 @@ class SandboxStartTimeout(SandboxError):
 
 class LimitsNotEnforced(SandboxError):
     """The runtime ignores memory and pid limits and the operator did not allow that."""
+
+
+class AdoptionFailed(SandboxError):
+    """A sandbox that outlived its bridge could not be adopted: it is gone, it refused (another
+    bridge is attached), or it is not the sandbox this session made (a wrong secret, garbage).
+    ``reason`` is one line; the session goes on in a fresh sandbox and says so."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the session's sandbox could not be adopted: {reason}")
+        self.reason = reason
 
 
 class SandboxFileError(SandboxError):

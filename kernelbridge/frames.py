@@ -27,6 +27,17 @@ exit           sandbox -> host  status (kernel exit status; negative = signal), 
 log            sandbox -> host  level, message
 =============  ===============  =====================================================================
 
+Sandboxes that outlive their bridge (``hello`` with ``durable``; see "Durable links" below) add:
+
+=============  ===============  =====================================================================
+ack            host -> sandbox  seq: every frame up to this one was handled (also the heartbeat)
+detach         host -> sandbox  seq (as ack): the host leaves on purpose; the sandbox runs on
+challenge      sandbox -> host  nonce, agent_hash: the first frame to a host that attaches again
+adopted        sandbox -> host  proof, next, resend, dropped, detached, idle, how, cells, versions
+refused        sandbox -> host  reason: this attachment is refused (the sandbox runs on)
+resume         host -> sandbox  (none): the adopting host is ready for what was held back
+=============  ===============  =====================================================================
+
 The same codec carries the **control channel** between a tunnel and its owner (the bridge, or the
 kernel provisioner of a plain Jupyter client), which is local and never crosses the sandbox wall:
 
@@ -49,6 +60,26 @@ another agent), ``image_missing``, ``start_failed`` (the runtime could not start
 ``start_timeout``, ``kernel_died`` (the kernel exited; ``reason`` says how, e.g. out of memory),
 ``oom`` (the container's memory limit killed it), ``container_exited`` (the container ended without
 an exit frame), ``shutdown`` (asked for), ``protocol`` (the sandbox broke the frame protocol).
+
+Durable links
+-------------
+A first ``hello`` may carry ``durable: {secret, idle_timeout, buffer}``: the sandbox then outlives
+its host. Every frame the sandbox sends from then on has a sequence number, counted from 1 (the
+first frame it sends) on its first attachment and from ``adopted.next`` on a later one, one per
+line; the host answers ``ack {seq}`` as it handles them (at least every :data:`HEARTBEAT` seconds,
+which is also how the sandbox knows it is still there), and the sandbox keeps every frame that
+was not acknowledged. When the host goes (stdin at EOF, a broken stdout, ``detach``, or silence
+past :data:`HOST_SILENCE`), the sandbox keeps its kernel running and holds what it says, bounded,
+for the next host.
+
+A later host reaches the sandbox through a new stdio pair (an exec'd handover, see
+``inside/handover.py``) and must prove it knows the secret: the sandbox sends ``challenge {nonce}``,
+the host answers ``hello {session, agent_hash, nonce, proof}`` with
+``proof = adoption_proof(secret, HOST_ROLE, nonce, host nonce)``, and the sandbox answers
+``adopted`` (with its own proof, ``AGENT_ROLE``, so the host knows it is the sandbox it made) or
+``refused``. A fresh nonce on each side makes an old proof worthless. After ``adopted`` the sandbox
+sends nothing until the host says ``resume``: then the held frames (``resend`` of them, numbered
+from ``next``) and the live ones.
 
 Both ends also translate between ``kernel`` frames and the Jupyter wire protocol (ZMQ multipart:
 routing ids, ``<IDS|MSG>``, HMAC signature, header, parent_header, metadata, content, buffers):
@@ -84,11 +115,19 @@ RESTART = "restart"
 SHUTDOWN = "shutdown"
 EXIT = "exit"
 LOG = "log"
+# Durable links (sandboxes that outlive their bridge; see "Durable links").
+ACK = "ack"
+DETACH = "detach"
+CHALLENGE = "challenge"
+ADOPTED = "adopted"
+REFUSED = "refused"
+RESUME = "resume"
 
 FRAME_TYPES = frozenset(
     {
         HELLO, READY, KERNEL, RPC_REQUEST, RPC_RESPONSE, FS_REQUEST, FS_RESPONSE,
         INTERRUPT, RESTART, SHUTDOWN, EXIT, LOG, LAUNCH,
+        ACK, DETACH, CHALLENGE, ADOPTED, REFUSED, RESUME,
     }
 )  # fmt: skip
 
@@ -109,6 +148,16 @@ EXIT_KINDS = frozenset(
     }
 )  # fmt: skip
 CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
+
+HEARTBEAT = 5.0
+"""Seconds between a host's ``ack`` frames at the latest, even when it has nothing new to ack."""
+HOST_SILENCE = 30.0
+"""A host of a durable sandbox that sent nothing for this long is gone (a stopped or wedged bridge
+whose stdin never reaches EOF): the sandbox detaches it and may take another."""
+HOST_ROLE = b"kernelbridge-adopt-host"
+AGENT_ROLE = b"kernelbridge-adopt-agent"
+NONCE_BYTES = 32
+SECRET_BYTES = 32
 
 # Why 48 MiB: a 32 MiB display payload must pass (the contract), with room for the message's
 # JSON around it; every byte above that is memory a hostile sandbox could make the host hold per
@@ -150,6 +199,18 @@ class FrameError:
     size: int
     head: bytes = b""
     """The first HEAD_BYTES of an oversized line (empty otherwise)."""
+
+
+def adoption_proof(secret: str, role: bytes, sandbox_nonce: str, host_nonce: str) -> str:
+    """HMAC-SHA256 of both nonces under the sandbox's secret, for ``role`` (:data:`HOST_ROLE` or
+    :data:`AGENT_ROLE`): what each end of an adoption shows the other (see "Durable links")."""
+    message = b"\0".join((role, sandbox_nonce.encode(), host_nonce.encode()))
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def proof_matches(expected: str, given: object) -> bool:
+    """Whether ``given`` (untrusted) is ``expected``, compared in constant time."""
+    return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode()[:256])
 
 
 def encode(frame: Frame) -> bytes:

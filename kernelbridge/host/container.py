@@ -4,15 +4,24 @@ What a :class:`~kernelbridge.host.owner.TunnelOwner` needs is an :class:`Attache
 container id and its stdio stream. How it was obtained is a :class:`ContainerSource`'s business,
 kept apart from the life of the sandbox once it has a stream:
 
-- :class:`NewContainer` creates one from a spec and attaches before starting it; when the sandbox
-  is done the stream is closed and the container removed (shielded, bounded);
-- adopting a container that already runs (a sandbox that outlived its bridge) will be another
-  source: attach only, and remove only when the sandbox is closed, not when its bridge goes.
+- :class:`NewContainer` creates one from a spec and attaches before starting it;
+- :class:`AdoptedContainer` reaches one that already runs (a sandbox that outlived its bridge)
+  through an exec'd handover (:data:`HANDOVER_COMMAND`, as the container's uid 0).
+
+Either way, when the sandbox is done the stream is closed and the container removed (shielded,
+bounded), unless the sandbox was let go of (``keep_running``: a durable sandbox its bridge
+detached from, which runs on for a later bridge).
+
+A durable sandbox's container carries, beside the usual labels, ``kernelbridge.durable=1`` and
+the identity of the state directory that may adopt it (:data:`STATE_LABEL`: a hash, never the
+path), so that the orphan reaper can tell the sandboxes of this state directory that nobody can
+adopt any more from those of another.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import secrets
@@ -20,6 +29,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import anyio
@@ -37,16 +47,32 @@ INSPECT_TIMEOUT = 5.0
 
 NAMESPACE_LABEL = "kernelbridge.namespace"
 """The HTTP client (token name) a sandbox serves; absent over stdio."""
+STATE_LABEL = "kernelbridge.state"
+"""The identity of the state directory whose bridges may adopt a durable sandbox."""
+HANDOVER_COMMAND = ("python3", "-S", "-m", "kernelbridge.inside.handover")
+"""Run in a durable sandbox to reach it again (``kernelbridge/inside/handover.py``)."""
+HANDOVER_USER = "0"
+"""The container's root, which has no capabilities there: kernel code (uid 65534) cannot ptrace
+the handover, signal it or open its /proc entries."""
 
 
-def container_spec(settings: Settings, session: str, image: str) -> ContainerSpec:
+def state_identity(state_dir: Path) -> str:
+    """A name for ``state_dir`` on this host that says nothing of its path: its label value."""
+    where = f"{socket.gethostname()}:{os.path.realpath(state_dir)}"
+    return hashlib.sha256(where.encode()).hexdigest()[:16]
+
+
+def container_spec(settings: Settings, session: str, image: str, *, durable: bool = False) -> ContainerSpec:
     """The sandbox container of ``session``; its name carries a random suffix (a restart racing
     the old container's removal, or two bridges, would otherwise collide) and, over HTTP, the
-    namespace of the client it serves (two clients may both call a session ``default``)."""
+    namespace of the client it serves (two clients may both call a session ``default``).
+    ``durable``: it may outlive its bridge (labelled with the state directory's identity)."""
     prefix = f"kernelbridge-{settings.namespace}-" if settings.namespace else "kernelbridge-"
     labels = settings.labels
     if settings.namespace:
         labels = (*labels, (NAMESPACE_LABEL, settings.namespace))
+    if durable:
+        labels = (*labels, (STATE_LABEL, state_identity(settings.state_dir)))
     return ContainerSpec(
         image=image,
         name=f"{prefix}{session}-{secrets.token_hex(3)}",
@@ -56,10 +82,11 @@ def container_spec(settings: Settings, session: str, image: str) -> ContainerSpe
         owner_host=socket.gethostname(),
         limits=settings.limits,
         labels=labels,
+        durable=durable,
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AttachedContainer:
     """A running sandbox container and its stdio stream, however they were obtained."""
 
@@ -68,6 +95,8 @@ class AttachedContainer:
     stream: ContainerStream
     runtime: RuntimeBackend | None = None
     """Where to ask how it ended (None: nowhere, e.g. a scripted stream in a test)."""
+    keep_running: bool = False
+    """Set by the sandbox when it let go of a durable container: not removed after the stream."""
 
     async def inspect(self) -> ContainerInfo | None:
         """What the engine knows of it now (exit code, OOM kill), or None; bounded, shielded
@@ -111,26 +140,65 @@ class NewContainer(ContainerSource):
         return started_container(self.runtime, self.spec)
 
 
+@dataclass(frozen=True, slots=True)
+class AdoptedContainer(ContainerSource):
+    """A durable sandbox's container that already runs, reached through an exec'd handover."""
+
+    runtime: RuntimeBackend
+    container_id: str
+    container_name: str
+
+    @property
+    def name(self) -> str:
+        return self.container_name
+
+    def open(self) -> AbstractAsyncContextManager[AttachedContainer]:
+        return adopted_container(self.runtime, self.container_id, self.container_name)
+
+
 @contextlib.asynccontextmanager
 async def started_container(runtime: RuntimeBackend, spec: ContainerSpec) -> AsyncIterator[AttachedContainer]:
     """Create and attach a container; on exit (or a failure half-way) close the stream and remove
-    the container, shielded and bounded. Raises ImageError / RuntimeUnavailable from the runtime."""
+    the container (unless let go of), shielded and bounded. Raises ImageError / RuntimeUnavailable
+    from the runtime."""
     container = await runtime.create(spec)
-    stream: ContainerStream | None = None
+    attached: AttachedContainer | None = None
     try:
-        stream = await runtime.attach(container)
-        yield AttachedContainer(container, spec.name, stream, runtime)
+        attached = AttachedContainer(container, spec.name, await runtime.attach(container), runtime)
+        yield attached
     finally:
-        with anyio.CancelScope(shield=True):
-            if stream is not None:
-                with contextlib.suppress(Exception):
-                    await stream.aclose()
-            with anyio.move_on_after(REMOVE_TIMEOUT) as scope:
-                try:
-                    await runtime.remove([container])
-                except Exception as exc:
-                    log.warning("could not remove container %s: %s", spec.name, exc)
-            if scope.cancelled_caught:
-                log.warning(
-                    "removing container %s took over %.0f s; left for reaping", spec.name, REMOVE_TIMEOUT
-                )
+        await _release(runtime, container, spec.name, attached)
+
+
+@contextlib.asynccontextmanager
+async def adopted_container(
+    runtime: RuntimeBackend, container: str, name: str
+) -> AsyncIterator[AttachedContainer]:
+    """Attach to a running durable sandbox through its handover; release it as
+    :func:`started_container` does. Raises RuntimeUnavailable (it is gone, not running, or the
+    engine refuses)."""
+    stream = await runtime.attach_exec(container, HANDOVER_COMMAND, user=HANDOVER_USER)
+    attached = AttachedContainer(container, name, stream, runtime)
+    try:
+        yield attached
+    finally:
+        await _release(runtime, container, name, attached)
+
+
+async def _release(
+    runtime: RuntimeBackend, container: str, name: str, attached: AttachedContainer | None
+) -> None:
+    """Close the stream, then remove the container unless it was let go of (shielded, bounded)."""
+    with anyio.CancelScope(shield=True):
+        if attached is not None:
+            with contextlib.suppress(Exception):
+                await attached.stream.aclose()
+            if attached.keep_running:
+                return
+        with anyio.move_on_after(REMOVE_TIMEOUT) as scope:
+            try:
+                await runtime.remove([container])
+            except Exception as exc:
+                log.warning("could not remove container %s: %s", name, exc)
+        if scope.cancelled_caught:
+            log.warning("removing container %s took over %.0f s; left for reaping", name, REMOVE_TIMEOUT)

@@ -30,6 +30,12 @@ part; waiting for the agent alone would hang on a wedged one. So, shielded from 
    carries its owner's pid and is reaped by the next bridge.
 
 Its limit: a container that survives ``rm -f`` within the bound is left for reaping, logged.
+
+A durable sandbox (``durability``) may instead be let go of (:meth:`TunnelOwner.request_detach`,
+when the bridge leaves): the tunnel sends ``detach``, waits at most :data:`DETACH_GRACE` for the
+agent to let go of the stream, and the container source closes the stream and leaves the
+container running. An adopted one (``durability.adopting``) starts with the handshake instead of
+a kernel start (bounded by :data:`ADOPT_TIMEOUT`); its failure is AdoptionFailed.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import zmq
 from anyio.abc import TaskStatus
 
 from kernelbridge.errors import (
+    AdoptionFailed,
     ExitKind,
     KernelBridgeError,
     SandboxError,
@@ -58,15 +65,19 @@ from kernelbridge.host.connection import new_connection, write_connection_file
 from kernelbridge.host.container import AttachedContainer
 from kernelbridge.host.state import Change, Death, SandboxState, next_state
 from kernelbridge.tunnel import (
+    Adoption,
     ClientExecute,
     Command,
     ControlChannel,
+    Detach,
+    Durability,
     Exited,
     FsResponse,
     Interrupt,
     PeerMessage,
     Ready,
     Restart,
+    Resume,
     RpcRequest,
     Shutdown,
     Tunnel,
@@ -77,6 +88,10 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 2.0
 """Seconds a closing sandbox gets to stop its kernel cleanly before the container is removed."""
+DETACH_GRACE = 2.0
+"""Seconds the agent gets to let go of the stream after ``detach`` (it does at once)."""
+ADOPT_TIMEOUT = 15.0
+"""Bound on an adoption's handshake (an exec and a challenge: ~0.1 s here; a busy engine more)."""
 SEND_TIMEOUT = 5.0
 """Bound on handing one kernel message to the tunnel (it is in-process; only a wedged sandbox is
 slower: a paused container, a runtime client that stopped draining its stdin)."""
@@ -98,10 +113,12 @@ class TunnelOwner:
         start_timeout: float,
         connection: dict[str, Any] | None = None,
         connection_file: Path | None = None,
+        durability: Durability | None = None,
     ) -> None:
         """``session``: what the agent is told in ``hello``. ``connection``: the Jupyter ports and
         key to bind (None: fresh ones, ports chosen by ZMQ). ``connection_file``: where to write the
-        bound connection (0600), deleted when the sandbox ends; None: not written here."""
+        bound connection (0600), deleted when the sandbox ends; None: not written here.
+        ``durability``: the sandbox outlives its bridge (a new one, or one to adopt)."""
         self.name = name
         """For logs and errors (the sandbox's name)."""
         self.session = session
@@ -110,6 +127,7 @@ class TunnelOwner:
         self.start_timeout = start_timeout
         """Seconds from attaching to ``ready``, at the start and for each restart it is asked for."""
         self.connection_file = connection_file
+        self.durability = durability
         self.state = SandboxState.STARTING
         self.ready: Ready | None = None
         """The latest ``ready`` (versions, agent hash)."""
@@ -124,6 +142,7 @@ class TunnelOwner:
         self._ready = anyio.Event()
         self._tunnel_ended = anyio.Event()
         self._close_requested = anyio.Event()
+        self._detach_requested = anyio.Event()
         self._wrote_file = False
 
     def __repr__(self) -> str:
@@ -132,6 +151,11 @@ class TunnelOwner:
     @property
     def alive(self) -> bool:
         return self.state.alive
+
+    @property
+    def adoption(self) -> Adoption | None:
+        """What an adopted sandbox said about the time without a bridge (None: not adopted)."""
+        return self.ready.adoption if self.ready is not None else None
 
     @property
     def versions(self) -> dict[str, str]:
@@ -172,6 +196,7 @@ class TunnelOwner:
             kernel_key=secrets.token_hex(32),
             agent_hash=self.agent_hash,
             peer=peer,
+            durability=self.durability,
         )
         self._tunnel = tunnel
         failure: KernelBridgeError | None = None
@@ -191,19 +216,24 @@ class TunnelOwner:
                     failure = exc
                 if failure is None:
                     task_status.started()
-                    await _first(self._tunnel_ended.wait, self._close_requested.wait)
-                    await self._stop_gracefully()
+                    await _first(
+                        self._tunnel_ended.wait, self._close_requested.wait, self._detach_requested.wait
+                    )
+                    if self.state is SandboxState.DETACHING:
+                        await self._let_go()
+                    else:
+                        await self._stop_gracefully()
                 tg.cancel_scope.cancel()
             if failure is not None:
                 raise failure
-            # Ended by itself or closed: tell which before anyone sees the state change (a death
-            # found while the state is still alive, as the inspection may take a moment).
+            # Ended by itself, closed or detached: tell which before anyone sees the state change
+            # (a death found while the state is still alive, as the inspection may take a moment).
             death = await self._death(container) if self.state.alive else None
             if self._change(Change.END) is SandboxState.DEAD:
                 self.death = death
                 log.info("sandbox %s ended: %s", self.name, death.reason if death else "?")
         finally:
-            if self.state.alive or self.state is SandboxState.CLOSING:
+            if self.state.alive or self.state in (SandboxState.CLOSING, SandboxState.DETACHING):
                 self._change(Change.END)  # a failed start, or cancelled
             self.commands.close()
             self.ended.set()
@@ -222,10 +252,14 @@ class TunnelOwner:
         return True
 
     async def _wait_ready(self, container: AttachedContainer) -> None:
-        with anyio.move_on_after(self.start_timeout):
+        adopting = self.durability is not None and self.durability.adopting
+        timeout = min(self.start_timeout, ADOPT_TIMEOUT) if adopting else self.start_timeout
+        with anyio.move_on_after(timeout):
             await _first(self._ready.wait, self._tunnel_ended.wait, self._close_requested.wait)
         if self._ready.is_set():
             return
+        if adopting:
+            raise AdoptionFailed(await self._adoption_failure(container, timeout))
         if self._tunnel_ended.is_set():
             info = await container.inspect()
             exited = self.exited
@@ -239,6 +273,28 @@ class TunnelOwner:
         if self._close_requested.is_set():
             raise SandboxStartFailed("it was closed while it started")
         raise SandboxStartTimeout(f"the sandbox did not become ready within {self.start_timeout:g} s")
+
+    async def _adoption_failure(self, container: AttachedContainer, timeout: float) -> str:
+        """Why an adoption did not complete, in one line."""
+        if self._close_requested.is_set():
+            return "it was closed meanwhile"
+        if not self._tunnel_ended.is_set():
+            return f"the sandbox did not answer within {timeout:g} s"
+        exited = self.exited
+        if exited is not None and exited.kind is ExitKind.PROTOCOL:
+            return exited.reason
+        tail = [line for line in container.stream.stderr_tail() if line.strip()]
+        info = await container.inspect()
+        if info is not None and info.exit_code is not None:
+            return f"its container exited (status {info.exit_code})"
+        said = f" ({tail[-1]})" if tail else ""
+        return f"the sandbox closed the attachment without a word{said}"
+
+    async def _let_go(self) -> None:
+        """Detach (module docstring): ``detach``, then a moment for the agent to let go."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(DETACH_GRACE):
+            self.commands.put(Detach())
+            await self._tunnel_ended.wait()
 
     async def _stop_gracefully(self) -> None:
         """Step 1 of the shutdown escalation (module docstring): ask, wait at most SHUTDOWN_GRACE."""
@@ -268,6 +324,20 @@ class TunnelOwner:
             return False
         self._close_requested.set()
         return True
+
+    def request_detach(self) -> bool:
+        """Let go of a durable sandbox: it keeps running for a later bridge. True if it was
+        running and is now being let go of (wait for :attr:`ended`)."""
+        if self.durability is None or self.ended.is_set():
+            return False
+        if self._change(Change.DETACH) is not SandboxState.DETACHING:
+            return False
+        self._detach_requested.set()
+        return True
+
+    def resume(self) -> None:
+        """An adopted sandbox may send what it held back (the session is ready to hear it)."""
+        self.send(Resume())
 
     async def close(self) -> None:
         """:meth:`request_close`, then wait until the tunnel ended (bounded, shielded)."""

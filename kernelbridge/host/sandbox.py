@@ -8,7 +8,8 @@ second client) connect to the same tunnel's ZMQ sockets through the connection f
 A :class:`Sandbox` is made of parts with one job each:
 
 - a :class:`~kernelbridge.host.container.ContainerSource`: how it gets its container and stream
-  (:meth:`Sandbox.create` creates one; adopting a running one is another source);
+  (:meth:`Sandbox.create` creates one, durable or not; :meth:`Sandbox.adopt` reaches a durable
+  one that outlived its bridge);
 - its :class:`~kernelbridge.host.owner.TunnelOwner`: the life (the guarded
   :class:`~kernelbridge.host.state.SandboxState`), ready/exit, restart, close;
 - ``sandbox.kernel``, a :class:`~kernelbridge.host.client.BridgeClient`: the bridge's own Jupyter
@@ -18,9 +19,11 @@ A :class:`Sandbox` is made of parts with one job each:
 
 Driven by :meth:`Sandbox.run` in the owner's task group, with the handlers that hear it
 (``await task_group.start(partial(sandbox.run, handlers))``). ``run`` returns to ``start`` only once
-the kernel proved that iopub delivers, or raises the start failure (ImageError, AgentMismatch,
-KernelDied, SandboxError). Whatever happens, the container is removed and the connection file
-deleted when ``run`` ends (shielded, bounded).
+the kernel proved that iopub delivers (or, adopted, the sandbox proved it is the one the secret
+belongs to), or raises the start failure (ImageError, AgentMismatch, KernelDied, SandboxError,
+AdoptionFailed). Whatever happens, the connection file is deleted and the container removed when
+``run`` ends (shielded, bounded), except a durable one that :meth:`Sandbox.detach` let go of, and
+one whose adoption failed (it may be another bridge's: it ends itself after its idle timeout).
 
 It knows nothing of sessions, cells or MCP.
 """
@@ -38,12 +41,12 @@ from anyio.abc import TaskStatus
 from kernelbridge.config import Settings
 from kernelbridge.host.agent_calls import AgentCalls
 from kernelbridge.host.client import BridgeClient
-from kernelbridge.host.container import ContainerSource, NewContainer, container_spec
+from kernelbridge.host.container import AdoptedContainer, ContainerSource, NewContainer, container_spec
 from kernelbridge.host.handlers import NO_HANDLERS, SandboxHandlers
 from kernelbridge.host.owner import SHUTDOWN_GRACE, TunnelOwner
 from kernelbridge.host.state import Death, SandboxState
 from kernelbridge.runtime import RuntimeBackend
-from kernelbridge.tunnel import ClientExecute
+from kernelbridge.tunnel import Adoption, ClientExecute, Durability
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,12 @@ class Sandbox:
         *,
         agent_hash: str | None,
         connection_dir: Path | None = None,
+        durability: Durability | None = None,
     ) -> None:
         self.name = name
         self.container = container
+        self.durability = durability
+        """Set for a sandbox that outlives its bridge (its secret is in there)."""
         self.container_id: str | None = None
         directory = connection_dir or settings.connections_dir
         self.connection_file = directory / f"kernel-{name}-{secrets.token_hex(4)}.json"
@@ -77,6 +83,7 @@ class Sandbox:
             agent_hash=agent_hash,
             start_timeout=settings.kernel_start_timeout,
             connection_file=self.connection_file,
+            durability=durability,
         )
         self.kernel = BridgeClient(self.owner.send_kernel)
         """The bridge's own client of the kernel: ``sandbox.kernel.execute(...)``, ``.reply(...)``."""
@@ -95,10 +102,46 @@ class Sandbox:
         image: str,
         agent_hash: str | None,
         connection_dir: Path | None = None,
+        durable: bool = False,
     ) -> Sandbox:
-        """A sandbox in a new container of ``image`` (created when it runs, removed after)."""
-        source = NewContainer(runtime, container_spec(settings, name, image))
-        return cls(settings, source, name, agent_hash=agent_hash, connection_dir=connection_dir)
+        """A sandbox in a new container of ``image`` (created when it runs, removed after, unless
+        ``durable`` and let go of: then it outlives its bridge, with a fresh secret)."""
+        source = NewContainer(runtime, container_spec(settings, name, image, durable=durable))
+        durability = new_durability(settings) if durable else None
+        return cls(
+            settings,
+            source,
+            name,
+            agent_hash=agent_hash,
+            connection_dir=connection_dir,
+            durability=durability,
+        )
+
+    @classmethod
+    def adopt(
+        cls,
+        settings: Settings,
+        runtime: RuntimeBackend,
+        name: str,
+        *,
+        container_id: str,
+        container_name: str,
+        secret: str,
+        agent_hash: str | None,
+        connection_dir: Path | None = None,
+    ) -> Sandbox:
+        """The durable sandbox of ``container_id``, which outlived its bridge: ``run`` reaches it
+        and proves this bridge knows ``secret`` (no kernel starts)."""
+        source = AdoptedContainer(runtime, container_id, container_name)
+        durability = Durability(secret, settings.idle_timeout, settings.detached_buffer, adopting=True)
+        return cls(
+            settings,
+            source,
+            name,
+            agent_hash=agent_hash,
+            connection_dir=connection_dir,
+            durability=durability,
+        )
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.name!r} {self.state.value}>"
@@ -119,6 +162,11 @@ class Sandbox:
     def container_name(self) -> str:
         return self.container.name
 
+    @property
+    def adoption(self) -> Adoption | None:
+        """What it said about the time without a bridge, when it was adopted."""
+        return self.owner.adoption
+
     # -- life -----------------------------------------------------------------------------------
     async def run(
         self,
@@ -130,15 +178,21 @@ class Sandbox:
         once ready, then keep relaying until closed or dead. Raises the start failure before
         ``started``."""
         started = _Started(self, task_status)
+        adopting = self.durability is not None and self.durability.adopting
         try:
             async with self.container.open() as container:
                 self.container_id = container.id
-                await self.owner.run(
-                    container,
-                    peer=partial(self.kernel.deliver, handlers),
-                    on_event=partial(self.agent.on_event, handlers),
-                    task_status=started,
-                )
+                try:
+                    await self.owner.run(
+                        container,
+                        peer=partial(self.kernel.deliver, handlers),
+                        on_event=partial(self.agent.on_event, handlers),
+                        task_status=started,
+                    )
+                finally:
+                    # Let go of, or never proved to be ours (it may be another bridge's): kept.
+                    detached = self.owner.state is SandboxState.DETACHED
+                    container.keep_running = detached or (adopting and not started.done)
         finally:
             self.ended.set()
             self.kernel.end()
@@ -154,6 +208,20 @@ class Sandbox:
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT):
                 await self.ended.wait()
 
+    async def detach(self) -> bool:
+        """Let go of a durable sandbox: it keeps running, with its kernel and files, for a later
+        bridge to adopt. Waits (bounded, shielded) until this bridge has let go. False when it
+        cannot be (not durable, not ready, or already ended): close it instead."""
+        if not self.owner.request_detach():
+            return False
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT):
+            await self.ended.wait()
+        return True
+
+    def resume(self) -> None:
+        """An adopted sandbox may now send what it held back (call once its handlers are ready)."""
+        self.owner.resume()
+
     def client_execute(self, msg_id: str) -> ClientExecute | None:
         """See :meth:`TunnelOwner.client_execute`: what a Jupyter client really sent, or None."""
         return self.owner.client_execute(msg_id)
@@ -166,6 +234,11 @@ class Sandbox:
         """A new kernel in the same container (files in /workspace stay); True once it proved
         iopub delivers, False if that did not happen within ``timeout`` (or the sandbox died)."""
         return await self.owner.restart(timeout)
+
+
+def new_durability(settings: Settings) -> Durability:
+    """A new durable sandbox's: a fresh secret (only the state directory and the agent know it)."""
+    return Durability(secrets.token_hex(32), settings.idle_timeout, settings.detached_buffer)
 
 
 class _Started(TaskStatus[None]):

@@ -7,12 +7,15 @@
         +--------+--------+---------------------+--end--> DEAD   (the container or kernel ended)
                  |
               close (from any live state) --> CLOSING --end--> CLOSED   (asked for: no death)
+              detach (READY, RESTARTING) --> DETACHING --end--> DETACHED  (it runs on: durable)
 
 Every change goes through :func:`next_state`; a pair that is not in its table raises
 IllegalTransition (a bug). Some events are legal and change nothing, because a sandbox can cause
 them at any moment: a ``ready`` that arrives while the sandbox is closing (the answer to a restart
 sent just before the close) leaves it CLOSING, so the close is not undone and, when the tunnel
 ends, recorded as CLOSED, not as a death. Closing twice, or closing what already ended, is a no-op.
+A detach stands like a close: a close after it, a ready racing it, change nothing (the bridge let
+go of a sandbox that runs on; only a later bridge that adopts it can close it).
 
 Pure (no I/O, no event loop): tests drive it directly.
 """
@@ -36,6 +39,10 @@ class SandboxState(enum.Enum):
     DEAD = "dead"
     """It ended by itself (see the owner's ``death``)."""
     CLOSED = "closed"
+    DETACHING = "detaching"
+    """The owner lets go of it (a durable sandbox): it keeps running, without this bridge."""
+    DETACHED = "detached"
+    """The tunnel ended after a detach: the sandbox runs on; a later bridge may adopt it."""
 
     @property
     def alive(self) -> bool:
@@ -52,6 +59,8 @@ class Change(enum.Enum):
     """The owner asked the sandbox to stop."""
     END = "end"
     """The tunnel ended (the container's stdout closed), or the owner gave up on it."""
+    DETACH = "detach"
+    """The owner lets go of a durable sandbox (the bridge is leaving)."""
 
 
 _S, _C = SandboxState, Change
@@ -66,6 +75,16 @@ _TABLE: dict[tuple[SandboxState, Change], SandboxState] = {
     (_S.CLOSED, _C.CLOSE): _S.CLOSED,
     **{(state, _C.END): _S.DEAD for state in (_S.STARTING, _S.READY, _S.RESTARTING)},
     (_S.CLOSING, _C.END): _S.CLOSED,
+    # Only a sandbox with a ready kernel is let go of; one still starting holds nothing yet.
+    **{(state, _C.DETACH): _S.DETACHING for state in (_S.READY, _S.RESTARTING)},
+    **{
+        (state, _C.DETACH): state
+        for state in (_S.STARTING, _S.DETACHING, _S.DETACHED, _S.CLOSING, _S.CLOSED, _S.DEAD)
+    },
+    (_S.DETACHING, _C.END): _S.DETACHED,
+    (_S.DETACHING, _C.READY): _S.DETACHING,
+    (_S.DETACHING, _C.CLOSE): _S.DETACHING,
+    (_S.DETACHED, _C.CLOSE): _S.DETACHED,
 }
 
 

@@ -3,7 +3,8 @@
 A sandbox takes ~0.5 s to start (container + ipykernel), and starts are CPU bound on small
 machines. The pool keeps ``size`` sandboxes started, one start at a time, and refills in the
 background whenever one is taken. It knows nothing about sessions: :mod:`kernelbridge.session.registry`
-takes sandboxes from it and closes what is left at exit. What it pools is whatever the starter
+takes sandboxes from it and closes what is left at exit (or, durable, lets go of them for the next
+bridge, which adopts them into its pool: :meth:`WarmPool.add`). What it pools is whatever the starter
 returns that holds a sandbox (the session layer pools each sandbox with the handlers it was
 started with).
 """
@@ -66,6 +67,11 @@ class WarmPool(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._sandboxes)
+
+    def add(self, pooled: T) -> None:
+        """Pool a sandbox started elsewhere (one a bridge before this one pooled, adopted)."""
+        self._sandboxes.append(pooled)
+        self._notify()
 
     def drain(self) -> list[T]:
         """Hand over every pooled sandbox (to be closed); the pool is empty afterwards."""

@@ -169,6 +169,28 @@ class Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._write(header.to_json(), mode="x")
 
+    def resume(self) -> bool:
+        """Go on appending to the journal at :attr:`path`, written so far by another bridge (a
+        session adopted with its sandbox): its cells, bytes and whether it was truncated are read
+        back, one line at a time. A torn last line (that bridge was killed mid-write) is ended
+        with a newline first, so it stays one unreadable line (skipped by readers) instead of
+        spoiling the next cell. Returns whether it was torn. Raises OSError."""
+        last = b"\n"
+        with open(self.path, "rb") as f:
+            for line in f:
+                self.written += len(line)
+                last = line[-1:]
+                if line.startswith(b'{"type": "cell"'):
+                    self.cells += 1
+                elif line.startswith(b'{"type": "truncated"'):
+                    self.truncated = True
+        torn = last != b"\n"
+        if torn:
+            with open(self.path, "ab") as f:
+                f.write(b"\n")
+            self.written += 1
+        return torn
+
     def append(self, cell: JournalCell) -> bool:
         """Journal one cell; False when it did not fit (past the budget: nothing is written,
         except the one ``truncated`` line the first time)."""

@@ -4,8 +4,9 @@ Two Protocols on one engine connection:
 
 - :class:`RuntimeBackend`, the containers: ``create`` one from a :class:`ContainerSpec`, ``attach``
   to its stdio as one duplex byte stream (:class:`ContainerStream`: the frame tunnel runs over it),
-  ``remove``, ``inspect`` and ``list`` them, ``info`` about the engine, ``aclose``. Nothing else:
-  these are the verbs the product calls.
+  ``attach_exec`` (a command run in a running container, its stdio as such a stream: how a bridge
+  reaches a sandbox that outlived the bridge that made it), ``remove``, ``inspect`` and ``list``
+  them, ``info`` about the engine, ``aclose``. Nothing else: these are the verbs the product calls.
 - :class:`ImageStore` (``backend.images``), the images on the same engine: their labels (None: no
   such image), importing a root file system tarball, tagging, listing, removing, building from a
   Containerfile. The image builder, ``doctor``, ``setup`` and ``kernelbridge image`` use it, so a
@@ -50,6 +51,9 @@ OWNER_LABEL = "kernelbridge.owner"
 HOST_LABEL = "kernelbridge.host"
 """Label holding the host name of the owning bridge: an engine shared by several machines must
 not let one bridge reap another machine's containers because a pid happens to be unused here."""
+DURABLE_LABEL = "kernelbridge.durable"
+"""On a sandbox that outlives its bridge (``1``): a later bridge may adopt it while it runs, so
+the orphan reaper leaves it alone until it has ended (it ends itself after its idle timeout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +73,18 @@ class ContainerSpec:
     """Overrides the image's CMD (the agent) when not empty."""
     labels: tuple[tuple[str, str], ...] = ()
     """Labels beyond the session/owner/host ones."""
-    reattachable: bool = False
-    """Keep the container's stdin open when the attached client goes away, so that another
-    client can ``attach`` to the running container later (a sandbox that outlives its bridge).
-    False, the default: stdin is open for exactly one attachment and closed for good when that
-    client closes it (the agent sees EOF and exits, as with ``run -i``). Backends whose
-    :attr:`RuntimeInfo.reattach` is False refuse a reattachable spec."""
+    durable: bool = False
+    """The sandbox may outlive its bridge (:data:`DURABLE_LABEL`): a later bridge reaches it with
+    :meth:`RuntimeBackend.attach_exec`. Its stdin is still open for one attachment only (the
+    agent sees EOF when its first bridge goes, and waits for another). Backends whose
+    :attr:`RuntimeInfo.reattach` is False refuse a durable spec."""
 
     def all_labels(self) -> dict[str, str]:
         labels = {SESSION_LABEL: self.session, OWNER_LABEL: str(self.owner_pid)}
         if self.owner_host:
             labels[HOST_LABEL] = self.owner_host
+        if self.durable:
+            labels[DURABLE_LABEL] = "1"
         labels.update(self.labels)
         return labels
 
@@ -122,6 +127,10 @@ class ContainerInfo:
     def session(self) -> str:
         return self.labels.get(SESSION_LABEL, "")
 
+    @property
+    def durable(self) -> bool:
+        return self.labels.get(DURABLE_LABEL) == "1"
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeInfo:
@@ -144,8 +153,9 @@ class RuntimeInfo:
     """The engine's image storage driver (``overlay``, ``vfs``, ``overlay2``...); empty if unknown.
     ``vfs`` copies the whole image for every container: seconds per sandbox start."""
     reattach: bool = False
-    """Whether a :attr:`ContainerSpec.reattachable` container can be created here and attached to
-    again while it runs (the engine API backends; not the CLI fallback)."""
+    """Whether a running container can be attached to again (:meth:`RuntimeBackend.attach_exec`),
+    so that sandboxes may outlive their bridge (:attr:`ContainerSpec.durable`): the engine API
+    backends; not the CLI fallback."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,14 +261,23 @@ class RuntimeBackend(Protocol):
 
     async def attach(self, container: str) -> ContainerStream:
         """Attach to the container's stdio and return the stream; start it if it was created and
-        not started yet (attaching first, so that no byte of its output is lost). Attaching to a
-        container that already runs only attaches: where :attr:`RuntimeInfo.reattach`, a second
-        attachment to a :attr:`ContainerSpec.reattachable` one, after the first was closed, gets
-        its stdout and writes its stdin (elsewhere a running container is refused). A container
-        that has exited is never run again.
+        not started yet (attaching first, so that no byte of its output is lost). A container that
+        has exited is never run again. The container's stdin is open for one attachment: closing
+        that stream closes it for good (a running container is reached again with
+        :meth:`attach_exec`).
 
-        Raises RuntimeUnavailable (also for a container that is gone, has exited, or cannot be
-        attached to again here)."""
+        Raises RuntimeUnavailable (also for a container that is gone or has exited)."""
+        ...
+
+    async def attach_exec(
+        self, container: str, command: Sequence[str], *, user: str = "0"
+    ) -> ContainerStream:
+        """Run ``command`` in the running ``container`` as ``user`` (an exec session) and return
+        its stdin and stdout as a stream (its stderr kept as the stream's tail). The session ends
+        when the command exits; closing the stream closes the command's stdin.
+
+        Raises RuntimeUnavailable when the container is not running (gone, exited) or the engine
+        refuses, and on backends whose :attr:`RuntimeInfo.reattach` is False."""
         ...
 
     async def remove(self, containers: list[str]) -> None:

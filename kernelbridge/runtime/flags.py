@@ -4,7 +4,7 @@ Every hardening and resource decision of DESIGN.md ("Sandbox container") is made
 engine's words: the network, the dropped capabilities, no new privileges, the user, the memory
 (and swap) limit, pids, cpus, the sized tmpfs mounts, the read-only root and what covers podman's
 extra unsized tmpfs, the ulimits, no log driver, no init process, no auto-removal, no pulls, and
-whether stdin closes after one attachment. Three renderers spell it mechanically and decide
+stdin open for one attachment. Three renderers spell it mechanically and decide
 nothing of their own:
 
 - ``cli.backend.create_argv``: ``podman/docker create`` flags;
@@ -98,9 +98,10 @@ class SandboxFlags:
     ulimits: tuple[Ulimit, ...]
     """Explicit: the engines' defaults would be raised past what may be set without
     CAP_SYS_RESOURCE on these machines, and the container would fail to start."""
-    stdin_once: bool
+    stdin_once: bool = True
     """stdin is open for one attachment and closed for good when that client closes it (the
-    agent then sees EOF and exits); False for a reattachable sandbox."""
+    agent then sees EOF: it exits, or, durable, waits for a bridge to reach it through an exec
+    session). Always so: no engine needs another mode (podman 4.3 ignores StdinOnce=false)."""
     workdir: str = WORKDIR
     cap_drop: tuple[str, ...] = ("ALL",)
     no_new_privileges: bool = True
@@ -157,5 +158,4 @@ def sandbox_flags(spec: ContainerSpec) -> SandboxFlags:
         cpus=lim.cpus,
         tmpfs=tuple(tmpfs),
         ulimits=(Ulimit("nofile", lim.nofile, lim.nofile), Ulimit("nproc", lim.nproc, lim.nproc)),
-        stdin_once=not spec.reattachable,
     )

@@ -75,6 +75,11 @@ class UnavailableRuntime(RuntimeBackend):
     async def attach(self, container: str) -> ContainerStream:
         raise RuntimeUnavailable(self.reason)
 
+    async def attach_exec(
+        self, container: str, command: Sequence[str], *, user: str = "0"
+    ) -> ContainerStream:
+        raise RuntimeUnavailable(self.reason)
+
     async def remove(self, containers: list[str]) -> None:
         return None
 

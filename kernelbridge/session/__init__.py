@@ -21,7 +21,8 @@ from kernelbridge.session.cell import CellResult
 from kernelbridge.session.outcome import Note, State, Status
 from kernelbridge.session.registry import Session, SessionRegistry
 from kernelbridge.session.state import SessionState
-from kernelbridge.session.store import SessionRecord, SessionStore, validate_session_name
+from kernelbridge.session.records import SessionRecord
+from kernelbridge.session.store import SessionStore, validate_session_name
 
 __all__ = [
     "CellResult",

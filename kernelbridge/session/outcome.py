@@ -72,6 +72,8 @@ class NoteCode(enum.StrEnum):
     DISPLAYS_DROPPED = "displays_dropped"
     JOURNAL_FULL = "journal_full"
     JOURNAL_FAILED = "journal_failed"
+    ADOPTED = "adopted"
+    SANDBOX_LOST = "sandbox_lost"
 
 
 class Note:
@@ -196,6 +198,57 @@ class JournalFailed(Note):
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class InheritedOutcome:
+    """A cell the bridge before this one sent, as it stands (an adopted sandbox's)."""
+
+    execution_count: int | None
+    code: str
+    """Its first characters."""
+    status: str
+    """``running``, ``ok``, ``error``, ``aborted``."""
+    output: str
+    """Its output so far (bounded; empty when none came)."""
+    heard: bool
+    """Some of its messages reached this bridge (else only the sandbox's word on how it stands)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted(Note):
+    """The session's sandbox outlived its bridge and this bridge took it over: the variables are
+    kept. What happened meanwhile comes with it."""
+
+    code: ClassVar[str] = NoteCode.ADOPTED
+    detached: float
+    """Seconds no bridge was attached."""
+    how: str | None
+    """How the bridge before left: ``detach`` (it exited), ``eof``/``broken`` (it went without a
+    word: killed, or its client), ``silent`` (it stopped answering); None: unknown."""
+    cells: tuple[InheritedOutcome, ...] = ()
+    dropped: int = 0
+    """Messages of output the sandbox dropped past its buffer while detached."""
+    dropped_bytes: int = 0
+    torn_journal: bool = False
+    """The journal's last line was cut off (the bridge before died mid-write); it is skipped."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxLost(Note):
+    """The session's sandbox outlived its bridge but could not be taken over: it is gone (the
+    machine restarted), it ended (its idle timeout, its kernel died), or it is not the one this
+    session made (a wrong secret, garbage). Its variables and files are lost."""
+
+    code: ClassVar[str] = NoteCode.SANDBOX_LOST
+    reason: str
+    generation: int
+    cells: int
+    """Cells in that generation's journal."""
+    restore: str | None
+    """The ``restore=`` argument that rebuilds them (None: nothing to rebuild)."""
+    ran: bool = True
+    """This call's code ran (in a fresh sandbox); False: it did not, so the model can choose."""
+
+
 SessionNote = (
     FreshSandbox
     | SandboxDied
@@ -210,5 +263,7 @@ SessionNote = (
     | DisplaysDropped
     | JournalFull
     | JournalFailed
+    | Adopted
+    | SandboxLost
 )
 """Every note the session layer makes."""

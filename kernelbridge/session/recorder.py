@@ -94,6 +94,16 @@ class Recorder:
         self._track(cell)
         return cell
 
+    def inherit(self, msg_id: str, code: str, *, running: bool) -> Cell:
+        """Track a cell the bridge before this one sent, on an adopted sandbox's word (kernel code
+        cannot make one up: see :class:`kernelbridge.tunnel.durable.InheritedCell`). Like the
+        bridge's own cells, the session layer finishes and journals it; ``running``: the kernel
+        is still on it (this bridge's cells wait behind it)."""
+        cell = self.expect(msg_id, code)
+        if running:
+            cell.started = self.clock()
+        return cell
+
     def _running(self, msg_id: str, running: bool) -> None:
         if self.on_running is not None:
             self.on_running(msg_id, running)

@@ -25,7 +25,8 @@ from kernelbridge.notebook.journal import BUDGET_SETTING, Journal, JournalCell, 
 from kernelbridge.session.broker import ToolCallRecord
 from kernelbridge.session.cell import Cell, CellResult
 from kernelbridge.session.outcome import JournalFailed, JournalFull, Note, State, Status
-from kernelbridge.session.store import SessionRecord, SessionStore, disk_use
+from kernelbridge.session.records import SessionRecord
+from kernelbridge.session.store import SessionStore, disk_use
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,20 @@ class SessionJournal:
         *,
         quota: int | None,
         later: list[Note],
+        secret: str | None = None,
     ) -> tuple[SessionJournal, SessionRecord | None]:
         """Begin a new generation of ``session`` in ``store`` (its record, saying ``where`` its
-        sandbox is, then its journal's header) in a worker thread. A failure is logged and said
-        once: the session goes on."""
+        sandbox is and keeping a durable sandbox's ``secret``, then its journal's header) in a
+        worker thread. A failure is logged and said once: the session goes on."""
 
         def begin() -> tuple[SessionRecord, Journal]:
-            record = store.begin(session, **where)
+            record = store.begin(
+                session,
+                connection_file=where.get("connection_file"),
+                container=where.get("container"),
+                container_id=where.get("container_id"),
+                secret=secret,
+            )
             journal = Journal(store.journal_path(record), budget=budget[0], setting=budget[1])
             header = JournalHeader(session, record.created, os.getpid(), record.generation)
             try:
@@ -131,6 +139,29 @@ class SessionJournal:
             recording._failed_write(exc)
             return recording, None
         return recording, record
+
+    @classmethod
+    async def resume(
+        cls,
+        store: SessionStore,
+        record: SessionRecord,
+        budget: tuple[int, str],
+        *,
+        quota: int | None,
+        later: list[Note],
+    ) -> tuple[SessionJournal, bool]:
+        """Go on with ``record``'s journal (its sandbox was adopted: the generation continues).
+        Returns it and whether its last line was torn (the bridge before died mid-write). A
+        journal that cannot be read or written is said once, as with :meth:`begin`."""
+        journal = Journal(store.journal_path(record), budget=budget[0], setting=budget[1])
+        recording = cls(journal, record.session, quota=quota, later=later)
+        try:
+            torn = await anyio.to_thread.run_sync(journal.resume)
+        except OSError as exc:
+            recording._journal = None
+            recording._failed_write(exc)
+            return recording, False
+        return recording, torn
 
     @property
     def cells(self) -> int:

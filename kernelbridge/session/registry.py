@@ -10,6 +10,15 @@ machine (:mod:`kernelbridge.session.state`); a call's cell runs under the timeou
 calls :meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.session.cell.CellResult`,
 whose notes are values (:mod:`kernelbridge.session.outcome`).
 
+Sessions outlive their bridge (``settings.durable``, the default): a bridge holds each session
+name it uses (its ownership lock, :mod:`kernelbridge.session.ownership`: a name another live
+bridge holds is refused with one line), lets go of its sessions' sandboxes when it leaves
+instead of stopping them (:meth:`SessionRegistry.leave`, then ``aclose``), and adopts the ones a
+bridge before left on this state directory and namespace (:mod:`kernelbridge.session.adoption`):
+at start in the background, or on first use; the warm pool's too, before it serves. An adopted
+session's first result says so (and what ran meanwhile); one whose sandbox is gone says that,
+offering ``restore=``.
+
 Each sandbox this registry starts sits in a :class:`~kernelbridge.session.seat.Seat` with the
 handlers it was started with: its iopub goes to the session's
 :class:`~kernelbridge.session.recorder.Recorder` (so cells sent by any Jupyter client, e.g. a
@@ -38,15 +47,18 @@ from kernelbridge.errors import NO_SERVERS_CONFIGURED, SessionError
 from kernelbridge.host import Death, Sandbox, WarmPool, close_sandbox
 from kernelbridge.hub.rpc import RpcHandler
 from kernelbridge.runtime import RuntimeBackend
+from kernelbridge.session.adoption import Adopter, Lost, lost_result
 from kernelbridge.session.broker import RpcBroker
 from kernelbridge.session.cell import Cell, CellResult, finish_cell
-from kernelbridge.session.outcome import FreshSandbox, Note, ProxiesNotRefreshed
+from kernelbridge.session.named import Session
+from kernelbridge.session.outcome import FreshSandbox, Note, ProxiesNotRefreshed, SandboxLost, State, Status
 from kernelbridge.session.recorder import Recorder
 from kernelbridge.session.recording import SessionJournal, journal_budget
+from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback, Run
 from kernelbridge.session.seat import NO_HUB, Seat, SeatTarget
-from kernelbridge.session.state import Change, Loss, SessionState, next_state
-from kernelbridge.session.store import SessionRecord, SessionStore, validate_session_name
+from kernelbridge.session.state import Change, Loss, SessionState
+from kernelbridge.session.store import SessionStore, validate_session_name
 
 log = logging.getLogger(__name__)
 
@@ -60,52 +72,6 @@ REFRESH_TIMEOUT = 30.0
 own timeout when less: a wedged sandbox must not add this to it)."""
 
 __all__ = ["GrantCheck", "Session", "SessionRegistry", "validate_session_name"]
-
-
-class Session:
-    """One named session of a registry: its state, its sandbox's seat, its grants and journal.
-
-    Its state changes only through :meth:`change` (the table of :mod:`kernelbridge.session.state`).
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.lock = anyio.Lock()
-        """Held by the call that has taken the session."""
-        self._state = SessionState.NEW
-        self.loss: Loss | None = None
-        """Why it lost its sandbox (DEAD), until the next call says so."""
-        self.seat: Seat | None = None
-        self.grants: frozenset[str] = frozenset()
-        self.bound: frozenset[str] = frozenset()
-        """The grants the kernel's ``mcp_<server>`` proxies were last bound to (a fresh kernel:
-        none); the proxies are refreshed before a call when they differ from ``grants``."""
-        self.record: SessionRecord | None = None
-        """Its generation's record in the store (None until its first sandbox, or if it could not
-        be written)."""
-        self.journal: SessionJournal | None = None
-        self.last_used = time.monotonic()
-        self.pending: list[Note] = []
-        """Notes for its next result (e.g. that a fresh sandbox was started)."""
-
-    def __repr__(self) -> str:
-        return f"<Session {self.name!r} {self._state.value}>"
-
-    @property
-    def state(self) -> SessionState:
-        return self._state
-
-    @property
-    def sandbox(self) -> Sandbox | None:
-        return self.seat.sandbox if self.seat is not None else None
-
-    def change(self, change: Change, loss: Loss | None = None) -> SessionState:
-        """Apply ``change`` (see :func:`~kernelbridge.session.state.next_state`, which raises
-        IllegalTransition for a change the table forbids); a LOSE records its ``loss``."""
-        previous, self._state = self._state, next_state(self._state, change)
-        if change is Change.LOSE and previous is not SessionState.DEAD and self._state is SessionState.DEAD:
-            self.loss = loss or Loss.discarded()
-        return previous
 
 
 class SessionRegistry:
@@ -135,14 +101,35 @@ class SessionRegistry:
             settings.warm_pool, self._start_sandbox, settings.kernel_start_timeout
         )
         self._tg: anyio.abc.TaskGroup | None = None
+        self._adopter = Adopter(self) if settings.durable else None
+        self._leaving = False
+        self.lost: dict[str, SandboxLost] = {}
+        """Sessions whose sandbox was found gone (at start), until their next call says so."""
 
     async def __aenter__(self) -> SessionRegistry:
         self.store.open()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        if self._adopter is not None:
+            await self._adopter.open(self._tg, self._pool)  # the warm pool's before it refills
         self._tg.start_soon(self._pool.run)
         self._tg.start_soon(self._reap_idle)
         return self
+
+    @property
+    def durable(self) -> bool:
+        """Whether this registry's sessions outlive it."""
+        return self._adopter is not None
+
+    @property
+    def task_group(self) -> anyio.abc.TaskGroup:
+        assert self._tg is not None
+        return self._tg
+
+    def leave(self) -> None:
+        """The bridge is leaving (its client went, a signal): calls cancelled from now on leave
+        their cells running in durable sandboxes, and ``aclose`` lets go of the sandboxes."""
+        self._leaving = True
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -151,23 +138,33 @@ class SessionRegistry:
         await self._tg.__aexit__(None, None, None)
 
     async def aclose(self) -> None:
-        """Stop every sandbox and pooled sandbox, in parallel, shielded and bounded."""
+        """Let go of every sandbox and pooled sandbox (durable: they run on for the next bridge),
+        or stop them; in parallel, shielded and bounded."""
+        self._leaving = True
         sessions, self._sessions = list(self._sessions.values()), {}
         pool = self._pool.drain()
+        adopter = self._adopter
         with anyio.CancelScope(shield=True), anyio.move_on_after(TEARDOWN_TIMEOUT):
             async with anyio.create_task_group() as tg:
                 for session in sessions:
-                    tg.start_soon(self._close_session, session)
+                    tg.start_soon(self._close_session if adopter is None else adopter.detach, session)
                 for seat in pool:
-                    tg.start_soon(close_sandbox, seat.sandbox)
+                    tg.start_soon(close_sandbox if adopter is None else adopter.detach_warm, seat)
 
     async def _start_sandbox(self, name: str) -> Seat:
         assert self._tg is not None
         sandbox = Sandbox.create(
-            self.settings, self.runtime, name, image=self.image, agent_hash=self.agent_hash
+            self.settings,
+            self.runtime,
+            name,
+            image=self.image,
+            agent_hash=self.agent_hash,
+            durable=self.durable,
         )
         seat = Seat(sandbox)
         await self._tg.start(partial(sandbox.run, seat.handlers()))
+        if self._adopter is not None and name.startswith("warm-"):
+            self._adopter.keep_warm(seat)
         return seat
 
     # -- queries -------------------------------------------------------------------------------
@@ -186,6 +183,11 @@ class SessionRegistry:
             }
             for s in self._sessions.values()
         ]
+
+    def detached(self) -> list[dict[str, Any]]:
+        """``list_sessions``' other entries: this namespace's sessions whose sandbox runs without a
+        bridge (``detached``: the next use adopts it), or that another bridge holds (``elsewhere``)."""
+        return self._adopter.listing(set(self._sessions)) if self._adopter is not None else []
 
     @property
     def warm_kernels(self) -> int:
@@ -218,15 +220,22 @@ class SessionRegistry:
         """
         validate_session_name(name)
         granted = self._grants_for(servers or [])
+        if (lost := self.lost.pop(name, None)) is not None:
+            return lost_result(name, lost)
         while True:
             session = self._session_for(name)
             async with session.lock:
                 if session.state is SessionState.CLOSED:
                     continue  # closed while we queued: the next loop creates a fresh one
                 with self._taken(session) as first:
-                    seat = await self._ensure_sandbox(session, first)
+                    try:
+                        seat = await self._ensure_sandbox(session, first)
+                    except Lost as lost:
+                        return lost_result(name, lost.note)
                     began = self._runner.clock.now()  # waits from here on count against the timeout
-                    session.grants |= granted
+                    if granted - session.grants:
+                        session.grants |= granted
+                        self._write_record(session)
                     if session.grants != session.bound:
                         grants = session.grants
                         refreshed = await seat.refresh_proxies(session.name, min(REFRESH_TIMEOUT, timeout))
@@ -236,9 +245,27 @@ class SessionRegistry:
                             session.pending.append(ProxiesNotRefreshed())
                     return await self._execute(session, seat, code, timeout, on_progress, began)
 
+    async def adopt_or_lost(self, name: str) -> SandboxLost | None:
+        """Before a call: take over ``name``'s sandbox if it outlived its bridge (its first
+        result then says so); the note saying it was lost instead, if it had cells (nothing has
+        run: the caller may rebuild it with ``restore=``). None otherwise."""
+        if (lost := self.lost.pop(validate_session_name(name), None)) is not None:
+            return lost
+        session = self._sessions.get(name)
+        if self._adopter is None or (session is not None and session.state is not SessionState.NEW):
+            return None
+        if self._adopter.record_of(name) is None:
+            return None
+        try:
+            await self.sandbox(name)
+        except Lost as lost:
+            return lost.note
+        return None
+
     async def sandbox(self, name: str) -> Sandbox:
         """The live sandbox of session ``name`` (created on first use, replaced if it died), e.g.
-        to place files before a call. Raises as :meth:`run` does."""
+        to place files before a call. Raises as :meth:`run` does (and Lost: the sandbox it
+        outlived its bridge with is gone, with its cells)."""
         validate_session_name(name)
         while True:
             session = self._session_for(name)
@@ -295,14 +322,24 @@ class SessionRegistry:
         return await self._fresh_sandbox(session)
 
     async def _first_sandbox(self, session: Session) -> Seat:
+        """The session's first sandbox here: the one it outlived its bridge with (adopted), or
+        one from the pool. Raises SessionError (another bridge holds the name), Lost."""
         try:
             budget = await journal_budget(self.settings)  # before the sandbox: nothing to undo
+            record = None
+            if self._adopter is not None:
+                record = await self._adopter.hold(session)
+            if record is not None:
+                adopted = await self._adopter.adopt(session, record, budget) if self._adopter else None
+                if adopted is not None:
+                    return adopted
             seat = await self._pool.take(session.name)
             self._attach(session, seat)
         except BaseException:
             if self._sessions.get(session.name) is session:
                 del self._sessions[session.name]
             session.change(Change.CLOSE)
+            session.release_claim()
             raise
         session.change(Change.STARTED)
         session.journal, session.record = await SessionJournal.begin(
@@ -312,6 +349,7 @@ class SessionRegistry:
             _where(seat.sandbox),
             quota=self.settings.disk_quota,
             later=session.pending,
+            secret=self._adopter.secret_for(seat) if self._adopter is not None else None,
         )
         return seat
 
@@ -390,6 +428,11 @@ class SessionRegistry:
         cell = recorder.expect(uuid.uuid4().hex, code)
 
         async def finish(run: Run) -> CellResult:
+            if self._leaving and run.status is Status.CANCELLED and self._adopter is not None:
+                # Left running for the next bridge, which journals it as it ends.
+                return finish_cell(cell, session=session.name, status=run.status, state=run.state)
+            if self._adopter is not None:
+                notes[:0] = await self._adopter.inherited(session, recorder)
             result = finish_cell(
                 cell, session=session.name, status=run.status, state=run.state, notes=notes + run.notes
             )
@@ -407,6 +450,7 @@ class SessionRegistry:
             closed=lambda: session.state is SessionState.CLOSED,
             discard=partial(self._discard, session, seat),
             restarted=partial(self._restarted, session),
+            leaving=lambda: self._leaving and self._adopter is not None,
         )
         try:
             run = await self._runner.run(
@@ -435,10 +479,12 @@ class SessionRegistry:
 
     # -- closing -------------------------------------------------------------------------------
     async def close(self, name: str) -> bool:
-        """Close session ``name`` (stopping its sandbox, even mid-cell); False if it is not open."""
+        """Close session ``name`` (stopping its sandbox, even mid-cell; a detached one's too);
+        False if it is not open. Raises SessionError when another bridge holds it."""
         session = self._sessions.pop(validate_session_name(name), None)
         if session is None:
-            return False
+            self.lost.pop(name, None)
+            return self._adopter is not None and await self._adopter.end_detached(name)
         await self._close_session(session)
         return True
 
@@ -454,6 +500,7 @@ class SessionRegistry:
         if session.record is not None:
             record, session.record = session.record, None
             self._save(session, lambda: self.store.end(record))
+        session.release_claim()
 
     async def _reap_idle(self) -> None:
         every = max(min(self.settings.idle_timeout / 4, 30.0), 0.25)
@@ -472,7 +519,8 @@ class SessionRegistry:
         """The session's record names its current sandbox (after a replacement or a restart)."""
         record, sandbox = session.record, session.sandbox
         if record is not None and sandbox is not None:
-            self._save(session, lambda: self.store.update(record, **_where(sandbox)))
+            where = {**_where(sandbox), "servers": tuple(sorted(session.grants))}
+            self._save(session, lambda: self.store.update(record, **where))
 
     def _save(self, session: Session, write: Callable[[], SessionRecord]) -> None:
         # A few hundred bytes, written in place as before: only `kernelbridge sessions` and
@@ -486,7 +534,7 @@ class SessionRegistry:
             session.record = new
 
 
-def _where(sandbox: Sandbox) -> dict[str, str | None]:
+def _where(sandbox: Sandbox) -> dict[str, Any]:
     """What a session's record says of its sandbox."""
     return {
         "connection_file": str(sandbox.connection_file),

@@ -19,7 +19,9 @@ Timeouts (every wait on this path is bounded by the call's deadline plus :data:`
   ``state: lost``. If even that does not finish within the grace, the sandbox is discarded (files
   gone, said so) and the next call starts a fresh one.
 - A call that is cancelled (the client gave up) stops its cell the same way before the
-  cancellation goes on, so the next call never queues silently behind it.
+  cancellation goes on, so the next call never queues silently behind it. Not when the whole
+  bridge is leaving a durable sandbox behind (``leaving``): the cell runs on, and the bridge that
+  adopts the sandbox is told how it ended.
 
 All time comes from a :class:`Clock`: the system's monotonic clock in the product, a fake one in
 the tests (tests/unit/test_session_runner.py drives the whole policy with a scripted sandbox and
@@ -122,6 +124,12 @@ class CellTarget(Protocol):
         """The session was closed meanwhile (its sandbox is being stopped)."""
         ...
 
+    @property
+    def leaving(self) -> bool:
+        """The bridge is leaving and its sandbox runs on without it (durable): a call cancelled
+        now leaves its cell running, for the next bridge to hear the end of."""
+        ...
+
     def busy_elsewhere(self, cell: Cell) -> bool:
         """The kernel runs another client's cell that began and has not ended."""
         ...
@@ -201,7 +209,7 @@ class CellRunner:
         except BaseException:
             with anyio.CancelScope(shield=True):
                 state = State.KEPT
-                if not cell.done and not target.closed and target.alive:
+                if not cell.done and not target.closed and target.alive and not target.leaving:
                     state = (await self._stop_overrun(target, cell)).state
                 if on_cancel is not None:
                     await on_cancel(Run(Status.CANCELLED, state, notes))

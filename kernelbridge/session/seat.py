@@ -27,7 +27,9 @@ from kernelbridge.host import Death, Sandbox, SandboxHandlers
 from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.session.broker import RpcBroker
 from kernelbridge.session.cell import Cell
+from kernelbridge.session.ownership import Claim
 from kernelbridge.session.recorder import Recorder
+from kernelbridge.session.records import WarmRecord
 from kernelbridge.session.runner import CellTarget
 from kernelbridge.tunnel import RpcRequest
 
@@ -47,6 +49,16 @@ class Seat:
     broker: RpcBroker | None = None
     on_end: Callable[[Seat], None] | None = None
     """The session's: the sandbox ended (it may have died while idle)."""
+    warm: WarmRecord | None = None
+    """A durable warm sandbox's record in the store (a later bridge may adopt it into its pool)."""
+    claim: Claim | None = None
+    """Its ownership lock while it waits in the pool."""
+
+    def release_warm(self) -> None:
+        """It left the pool (a session took it, or it was closed): let go of its lock."""
+        if self.claim is not None:
+            self.claim.release()
+            self.claim = None
 
     def handlers(self) -> SandboxHandlers:
         return SandboxHandlers(self._on_iopub, self._on_reply, self._on_rpc, self._on_end)
@@ -106,9 +118,11 @@ class SeatTarget(CellTarget):
         closed: Callable[[], bool],
         discard: Callable[[], None],
         restarted: Callable[[], None],
+        leaving: Callable[[], bool] = lambda: False,
     ) -> None:
         self._seat = seat
         self._closed = closed
+        self._leaving = leaving
         self._discard = discard
         self._restarted = restarted
 
@@ -123,6 +137,10 @@ class SeatTarget(CellTarget):
     @property
     def closed(self) -> bool:
         return self._closed()
+
+    @property
+    def leaving(self) -> bool:
+        return self._leaving()
 
     def busy_elsewhere(self, cell: Cell) -> bool:
         return self._seat.recorder is not None and self._seat.recorder.busy_elsewhere(cell)

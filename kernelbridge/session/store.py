@@ -13,7 +13,13 @@ Layout, below a namespace's state directory (``KERNELBRIDGE_STATE_DIR`` itself f
       <name>/                        one directory per session name
         <generation>.json            its record (SessionRecord), rewritten whole as it changes
         <generation>.journal.jsonl   its journal (kernelbridge.notebook.journal), append-only
+        <generation>.secret          its durable sandbox's secret (0600; ``ownership.py``)
+        owner.lock                   held (flock) by the bridge that holds the session name
       <name>.journal.jsonl           a journal written before generations: read as generation 0
+    warm/
+      <container>.json               a durable warm sandbox of the pool (WarmRecord) ...
+      <container>.secret             ... its secret, moved to the session that takes it ...
+      <container>.lock               ... and its ownership lock
     connections/                     the live sandboxes' connection files (host.connection)
 
 Generations are numbered from 1 in each session's directory. A new one is claimed by creating its
@@ -22,17 +28,19 @@ The *current* generation of a name, the one ``export_notebook(session)``, the no
 ``restore="kernelbridge://sessions/<s>/notebook"`` and ``kernelbridge export`` mean, is the newest
 one that has a journal.
 
-What comes next builds on the record (issue 15: a sandbox that outlives its bridge; issue 17:
-listing, exporting and pruning older generations): a record says which session, namespace and
-generation it is, when it began, which bridge process owns it (``owner_pid``, ``owner_host``),
-its container (name and id) and connection file, where its journal is, where its adoption secret
-is kept (``secret``: a file of the session's directory, mode 0600, not written yet), and when it
-was closed. A record without ``ended`` whose owner is gone is a session whose bridge died: today
-its container is reaped. A bridge that adopts sandboxes (issue 15) finds them in :meth:`records`,
-inspects ``container_id``, proves itself with the secret kept where ``secret`` says, and takes the
-generation over with :meth:`update` (its own ``owner_pid``, the new connection file): the journal
-goes on. Listing and exporting older generations (issue 17) is :meth:`generations`, :meth:`record`
-and :meth:`journal_path`; their budget and pruning come with it.
+What a record says is :mod:`.records`' docstring. A bridge holds a session name with its
+ownership lock (:meth:`SessionStore.claim`) from the moment it creates or adopts the session
+until it closes or detaches it. Sandboxes that outlive their bridge (issue 15): a durable
+generation's record names its container and secret; a later bridge finds the adoptable ones
+(:meth:`SessionStore.adoptable`: not ended, durable, their lock free), proves itself to the
+sandbox with the secret (:meth:`SessionStore.secret`), and takes the generation over with
+:meth:`update` (its own ``owner_pid``, the new connection file): the journal goes on. A
+generation whose sandbox was gone when a bridge came back is ended ``lost``
+(:meth:`SessionStore.lose`); the next use of the name is a new generation. The warm pool's
+durable sandboxes have records of their own (:class:`~.records.WarmRecord`, ``warm/``), and a
+session that takes one takes its secret (:meth:`SessionStore.take_warm`). Listing and exporting
+older generations (issue 17) is :meth:`generations`, :meth:`record` and :meth:`journal_path`;
+their budget and pruning come with it.
 
 Records are small JSON objects read as untrusted input: anything that does not decode is skipped.
 Blocking file I/O: the registry calls the writing methods in worker threads.
@@ -44,27 +52,38 @@ import contextlib
 import json
 import logging
 import os
-import re
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from kernelbridge.config import Settings, namespace_names, namespace_state_dir
 from kernelbridge.errors import SessionError
 from kernelbridge.notebook.export import write_notebook
 from kernelbridge.notebook.journal import iter_journal, journal_read_limit
-from kernelbridge.runtime.reaper import pid_alive
+from kernelbridge.session.ownership import (
+    Claim,
+    claim,
+    held_elsewhere,
+    move_secret,
+    read_secret,
+    write_secret,
+)
+from kernelbridge.session.records import (
+    CONTAINER_NAME,
+    JOURNAL_SUFFIX,
+    SECRET_SUFFIX,
+    SESSION_NAME,
+    SessionRecord,
+    WarmRecord,
+)
 
 log = logging.getLogger(__name__)
 
-SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-"""Session names end up in container names and file paths: no slashes, no leading dot."""
 RECORD_SUFFIX = ".json"
-JOURNAL_SUFFIX = ".journal.jsonl"
-RECORD_FORMAT = 1
-"""The record's ``format``; a record of another format is not read."""
+LOCK_FILE = "owner.lock"
+"""A session directory's ownership lock (:mod:`.ownership`)."""
 MAX_RECORD_BYTES = 64 * 1024
 """A record is a few hundred bytes; a bigger file is not one of ours."""
 MAX_COUNTED_FILES = 100_000
@@ -81,101 +100,6 @@ def validate_session_name(name: object) -> str:
             "starting with a letter or digit"
         )
     return name
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    """One generation of one session name (see the module docstring)."""
-
-    session: str
-    generation: int
-    created: float
-    """Wall-clock time the generation began."""
-    owner_pid: int
-    """The bridge process that runs it."""
-    owner_host: str
-    namespace: str = ""
-    connection_file: str | None = None
-    """The live sandbox's connection file (``kernelbridge attach``)."""
-    container: str | None = None
-    """The live sandbox's container name."""
-    container_id: str | None = None
-    secret: str | None = None
-    """Where the adoption secret is kept (a file name in the session's directory); None: none."""
-    ended: float | None = None
-    """Wall-clock time it was closed; None: live, or its bridge died."""
-
-    @property
-    def name(self) -> str:
-        """How the operator names it: ``namespace/session`` for an HTTP token's session."""
-        return f"{self.namespace}/{self.session}" if self.namespace else self.session
-
-    @property
-    def journal(self) -> str:
-        """Its journal's file name in the session's directory."""
-        return f"{self.generation}{JOURNAL_SUFFIX}"
-
-    @property
-    def live(self) -> bool:
-        """Not closed, and its bridge process is alive."""
-        return self.ended is None and self.owner_pid > 0 and pid_alive(self.owner_pid)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": RECORD_FORMAT,
-            "session": self.session,
-            "namespace": self.namespace,
-            "generation": self.generation,
-            "created": self.created,
-            "owner_pid": self.owner_pid,
-            "owner_host": self.owner_host,
-            "journal": self.journal,
-            "connection_file": self.connection_file,
-            "container": self.container,
-            "container_id": self.container_id,
-            "secret": self.secret,
-            "ended": self.ended,
-        }
-
-    @classmethod
-    def decode(cls, raw: object) -> SessionRecord | None:
-        """The record in ``raw`` (parsed JSON), or None if it is not a valid one."""
-        if not isinstance(raw, dict) or raw.get("format") != RECORD_FORMAT:
-            return None
-        session, generation, pid = raw.get("session"), raw.get("generation"), raw.get("owner_pid")
-        created, ended = raw.get("created"), raw.get("ended")
-        if not isinstance(session, str) or not SESSION_NAME.match(session):
-            return None
-        if not _integer(generation) or not _integer(pid) or not _number(created):
-            return None
-        if ended is not None and not _number(ended):
-            return None
-        return cls(
-            session=session,
-            generation=generation,
-            created=created,
-            owner_pid=pid,
-            owner_host=_text(raw.get("owner_host")) or "",
-            namespace=_text(raw.get("namespace")) or "",
-            connection_file=_text(raw.get("connection_file")),
-            container=_text(raw.get("container")),
-            container_id=_text(raw.get("container_id")),
-            secret=_text(raw.get("secret")),
-            ended=ended,
-        )
-
-    def listing(self) -> dict[str, Any]:
-        """What ``kernelbridge sessions --json`` shows of a live session."""
-        shown: dict[str, Any] = {
-            "name": self.name,
-            "connection_file": self.connection_file,
-            "container": self.container,
-            "owner_pid": self.owner_pid,
-            "created": self.created,
-        }
-        if self.namespace:
-            shown["namespace"] = self.namespace
-        return shown
 
 
 class SessionStore:
@@ -223,9 +147,12 @@ class SessionStore:
         connection_file: str | None = None,
         container: str | None = None,
         container_id: str | None = None,
+        secret: str | None = None,
+        servers: tuple[str, ...] = (),
     ) -> SessionRecord:
-        """Claim the next generation of ``session`` and write its first record. Raises OSError
-        (the state directory is full, read-only, or a file is where the directory should be)."""
+        """Claim the next generation of ``session`` and write its first record (with ``secret``:
+        a durable sandbox's, kept beside it first). Raises OSError (the state directory is full,
+        read-only, or a file is where the directory should be)."""
         directory = self.session_dir(session)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         generation = max(self.generations(session), default=0) + 1
@@ -240,6 +167,9 @@ class SessionStore:
                 connection_file=connection_file,
                 container=container,
                 container_id=container_id,
+                durable=secret is not None,
+                servers=servers,
+                secret=f"{generation}{SECRET_SUFFIX}" if secret is not None else None,
             )
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             path = directory / f"{generation}{RECORD_SUFFIX}"
@@ -249,12 +179,23 @@ class SessionStore:
                 generation += 1
                 continue
             try:
+                if secret is not None:
+                    self._keep_secret(directory / f"{generation}{SECRET_SUFFIX}", secret)
                 with os.fdopen(fd, "w") as out:
                     out.write(_dumps(record))
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise
             return record
+
+    def _keep_secret(self, path: Path, secret: str) -> None:
+        """A durable sandbox's secret beside its record: taken from the warm sandbox it came from
+        (``secret`` is then ``warm:<container>``), or written new."""
+        if secret.startswith("warm:"):
+            if not move_secret(self.warm_dir / f"{secret[5:]}{SECRET_SUFFIX}", path):
+                raise FileNotFoundError(f"the warm sandbox {secret[5:]} has no secret")
+        else:
+            write_secret(path, secret)
 
     def update(self, record: SessionRecord, **changes: Any) -> SessionRecord:
         """Rewrite ``record`` with ``changes`` (whole, atomically); returns the new record.
@@ -269,8 +210,104 @@ class SessionStore:
         return new
 
     def end(self, record: SessionRecord) -> SessionRecord:
-        """Mark ``record``'s generation closed (its sandbox and connection file are gone)."""
+        """Mark ``record``'s generation closed (its sandbox and connection file are gone); its
+        secret is deleted (nothing can be adopted with it any more)."""
+        self._forget_secret(record)
         return self.update(record, ended=time.time(), connection_file=None)
+
+    def lose(self, record: SessionRecord, why: str) -> SessionRecord:
+        """End ``record``'s generation because its sandbox was gone when a bridge came back."""
+        self._forget_secret(record)
+        return self.update(record, ended=time.time(), connection_file=None, lost=why[:500])
+
+    def detach(self, record: SessionRecord) -> SessionRecord:
+        """Its bridge let go of the durable sandbox (which runs on): say when."""
+        return self.update(record, detached=time.time(), connection_file=None)
+
+    def _forget_secret(self, record: SessionRecord) -> None:
+        if record.secret:
+            with contextlib.suppress(OSError):
+                (self.session_dir(record.session) / record.secret).unlink()
+
+    # -- ownership and secrets -----------------------------------------------------------------------
+    def claim(self, session: str) -> Claim | None:
+        """Hold ``session``'s name (its ownership lock); None if another bridge holds it. Raises
+        OSError (the state directory cannot be written)."""
+        directory = self.session_dir(session)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return claim(directory / LOCK_FILE)
+
+    def holder(self, record: SessionRecord) -> bool:
+        """Whether a bridge holds ``record``'s session now (a probe of its lock)."""
+        return held_elsewhere(self.session_dir(record.session) / LOCK_FILE)
+
+    def secret(self, record: SessionRecord) -> str | None:
+        """The secret of ``record``'s durable sandbox, or None (none, or not to be trusted)."""
+        if not record.secret:
+            return None
+        return read_secret(self.session_dir(record.session) / record.secret)
+
+    def adoptable(self) -> list[SessionRecord]:
+        """The current records whose durable sandbox a bridge could adopt and no bridge holds."""
+        return [r for r in self.records() if r.adoptable and not self.holder(r)]
+
+    # -- the warm pool's durable sandboxes -------------------------------------------------------------
+    @property
+    def warm_dir(self) -> Path:
+        return self.root / "warm"
+
+    def save_warm(self, record: WarmRecord, secret: str) -> Claim | None:
+        """Keep a durable warm sandbox's record and secret, and hold it; None if that failed
+        (logged: the sandbox is still pooled, but not adoptable)."""
+        try:
+            self.warm_dir.mkdir(exist_ok=True, mode=0o700)
+            held = claim(self.warm_dir / f"{record.container}.lock")
+            write_secret(self.warm_dir / record.secret, secret)
+            self._write(self.warm_dir / f"{record.container}{RECORD_SUFFIX}", record.to_json())
+        except OSError as exc:
+            log.warning("keeping warm sandbox %s for later bridges failed: %s", record.container, exc)
+            return None
+        return held
+
+    def warm(self) -> list[tuple[WarmRecord, Claim]]:
+        """The durable warm sandboxes no bridge holds, each now held by this one."""
+        try:
+            names = sorted(e.name for e in os.scandir(self.warm_dir) if e.name.endswith(RECORD_SUFFIX))
+        except OSError:
+            return []
+        found = []
+        for name in names:
+            record = WarmRecord.decode(_read_json(self.warm_dir / name))
+            if record is None or name != f"{record.container}{RECORD_SUFFIX}":
+                continue
+            held = claim(self.warm_dir / f"{record.container}.lock", attempts=1)
+            if held is not None:
+                found.append((record, held))
+        return found
+
+    def warm_secret(self, record: WarmRecord) -> str | None:
+        return read_secret(self.warm_dir / record.secret)
+
+    def detach_warm(self, record: WarmRecord) -> None:
+        with contextlib.suppress(OSError):
+            path = self.warm_dir / f"{record.container}{RECORD_SUFFIX}"
+            self._write(path, replace(record, detached=time.time()).to_json())
+
+    def drop_warm(self, container: str) -> None:
+        """Forget a warm sandbox (taken by a session, closed, or gone); its secret too unless a
+        session took it."""
+        if not CONTAINER_NAME.match(container):
+            return
+        for suffix in (RECORD_SUFFIX, SECRET_SUFFIX, ".lock"):
+            with contextlib.suppress(OSError):
+                (self.warm_dir / f"{container}{suffix}").unlink()
+
+    def _write(self, path: Path, data: dict[str, Any]) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(tmp, flags, 0o600), "w") as out:
+            out.write(json.dumps(data, indent=1))
+        os.replace(tmp, path)
 
     def generations(self, session: str) -> list[int]:
         """The generations of ``session`` that have a record or a journal, oldest first (0: a
@@ -287,15 +324,7 @@ class SessionStore:
 
     def record(self, session: str, generation: int) -> SessionRecord | None:
         """The record of one generation, or None (none, unreadable, or not one)."""
-        path = self.session_dir(session) / f"{generation}{RECORD_SUFFIX}"
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_RECORD_BYTES + 1)
-            if len(data) > MAX_RECORD_BYTES:
-                return None
-            record = SessionRecord.decode(json.loads(data))
-        except (OSError, ValueError, RecursionError):
-            return None
+        record = SessionRecord.decode(_read_json(self.session_dir(session) / f"{generation}{RECORD_SUFFIX}"))
         if record is None or record.session != session or record.generation != generation:
             return None
         return record
@@ -342,19 +371,41 @@ class SessionStore:
 
 def live_sessions(state_dir: Path) -> list[SessionRecord]:
     """Live sessions of every bridge process using ``state_dir``, every namespace's (a bridge that
-    was SIGKILLed leaves records whose owner is gone: they are left out)."""
-    live: list[SessionRecord] = []
+    was SIGKILLed leaves records whose owner is gone: they are left out; so are detached ones)."""
+    return [record for record, attached in sessions_of(state_dir) if attached]
+
+
+def sessions_of(state_dir: Path) -> list[tuple[SessionRecord, bool]]:
+    """Every session of ``state_dir`` (every namespace's) that a bridge holds (True) or that is
+    detached, its sandbox left running for a later bridge (False; whether it still runs is the
+    engine's answer)."""
+    found: list[tuple[SessionRecord, bool]] = []
     for namespace in namespace_names(state_dir):
-        live += (
-            record for record in SessionStore.of_namespace(state_dir, namespace).records() if record.live
-        )
-    return live
+        store = SessionStore.of_namespace(state_dir, namespace)
+        for record in store.records():
+            if record.ended is not None:
+                continue
+            if record.durable:
+                held = store.holder(record)
+                if held or record.adoptable:
+                    found.append((record, held))
+            elif record.live:
+                found.append((record, True))
+    return found
 
 
 def list_session_records(state_dir: Path) -> list[dict[str, Any]]:
-    """:func:`live_sessions` as ``kernelbridge sessions --json`` shows them (HTTP clients' named
-    ``namespace/session``)."""
-    return [record.listing() for record in live_sessions(state_dir)]
+    """:func:`sessions_of` as ``kernelbridge sessions --json`` shows them (HTTP clients' named
+    ``namespace/session``): attached ones with ``state: attached``, the others ``detached``."""
+    listed = []
+    for record, attached in sessions_of(state_dir):
+        shown = record.listing()
+        shown["state"] = "attached" if attached else "detached"
+        if not attached:
+            shown["connection_file"] = None
+            shown["detached"] = record.detached
+        listed.append(shown)
+    return listed
 
 
 def export_session(settings: Settings, session: str, path: Path | str) -> Path:
@@ -407,13 +458,13 @@ def _dumps(record: SessionRecord) -> str:
     return json.dumps(record.to_json(), indent=1)
 
 
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _integer(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _number(value: object) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _read_json(path: Path) -> object:
+    """A small JSON file (at most MAX_RECORD_BYTES), parsed; None if it is none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            return None
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError):
+        return None

@@ -9,15 +9,20 @@ Each "container" gets its own temporary directory (``workspace/`` is its /worksp
 its Jupyter runtime and IPython directories), removed with it. The agent is started with the
 interpreter running the tests, so the kernel is this environment's ipykernel. Its images are a
 :class:`~kernelbridge.testing.images.MemoryImages` (containers ignore them: any image name runs
-the agent). A reattachable spec is refused (``RuntimeInfo.reattach`` is False), as by the CLI.
+the agent). A durable spec works as with the engine API: the agent runs on when its stream is
+closed, and ``attach_exec`` runs the handover as another local process (the "container"'s attach
+point is an abstract socket named after it; the relay uid is this user's, the agent pid the
+local process's: no uid separates kernel code from the handover here, as nothing isolates it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +30,8 @@ import anyio
 import anyio.abc
 
 from kernelbridge.errors import RuntimeUnavailable
+from kernelbridge.inside.agent.adoption import RELAY_UID_ENV
+from kernelbridge.inside.handover import AGENT_PID_ENV, SOCKET_ENV
 from kernelbridge.runtime.base import (
     SESSION_LABEL,
     ContainerInfo,
@@ -48,6 +55,23 @@ class _Local:
     root: Path
     process: anyio.abc.Process | None = None
     removed: bool = False
+    execs: list[anyio.abc.Process] = field(default_factory=list)
+
+    @property
+    def attach_point(self) -> str:
+        return f"kernelbridge-test-{self.root.name}"
+
+
+class _DetachableStream(ProcessStream):
+    """A durable local "container"'s stdio: closing it closes the agent's stdin and stops reading
+    its stdout, and the agent runs on (as a container's does when its attachment goes)."""
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for pipe in (self.process.stdin, self.process.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(Exception):
+                        await pipe.aclose()
 
 
 @dataclass
@@ -78,8 +102,6 @@ class LocalProcessRuntime(RuntimeBackend):
         await self._drains.aclose()
 
     async def create(self, spec: ContainerSpec) -> str:
-        if spec.reattachable:
-            raise RuntimeUnavailable("the local test double cannot keep a sandbox's stdin open")
         cid = f"local-{os.urandom(6).hex()}"
         root = Path(tempfile.mkdtemp(prefix=f"kernelbridge-{cid}-"))
         (root / "workspace").mkdir()
@@ -103,6 +125,8 @@ class LocalProcessRuntime(RuntimeBackend):
             "MPLCONFIGDIR": str(root / "matplotlib"),
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
             "KERNELBRIDGE_WORKDIR": str(root / "workspace"),
+            SOCKET_ENV: local.attach_point,
+            RELAY_UID_ENV: str(os.getuid()),
             **dict(local.spec.env),
         }
         command = list(local.spec.command) or [sys.executable, "-m", "kernelbridge.inside.agent"]
@@ -116,6 +140,27 @@ class LocalProcessRuntime(RuntimeBackend):
             start_new_session=True,
         )
         local.process = process
+        stream = _DetachableStream(process) if local.spec.durable else ProcessStream(process)
+        self._drains.drain(stream)
+        return stream
+
+    async def attach_exec(
+        self, container: str, command: Sequence[str], *, user: str = "0"
+    ) -> ContainerStream:
+        local = self._containers.get(container)
+        if local is None or local.removed or local.process is None or local.process.returncode is not None:
+            raise RuntimeUnavailable(f"cannot attach to {container} again: it is not running")
+        argv = [sys.executable if arg == "python3" else arg for arg in command]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": str(REPO_ROOT),
+            SOCKET_ENV: local.attach_point,
+            AGENT_PID_ENV: str(local.process.pid),
+        }
+        process = await anyio.open_process(
+            argv, stdin=-1, stdout=-1, stderr=-1, env=env, start_new_session=True
+        )
+        local.execs.append(process)
         stream = ProcessStream(process)
         self._drains.drain(stream)
         return stream
@@ -126,6 +171,8 @@ class LocalProcessRuntime(RuntimeBackend):
             if local is None:
                 continue
             local.removed = True
+            for exec_process in local.execs:
+                await end_process(exec_process, ask=None, grace=0)
             if local.process is not None:
                 # The agent and its kernel (its own process group) are one "container".
                 await end_process(local.process, ask=None, grace=0, group=True)
@@ -155,4 +202,5 @@ class LocalProcessRuntime(RuntimeBackend):
         return ContainerInfo(cid, local.spec.name, local.spec.all_labels(), state, code)
 
     async def info(self) -> RuntimeInfo:
-        return RuntimeInfo(self.name, self.engine, sys.version.split()[0], "local", limits_enforced=False)
+        version = sys.version.split()[0]
+        return RuntimeInfo(self.name, self.engine, version, "local", limits_enforced=False, reattach=True)

@@ -4,7 +4,9 @@
 - :mod:`~kernelbridge.tunnel.sockets`: the five kernel sockets for Jupyter clients, bounded in bytes;
 - :mod:`~kernelbridge.tunnel.events`: the control channel's typed messages (``Ready``, ``Exited``,
   ``RpcRequest``, ... ), decoded once from frames;
-- :mod:`~kernelbridge.tunnel.channel`: the control channel to the tunnel's owner (memory or socket).
+- :mod:`~kernelbridge.tunnel.channel`: the control channel to the tunnel's owner (memory or socket);
+- :mod:`~kernelbridge.tunnel.durable`: the host's end of a durable link (sequence numbers and acks,
+  the adoption handshake, what an adopted sandbox says).
 
 A tunnel is run by its owner, :class:`kernelbridge.host.owner.TunnelOwner`: inside the bridge's
 process for the bridge's own sessions, or in a small process of its own
@@ -14,9 +16,11 @@ It knows nothing of runtimes, sessions, Jupyter clients' kernels or MCP.
 
 from kernelbridge.tunnel.channel import ControlChannel, SocketControlChannel, memory_channel_pair
 from kernelbridge.tunnel.core import ClientExecute, PeerMessage, Tunnel, TunnelState
+from kernelbridge.tunnel.durable import Adoption, Durability, InheritedCell
 from kernelbridge.tunnel.events import (
     Command,
     ControlMessage,
+    Detach,
     Event,
     Exited,
     FsRequest,
@@ -25,6 +29,7 @@ from kernelbridge.tunnel.events import (
     Launch,
     Ready,
     Restart,
+    Resume,
     RpcRequest,
     RpcResponse,
     Shutdown,
@@ -32,20 +37,25 @@ from kernelbridge.tunnel.events import (
 from kernelbridge.tunnel.sockets import ClientSockets
 
 __all__ = [
+    "Adoption",
     "ClientExecute",
     "ClientSockets",
     "Command",
     "ControlChannel",
     "ControlMessage",
+    "Detach",
+    "Durability",
     "Event",
     "Exited",
     "FsRequest",
     "FsResponse",
+    "InheritedCell",
     "Interrupt",
     "Launch",
     "PeerMessage",
     "Ready",
     "Restart",
+    "Resume",
     "RpcRequest",
     "RpcResponse",
     "Shutdown",

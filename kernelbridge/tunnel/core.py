@@ -22,6 +22,15 @@ username, session and code from that verified header (:meth:`Tunnel.take_client_
 code can publish iopub messages under any parent it makes up; only this record says a person sent
 a cell.
 
+A durable sandbox (``durability``) outlives its bridge: the tunnel puts ``durable`` in the new
+sandbox's ``hello``, acknowledges the frames it handles (:class:`~kernelbridge.tunnel.durable.Acker`,
+also the heartbeat), and turns a ``Detach`` into the ``detach`` frame. Adopting one that already
+runs, it sends no ``hello`` of its own: it answers the sandbox's ``challenge`` with its proof,
+checks the sandbox's in ``adopted`` (a refusal, garbage, or a wrong proof ends the tunnel with an
+``Exited`` of kind ``protocol`` saying why), tells the owner ``Ready`` with the
+:class:`~kernelbridge.tunnel.durable.Adoption`, routes the replies of the inherited cells to the
+peer, and lets the sandbox send what it held back once the owner says ``Resume``.
+
 Untrusted input: every frame from the stream is decoded with the frame cap and shape limits;
 frames a sandbox has no business sending at that moment (a ``ready`` while no start or restart is
 pending, a host-bound type) are dropped and counted; the rest become typed events
@@ -46,8 +55,18 @@ from kernelbridge import frames
 from kernelbridge.errors import ExitKind
 from kernelbridge.ratelimit import RateLimitedLog
 from kernelbridge.tunnel.channel import ControlChannel
+from kernelbridge.tunnel.durable import (
+    ACK_DELAY,
+    Acker,
+    Adoption,
+    Durability,
+    Handshake,
+    adoption_hello,
+    check_adopted,
+)
 from kernelbridge.tunnel.events import (
     ControlMessage,
+    Detach,
     Event,
     Exited,
     FsRequest,
@@ -55,6 +74,7 @@ from kernelbridge.tunnel.events import (
     Interrupt,
     Ready,
     Restart,
+    Resume,
     RpcRequest,
     RpcResponse,
     Shutdown,
@@ -72,7 +92,7 @@ LOG_WINDOW = 10.0
 """Sandbox log lines logged per window; the rest are counted (a sandbox can send without end)."""
 DROP_BURST = 20
 """Warnings about dropped frames per LOG_WINDOW; every drop is counted in ``dropped``."""
-OWNER_COMMANDS = (RpcResponse, FsRequest, Interrupt, Restart, Shutdown)
+OWNER_COMMANDS = (RpcResponse, FsRequest, Interrupt, Restart, Shutdown, Detach, Resume)
 """What an owner may send to the sandbox through the tunnel."""
 SANDBOX_EVENTS: dict[str, Callable[[frames.Frame], Event]] = {
     frames.READY: Ready.from_frame,
@@ -105,6 +125,10 @@ PeerMessage = Callable[[str, dict[str, Any], list[bytes]], Awaitable[None]]
 
 class TunnelState(enum.Enum):
     STARTING = "starting"
+    ADOPTING = "adopting"
+    """Waiting for an adopted sandbox's ``challenge``."""
+    PROVING = "proving"
+    """Answered the challenge; waiting for ``adopted``."""
     READY = "ready"
     RESTARTING = "restarting"
     ENDED = "ended"
@@ -123,10 +147,12 @@ class Tunnel:
         kernel_key: str,
         agent_hash: str | None = None,
         peer: PeerMessage | None = None,
+        durability: Durability | None = None,
     ) -> None:
         """``connection``: ports and key of the Jupyter sockets to bind (None: no sockets, only
         the peer). ``kernel_key``: the HMAC key of the kernel inside the sandbox (sent in
-        ``hello``; never the connection file's key)."""
+        ``hello``; never the connection file's key). ``durability``: a sandbox that outlives its
+        bridge (new, or adopted)."""
         self.stream = stream
         self.control = control
         self.connection = connection
@@ -134,7 +160,13 @@ class Tunnel:
         self.kernel_key = kernel_key
         self.agent_hash = agent_hash
         self.peer = peer
-        self.state = TunnelState.STARTING
+        self.durability = durability
+        self.acker = Acker() if durability is not None else None
+        self._ack_due = anyio.Event()
+        self._handshake: Handshake | None = None
+        self.adoption: Adoption | None = None
+        adopting = durability is not None and durability.adopting
+        self.state = TunnelState.ADOPTING if adopting else TunnelState.STARTING
         self.clients: ClientSockets | None = None
         self.pending: collections.OrderedDict[str, list[bytes] | str] = collections.OrderedDict()
         self.client_executes: collections.OrderedDict[str, ClientExecute] = collections.OrderedDict()
@@ -165,19 +197,23 @@ class Tunnel:
             self.clients = ClientSockets(self.connection, str(self.connection.get("key", "")).encode())
             self.clients.bind()
         try:
-            await self.send_frame(
-                {
+            if self.state is TunnelState.STARTING:
+                hello: frames.Frame = {
                     "type": frames.HELLO,
                     "key": self.kernel_key,
                     "session": self.session,
                     "agent_hash": self.agent_hash,
                 }
-            )
+                if self.durability is not None:
+                    hello["durable"] = self.durability.hello_field()
+                await self.send_frame(hello)
             task_status.started()
             async with anyio.create_task_group() as tg:
                 if self.clients is not None:
                     tg.start_soon(self.clients.serve, self.from_client)
                 tg.start_soon(self.pump_control)
+                if self.acker is not None:
+                    tg.start_soon(self.heartbeat)
                 await self.pump_stream()
                 tg.cancel_scope.cancel()
             await self.tell_owner(self.exited or _container_exited())
@@ -198,12 +234,40 @@ class Tunnel:
             while True:
                 chunk = await self.stream.receive(READ_CHUNK)
                 for item in self.decoder.feed(chunk):
+                    numbered = self.acker is not None and self.state not in _HANDSHAKE
                     if isinstance(item, frames.FrameError):
                         self.drop(item.reason)
                     else:
                         await self.handle(item)
+                    if numbered and self.acker is not None:
+                        self.acker.count()
+                if self.acker is not None and self.acker.behind:
+                    if self.acker.received(len(chunk)):
+                        await self.send_ack()
+                    else:
+                        self._ack_due.set()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             log.info("session %s: the sandbox's stdout closed", self.session)
+        except _HandshakeFailed as failed:
+            log.warning("session %s: adoption failed: %s", self.session, failed.reason)
+            self.exited = Exited(None, ExitKind.PROTOCOL, failed.reason)
+
+    async def heartbeat(self) -> None:
+        """Acks of a durable link: soon after frames were handled, and at least every
+        ``frames.HEARTBEAT`` seconds (the sandbox takes silence for a bridge that has gone)."""
+        assert self.acker is not None
+        while True:
+            with anyio.move_on_after(frames.HEARTBEAT):
+                await self._ack_due.wait()
+            if self._ack_due.is_set():
+                await anyio.sleep(ACK_DELAY)  # gather what follows into one ack
+            if self.state not in _HANDSHAKE:
+                await self.send_ack()
+
+    async def send_ack(self) -> None:
+        assert self.acker is not None
+        self._ack_due = anyio.Event()
+        await self.send_frame(self.acker.ack())
 
     async def pump_control(self) -> None:
         """Owner -> sandbox until the owner closes the channel. Frames that are already waiting
@@ -236,8 +300,11 @@ class Tunnel:
             return None
         if isinstance(command, Restart):
             self.state = TunnelState.RESTARTING
+        frame = command.to_frame()
+        if isinstance(command, Detach) and self.acker is not None:
+            frame["seq"] = self.acker.ack()["seq"]  # it goes with what was handled: nothing resent
         try:
-            return frames.encode(command.to_frame())
+            return frames.encode(frame)
         except (TypeError, ValueError) as exc:
             log.warning("session %s: dropped an unencodable %s frame: %s", self.session, command.TYPE, exc)
             return None
@@ -245,6 +312,9 @@ class Tunnel:
     # -- sandbox -> host ------------------------------------------------------------------------
     async def handle(self, frame: frames.Frame) -> None:
         kind = frame["type"]
+        if self.state in _HANDSHAKE:
+            await self.handshake(frame)
+            return
         if kind == frames.KERNEL:
             await self.deliver(frame)
         elif kind == frames.READY:
@@ -262,6 +332,41 @@ class Tunnel:
             self.log_from_sandbox(frame)
         else:
             self.drop(f"a {kind} frame is not for the host")
+
+    async def handshake(self, frame: frames.Frame) -> None:
+        """An adopted sandbox's first frames: ``challenge``, then ``adopted`` (or ``refused``).
+        Anything else is not the sandbox this bridge made. Raises _HandshakeFailed."""
+        assert self.durability is not None
+        kind = frame["type"]
+        if kind == frames.REFUSED:
+            raise _HandshakeFailed(f"the sandbox refused it: {frames.clip(frame.get('reason'), 300)}")
+        if self.state is TunnelState.ADOPTING and kind == frames.CHALLENGE:
+            answer = adoption_hello(self.durability, frame, self.session, self.agent_hash)
+            if isinstance(answer, str):
+                raise _HandshakeFailed(f"the sandbox answered with garbage: {answer}")
+            self._handshake = answer
+            self.state = TunnelState.PROVING
+            await self.send_frame(answer.hello)
+            return
+        if self.state is TunnelState.PROVING and kind == frames.ADOPTED:
+            assert self._handshake is not None
+            problem = check_adopted(self.durability, frame, self._handshake)
+            if problem is not None:
+                raise _HandshakeFailed(f"the sandbox is not the one this session made: {problem}")
+            adoption = Adoption.from_frame(frame)
+            self.adoption = adoption
+            assert self.acker is not None
+            self.acker.rebase(adoption.next)
+            for cell in adoption.cells:  # their replies (resent, or still to come) go to the peer
+                self.remember(cell.msg_id, PEER)
+            self.state = TunnelState.READY
+            agent_hash = frames.clip(frame.get("agent_hash") or "", 80)
+            await self.tell_owner(Ready(dict(adoption.versions), agent_hash, adoption))
+            return
+        raise _HandshakeFailed(
+            f"the sandbox answered with garbage (a {frames.clip(kind, 40)} frame where the adoption's"
+            f" {'challenge' if self.state is TunnelState.ADOPTING else 'answer'} belongs)"
+        )
 
     async def deliver(self, frame: frames.Frame) -> None:
         """A kernel message: iopub to the peer then the clients; a reply to whoever asked."""
@@ -372,6 +477,15 @@ class Tunnel:
                 await self.stream.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 log.info("session %s: the sandbox's stdin is closed; dropped %s", self.session, what)
+
+
+_HANDSHAKE = (TunnelState.ADOPTING, TunnelState.PROVING)
+
+
+class _HandshakeFailed(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _container_exited() -> Exited:

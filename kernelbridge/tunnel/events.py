@@ -13,6 +13,8 @@ FsResponse      tunnel -> owner  the agent's answer to an FsRequest
 Interrupt       owner -> tunnel  SIGINT to the kernel's process group
 Restart         owner -> tunnel  a new kernel in the same container (answered by Ready)
 Shutdown        owner -> tunnel  stop the kernel and leave
+Detach          owner -> tunnel  leave the sandbox running (durable: a later bridge adopts it)
+Resume          owner -> tunnel  an adopted sandbox may send what it held back
 RpcResponse     owner -> tunnel  the host's answer to an RpcRequest
 FsRequest       owner -> tunnel  a file operation on /workspace, served by the agent
 Launch          provisioner ->   what a tunnel *process* must start (never reaches a tunnel)
@@ -33,6 +35,7 @@ from typing import Any, ClassVar, Self
 
 from kernelbridge import frames
 from kernelbridge.errors import ExitKind
+from kernelbridge.tunnel.durable import Adoption
 
 MAX_REASON = 500
 """Characters of an exit reason kept: one line for a model or a log."""
@@ -46,6 +49,9 @@ class Ready:
     versions: dict[str, str] = field(default_factory=dict)
     """python, ipykernel, agent (clipped; at most 20 entries)."""
     agent_hash: str = ""
+    adoption: Adoption | None = None
+    """Set when the sandbox was adopted (it already ran): what it said of the time without a
+    bridge. In the bridge only (a tunnel process never adopts): not part of the frame."""
 
     def to_frame(self) -> frames.Frame:
         return {"type": self.TYPE, "versions": dict(self.versions), "agent_hash": self.agent_hash}
@@ -186,6 +192,20 @@ class Shutdown(_Bare):
 
 
 @dataclass(frozen=True, slots=True)
+class Detach(_Bare):
+    """Leave the sandbox running (a durable one): no shutdown; a later bridge may adopt it."""
+
+    TYPE: ClassVar[str] = frames.DETACH
+
+
+@dataclass(frozen=True, slots=True)
+class Resume(_Bare):
+    """An adopted sandbox may now send what it held back (the bridge is ready to hear it)."""
+
+    TYPE: ClassVar[str] = frames.RESUME
+
+
+@dataclass(frozen=True, slots=True)
 class RpcResponse(_Answer):
     """The host's answer to an :class:`RpcRequest` (error kinds in docs/rpc.md)."""
 
@@ -281,7 +301,7 @@ class Launch:
 
 Event = Ready | Exited | RpcRequest | FsResponse
 """What a tunnel tells its owner."""
-Command = Interrupt | Restart | Shutdown | RpcResponse | FsRequest
+Command = Interrupt | Restart | Shutdown | RpcResponse | FsRequest | Detach | Resume
 """What an owner tells its tunnel (and the tunnel relays to the sandbox's agent)."""
 ControlMessage = Event | Command | Launch
 

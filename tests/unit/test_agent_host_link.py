@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from kernelbridge import frames
+from kernelbridge.inside.agent import hello as hello_module
 from kernelbridge.inside.agent import host_link
-from kernelbridge.inside.agent.host_link import HIGH_WATER, Hello, HostLink, LinkState, Refusal
+from kernelbridge.inside.agent.hello import Hello, Refusal
+from kernelbridge.inside.agent.host_link import HIGH_WATER, HostLink, LinkState
 
 BOUND = 10.0  # seconds: every wait for the other end of a pipe is bounded by this
 
@@ -136,9 +138,9 @@ def test_a_host_expecting_another_agent_is_refused(
     host, link, _ = pipes
     baked = tmp_path / "AGENT_HASH"
     baked.write_text("ab" * 32 + "\n")
-    monkeypatch.setattr(host_link, "AGENT_HASH_FILE", baked)
-    assert host_link.check_agent_hash("ab" * 32) is None
-    assert host_link.check_agent_hash(None) is None  # a host that expects nothing in particular
+    monkeypatch.setattr(hello_module, "AGENT_HASH_FILE", baked)
+    assert hello_module.check_agent_hash("ab" * 32) is None
+    assert hello_module.check_agent_hash(None) is None  # a host that expects nothing in particular
     host.write(hello(agent_hash="cd" * 32))
     refusal = link.accept_hello(timeout=BOUND)
     assert isinstance(refusal, Refusal)

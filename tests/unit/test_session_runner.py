@@ -106,6 +106,7 @@ class FakeSandbox(CellTarget):
     calls: list[str] = field(default_factory=list)
     dead: Death | None = None
     is_closed: bool = False
+    is_leaving: bool = False
 
     @property
     def alive(self) -> bool:
@@ -118,6 +119,10 @@ class FakeSandbox(CellTarget):
     @property
     def closed(self) -> bool:
         return self.is_closed
+
+    @property
+    def leaving(self) -> bool:
+        return self.is_leaving
 
     def busy_elsewhere(self, cell: Cell) -> bool:
         return self.clock.now() < self.busy_until

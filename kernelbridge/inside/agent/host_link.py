@@ -27,16 +27,20 @@ its rpc socket) until the host has taken the backlog. Backpressure reaches the k
 host's own frames. Outside the relay loop (start-up, exit) nothing polls stdout, so there
 :meth:`~HostLink.send` waits, bounded by :data:`OUTPUT_DRAIN_TIMEOUT`, until its frame is written.
 
-**Detaching (issue 15) plugs in here.** Today a host is attached for the container's life, so
-:meth:`HostLink._host_left` ends the link and the agent stops. For sessions that outlive their
-bridge it goes to a new ``DETACHED`` state instead: :meth:`~HostLink.send` keeps frames in the
-outbox up to a byte bound without writing (dropping and counting past it) and :attr:`backlogged`
-stays false so the kernel runs on; :attr:`wants_read` stays true, and a new host's ``hello``, which
-:meth:`~HostLink.receive` already keeps from the relay, goes through the same check as the first
-(plus the per-session secret) and re-attaches, the backlog written first; an idle timeout in
-``DETACHED`` ends the link. The relay stops only on :attr:`ended` and needs no change. What says
-that a host has gone also belongs here: EOF today; under an engine that keeps the container's
-stdin open across attaches, a ``detach`` frame or a silent host.
+**Sandboxes that outlive their host** (a ``hello`` with ``durable``: the secret, the idle
+timeout, the detached buffer; :class:`Durable`). Every frame out is numbered and kept in the
+:class:`~.outbox.Outbox` until the host's ``ack`` covers it; the host acks as it goes and at least
+every ``frames.HEARTBEAT`` seconds. A host leaving (stdin at EOF, a broken stdout, a ``detach``
+frame, or silence past ``frames.HOST_SILENCE``: a stopped bridge) still reaches
+:meth:`HostLink._host_left`, which then goes to ``DETACHED`` instead of ending: the host's pipes
+are closed (never written to again: the container's own stdout would only feed the engine's
+log), everything it did not acknowledge waits for the next host, :meth:`~HostLink.send` keeps
+queueing within the buffer (the oldest output dropped past it, counted; :attr:`backlogged`
+stays false, so the kernel runs on), and the relay answers the kernel's host calls itself. A new
+host arrives as a handover that proved itself (``adoption.py``): :meth:`HostLink.attach` makes
+its pipes the link's, writes the ``adopted`` frame, and holds everything else back until the
+host's ``resume``. ``DETACHED`` for longer than the idle timeout ends the link
+(:meth:`HostLink.check`), so a sandbox no bridge comes back for ends itself.
 """
 
 from __future__ import annotations
@@ -49,21 +53,23 @@ import select
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kernelbridge import frames
-from kernelbridge.inside.agent.write_queue import WriteQueue
+from kernelbridge.inside.agent.adoption import Handover
+from kernelbridge.inside.agent.hello import Durable, Hello, Refusal, check_agent_hash
+from kernelbridge.inside.agent.host_cells import HostCells
+from kernelbridge.inside.agent.outbox import Kind, Outbox
 
-AGENT_HASH_FILE = Path(__file__).parents[1] / "AGENT_HASH"
-"""Written by the image builder (``kernelbridge/inside/AGENT_HASH``); absent outside an image."""
 HELLO_TIMEOUT = 30.0
 OUTPUT_DRAIN_TIMEOUT = 10.0
 """Bound on waiting for the host to read a frame outside the relay loop (start-up, exit)."""
 HIGH_WATER = 8 * 1024 * 1024
 """Queued bytes past which the link is backlogged. One frame may exceed it (a 32 MiB display);
 the queue then holds that frame and nothing more."""
+WINDOW = 32 * 1024 * 1024
+"""Bytes a durable link keeps written but not acknowledged before it is backlogged too (the host
+acks every megabyte or so: only a host that stopped acking reaches this)."""
 READ_CHUNK = 1 << 20
 MAX_LOG_LINE = 2000
 # Why 200 lines per 10 s: the kernel's own fd 1/2 (C extensions, os.write) becomes log frames, and
@@ -72,6 +78,10 @@ LOG_BURST = 200
 LOG_WINDOW = 10.0
 CLIP_STRING = 1024 * 1024
 """Strings of a kernel message longer than this are cut when the message is over the frame cap."""
+OUTPUT_MESSAGES = frozenset({"stream", "display_data", "update_display_data", "clear_output"})
+"""iopub messages that are output only: the first to go when a detached sandbox's buffer is full."""
+LINK_FRAMES = frozenset({frames.HELLO, frames.ACK, frames.DETACH, frames.RESUME})
+"""Host frames about the link itself: handled here, never passed to the relay."""
 
 
 class LinkState(enum.Enum):
@@ -79,6 +89,8 @@ class LinkState(enum.Enum):
     """Started: the first frame must be the host's ``hello``."""
     ATTACHED = "attached"
     """A host's hello was accepted: its frames go to the relay, the agent's frames go to it."""
+    DETACHED = "detached"
+    """A durable sandbox whose host has gone: it runs on and holds its frames for the next host."""
     ENDED = "ended"
     """The host has gone and none will come again: the agent stops."""
 
@@ -92,30 +104,25 @@ class Writes(enum.Enum):
     """Queue only: the relay loop writes as stdout takes it (:meth:`HostLink.polled`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """An accepted ``hello``."""
+class Departure(enum.Enum):
+    """How the last host went away (told to the next one)."""
 
-    key: bytes
-    """The kernel's HMAC key."""
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why no host was accepted: the agent reports it in an ``exit`` frame and exits."""
-
-    status: int
-    """The agent's exit status."""
-    kind: str
-    """The ``exit`` frame's kind (``frames.EXIT_*``)."""
-    reason: str
+    DETACHED = "detach"
+    """It said so (a bridge that exited cleanly)."""
+    EOF = "eof"
+    """Its stdin reached EOF without a word (a bridge that was killed, or its client)."""
+    BROKEN = "broken"
+    """Its stdout broke."""
+    SILENT = "silent"
+    """It sent nothing for ``frames.HOST_SILENCE`` seconds (a stopped or wedged bridge)."""
 
 
 class HostLink:
-    """The container's stdin (``input_fd``) and stdout (``output_fd``) as frames.
+    """The host's stdin (``input_fd``) and stdout (``output_fd``) as frames: the container's own,
+    and for a durable sandbox later a handover's.
 
-    ``clock`` drives the log rate window only (tests pass a fake one); I/O deadlines use the real
-    monotonic clock.
+    ``clock`` drives the log rate window and the durable link's timers (tests pass a fake one);
+    the hello's and the drain's deadlines use the real monotonic clock.
     """
 
     def __init__(self, input_fd: int, output_fd: int, clock: Callable[[], float] = time.monotonic) -> None:
@@ -123,8 +130,10 @@ class HostLink:
         self.output_fd = output_fd
         os.set_blocking(output_fd, False)
         self.state = LinkState.AWAITING_HELLO
+        self.durable: Durable | None = None
+        self.cells = HostCells()
         self._writes = Writes.WAIT
-        self._outbox = WriteQueue(functools.partial(os.write, output_fd))
+        self._outbox = Outbox()
         self._output_broken = False
         self._decoder = frames.FrameDecoder()
         self._incoming: deque[frames.Frame] = deque()
@@ -132,6 +141,18 @@ class HostLink:
         self._log_window_start = clock()
         self._log_count = 0
         self._log_suppressed = 0
+        self._handover: Handover | None = None
+        """The current host's handover (None: the container's own stdio)."""
+        self._paused = False
+        """An adopted host has not said ``resume`` yet: only the handshake is written."""
+        self.heard = clock()
+        """When the host last sent anything (its acks are its heartbeat)."""
+        self.used = clock()
+        """When the host last sent something other than an ack: the sandbox's last use."""
+        self.detached_at: float | None = None
+        self.departure: Departure | None = None
+        self.departures = 0
+        """How many hosts have gone (the relay answers the kernel's pending host calls each time)."""
 
     def __repr__(self) -> str:
         return (
@@ -146,19 +167,34 @@ class HostLink:
         return self.state is LinkState.ENDED
 
     @property
+    def attached(self) -> bool:
+        return self.state is LinkState.ATTACHED
+
+    @property
     def backlogged(self) -> bool:
-        """The host has not taken what is queued: stop reading from the kernel until it has."""
-        return self._outbox.pending > HIGH_WATER
+        """The host has not taken (or, durable, acknowledged) what is queued: stop reading from
+        the kernel until it has. Never while detached: the kernel runs on."""
+        if self.state is LinkState.DETACHED:
+            return False
+        return self._outbox.pending > HIGH_WATER or self._outbox.unacked > WINDOW
 
     @property
     def wants_read(self) -> bool:
-        """Whether stdin should be polled for reading."""
-        return self.state is not LinkState.ENDED
+        """Whether the host's stdin should be polled for reading."""
+        return self.state in (LinkState.AWAITING_HELLO, LinkState.ATTACHED)
 
     @property
     def wants_write(self) -> bool:
-        """Whether stdout should be polled for writing (something is queued)."""
-        return self._outbox.pending > 0
+        """Whether the host's stdout should be polled for writing (something is to be written)."""
+        return self._can_write() and self._outbox.writable(frames=not self._paused)
+
+    def _can_write(self) -> bool:
+        return self.state is not LinkState.DETACHED and self.output_fd >= 0 and not self._output_broken
+
+    @property
+    def held(self) -> int:
+        """Bytes queued for the host (written or not)."""
+        return self._outbox.held
 
     # -- in ----------------------------------------------------------------------------------------
     def accept_hello(self, timeout: float = HELLO_TIMEOUT) -> Hello | Refusal:
@@ -177,18 +213,24 @@ class HostLink:
         if mismatch:
             return Refusal(3, frames.EXIT_AGENT_MISMATCH, mismatch)
         self.state = LinkState.ATTACHED
-        return Hello(key=str(frame.get("key", "")).encode())
+        self.durable = Durable.from_hello(frame.get("durable"))
+        self._outbox.retain = self.durable is not None
+        self.heard = self.used = self._clock()
+        return Hello(key=str(frame.get("key", "")).encode(), durable=self.durable)
 
     def read(self) -> None:
-        """Decode what stdin has now into the incoming queue (when the poller says it is readable,
-        or while waiting for the hello)."""
+        """Decode what the host's stdin has now into the incoming queue (when the poller says it
+        is readable, or while waiting for the hello)."""
         try:
             chunk = os.read(self.input_fd, READ_CHUNK)
         except BlockingIOError:
             return
+        except OSError:
+            chunk = b""
         if not chunk:
-            self._host_left()
+            self._host_left(Departure.EOF)
             return
+        self.heard = self._clock()
         for item in self._decoder.feed(chunk):
             if isinstance(item, frames.FrameError):
                 self.log(f"dropped host frame: {item.reason}", "warning")
@@ -198,28 +240,114 @@ class HostLink:
     def receive(self) -> frames.Frame | None:
         """The next host frame for the relay, oldest first; None when none is queued.
 
-        Frames about the link itself stay here: a host attached for the container's life sends
-        one ``hello``, so a later one is ignored (issue 15: the re-attach of a new host)."""
+        Frames about the link itself stay here (:data:`LINK_FRAMES`): acknowledgements, a
+        ``detach``, an adopted host's ``resume``; a host's later ``hello`` is ignored."""
         while self._incoming:
             frame = self._incoming.popleft()
-            if frame["type"] != frames.HELLO:
+            kind = frame["type"]
+            if kind not in LINK_FRAMES:
+                self.used = self._clock()
+                if kind == frames.KERNEL and frame.get("channel") == "shell":
+                    self.cells.sent(frame["msg"])
                 return frame
-            self.log(f"ignored {frame['type']} frame", "debug")
+            if kind in (frames.ACK, frames.DETACH):
+                self._ack(frame.get("seq"))
+                if kind == frames.DETACH:
+                    self._host_left(Departure.DETACHED)
+            elif kind == frames.RESUME:
+                self._paused = False
+            else:
+                self.log(f"ignored {kind} frame", "debug")
         return None
 
-    def _host_left(self, output_broken: bool = False) -> None:
-        """The host has gone: stdin reached EOF, or stdout is broken (``output_broken``).
+    def _ack(self, seq: object) -> None:
+        if isinstance(seq, int) and not isinstance(seq, bool) and self.durable is not None:
+            self.cells.heard(self._outbox.ack(seq))
 
-        The ONE place that decides what that means. Today a host is attached for the container's
-        life, so the link ends and the agent stops: after stdin's EOF the frames already queued are
+    def check(self, now: float) -> None:
+        """Timers (each turn of the relay loop): a durable host silent past ``HOST_SILENCE`` has
+        gone; a sandbox detached for longer than its idle timeout ends."""
+        if self.durable is None:
+            return
+        if self.state is LinkState.ATTACHED and now - self.heard > frames.HOST_SILENCE:
+            self._host_left(Departure.SILENT)
+        elif (
+            self.state is LinkState.DETACHED
+            and self.detached_at is not None
+            and now - self.detached_at > self.durable.idle_timeout
+        ):
+            self.state = LinkState.ENDED
+
+    def _host_left(self, how: Departure, output_broken: bool = False) -> None:
+        """The host has gone: ``how`` says in which way. The ONE place that decides what that means.
+
+        A plain link ends and the agent stops: after stdin's EOF the frames already queued are
         still relayed (a ``shutdown`` just before the EOF is answered) and output is still written
         while stdout takes it; a broken stdout drops both ways at once, as nobody hears the answers.
-        Issue 15 goes to a DETACHED state here instead (see the module docstring)."""
-        if output_broken:
-            self._output_broken = True
-            self._outbox.clear()
-            self._incoming.clear()
-        self.state = LinkState.ENDED
+        A durable link detaches (see the module docstring): nothing more is written to this
+        host's pipes, its queued frames are still acted on (their answers wait for the next host)."""
+        if self.state is not LinkState.ATTACHED and self.state is not LinkState.AWAITING_HELLO:
+            return
+        if self.durable is None or self.state is LinkState.AWAITING_HELLO:
+            if output_broken:
+                self._output_broken = True
+                self._outbox.clear()
+                self._incoming.clear()
+            self.state = LinkState.ENDED
+            return
+        self.state = LinkState.DETACHED
+        self.detached_at = self._clock()
+        self.departure = how
+        self.departures += 1
+        self._paused = False
+        self._release_pipes()
+        self._outbox.rewind()
+        self._outbox.forget((Kind.RPC, Kind.FS))  # only the host that left could answer or use them
+        self._outbox.trim(self.durable.buffer)
+
+    def _release_pipes(self) -> None:
+        """Stop using the current host's pipes: a handover's are closed (its process exits with
+        the connection), the container's own stdio is pointed at /dev/null (fds 0 and 1 stay
+        taken, so no later fd lands there)."""
+        if self._handover is not None:
+            self._handover.close()
+            self._handover = None
+        else:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (self.input_fd, self.output_fd):
+                with contextlib.suppress(OSError):
+                    os.dup2(null, fd)
+            os.close(null)
+        self._decoder = frames.FrameDecoder()
+        self.input_fd = self.output_fd = -1
+
+    def attach(self, handover: Handover, adopted: frames.Frame) -> None:
+        """A host that proved itself (``adoption.py``) on ``handover``'s pipes: write ``adopted``
+        first, hold the rest back until it says ``resume``."""
+        assert self.state is LinkState.DETACHED and self.durable is not None
+        self.state = LinkState.ATTACHED
+        self._handover = handover
+        self.input_fd, self.output_fd = handover.input_fd, handover.output_fd
+        self._output_broken = False
+        self._paused = True
+        self.heard = self._clock()
+        self.detached_at = None
+        self._outbox.preface(frames.encode(adopted))
+        self.flush()
+
+    def adoption_facts(self) -> dict[str, Any]:
+        """What the ``adopted`` frame tells a new host about the time without one."""
+        now = self._clock()
+        dropped_frames, dropped_bytes = self._outbox.take_dropped()
+        return {
+            "next": self._outbox.next_seq,
+            "resend": len(self._outbox),
+            "dropped": {"frames": dropped_frames, "bytes": dropped_bytes},
+            "detached": round(now - self.detached_at, 3) if self.detached_at is not None else 0.0,
+            "idle": round(now - self.used, 3),
+            "how": self.departure.value if self.departure is not None else None,
+            "cells": self.cells.inherit(),
+        }
 
     # -- out ---------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -236,8 +364,9 @@ class HostLink:
     def send(self, frame: frames.Frame) -> None:
         """Queue a frame for the host and write what stdout takes now; with :data:`Writes.WAIT`,
         wait (bounded) until it is written. A kernel frame over the frame cap is clipped; one still
-        over it is dropped with a warning. Nothing is sent once stdout is broken."""
-        if self._output_broken:
+        over it is dropped with a warning. Nothing is sent once stdout is broken. While detached
+        the frame is kept for the next host, within the buffer."""
+        if self._output_broken or (self.state is LinkState.ENDED and self.durable is not None):
             return
         data = frames.encode(frame)
         if len(data) > frames.MAX_FRAME_BYTES and frame["type"] == frames.KERNEL:
@@ -248,10 +377,31 @@ class HostLink:
                 self.log(f"dropped a kernel message of {len(data):,} bytes: over the frame cap", "warning")
                 return
             data = shrunk
-        self._outbox.append(data)
+        kind, tag = self._classify(frame)
+        self._outbox.append(data, kind, tag)
+        if self.state is LinkState.DETACHED:
+            assert self.durable is not None
+            self._outbox.trim(self.durable.buffer)
+            return
         self.flush()
         if self._writes is Writes.WAIT:
             self.drain(OUTPUT_DRAIN_TIMEOUT)
+
+    def _classify(self, frame: frames.Frame) -> tuple[Kind, str | None]:
+        kind = frame["type"]
+        if kind == frames.LOG:
+            return Kind.OUTPUT, None
+        if kind == frames.RPC_REQUEST:
+            return Kind.RPC, None
+        if kind == frames.FS_RESPONSE:
+            return Kind.FS, None
+        if kind == frames.KERNEL:
+            msg = frame["msg"]
+            if frame["channel"] == "iopub" and msg["header"].get("msg_type") in OUTPUT_MESSAGES:
+                return Kind.OUTPUT, None
+            if frame["channel"] == "shell":
+                return Kind.OTHER, self.cells.replied(msg)
+        return Kind.OTHER, None
 
     def log(self, message: str, level: str = "info") -> None:
         """A log frame for the host, rate-limited: past LOG_BURST lines in a window the rest are
@@ -276,38 +426,25 @@ class HostLink:
     def flush(self) -> None:
         """Write as much of the queue as stdout takes without blocking (when the poller says it is
         writable). A broken stdout means the host has gone."""
+        if not self._can_write():
+            return
         try:
-            self._outbox.flush()
-        except BrokenPipeError:
-            self._host_left(output_broken=True)
+            self._outbox.flush(functools.partial(os.write, self.output_fd), frames=not self._paused)
+        except OSError:  # BrokenPipeError, or a handover pipe that failed
+            self._host_left(Departure.BROKEN, output_broken=True)
 
     def drain(self, timeout: float) -> bool:
         """Wait until everything queued is written or ``timeout`` passes (outside the relay loop:
-        at start-up and on exit). Returns whether the queue is empty."""
+        at start-up and on exit). Returns whether the queue is empty. Nothing is written while
+        detached (the frames wait for a host that will not come: the agent is leaving)."""
         deadline = time.monotonic() + timeout
-        while self._outbox.pending:
+        while self.wants_write:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             select.select([], [self.output_fd], [], left)
             self.flush()
-        return True
-
-
-def baked_agent_hash() -> str | None:
-    """The agent hash the image builder wrote beside this package (None outside an image)."""
-    return AGENT_HASH_FILE.read_text().strip() if AGENT_HASH_FILE.exists() else None
-
-
-def check_agent_hash(expected: object) -> str | None:
-    """None if this agent is the one the host expects (or it expects none), else why not."""
-    baked = baked_agent_hash() or "unknown"
-    if expected and expected != baked:
-        return (
-            f"the sandbox image carries agent {baked[:12]} but this kernelbridge "
-            f"expects {str(expected)[:12]}; rebuild it with `kernelbridge image build`"
-        )
-    return None
+        return not self._outbox.pending
 
 
 def shrink_kernel_frame(frame: frames.Frame) -> frames.Frame:

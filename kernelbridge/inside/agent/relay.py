@@ -15,6 +15,13 @@ kernel (``kernel_process.py`` starts it, ``kernel_client.py`` connects and prove
 5. chores: a kernel lingering after its ``shutdown_reply`` is stopped, orphans are reaped
    (``init.py``), and a kernel that has exited is reported (``exit`` frame) and ends the agent.
 
+A durable sandbox (its ``hello`` said so) outlives its host: the loop also runs the link's timers
+(a silent host has gone; no host for longer than the idle timeout ends the agent with
+:data:`IDLE_EXIT`), answers the kernel's host calls itself while no host is attached (and the
+ones the leaving host never answered), and admits a new host: the attach point (bound before the
+kernel starts) hands over an exec session's pipes, whose host must prove it knows the secret
+(``adoption.py``) while no other host is attached; then the link carries on over those pipes.
+
 The loop's state is :class:`Phase` (in ``repr``); which sources are polled is derived from the
 pieces each turn, not kept in flags.
 """
@@ -34,7 +41,9 @@ import zmq
 
 from kernelbridge import frames
 from kernelbridge.inside.agent import files, init
-from kernelbridge.inside.agent.host_link import HostLink, Refusal, baked_agent_hash
+from kernelbridge.inside.agent.adoption import AttachPoint, Candidate, Rejected, adopted_frame
+from kernelbridge.inside.agent.hello import Refusal, baked_agent_hash
+from kernelbridge.inside.agent.host_link import HostLink
 from kernelbridge.inside.agent.kernel_client import (
     HOST_CHANNELS,
     KERNEL_READY_TIMEOUT,
@@ -54,6 +63,19 @@ SHUTDOWN_REPLY_GRACE = 0.5
 for the container to end: it gets this long, then it is stopped."""
 POLL_MS = 200
 """Longest wait for a source; the chores of step 5 run at least this often."""
+
+IDLE_EXIT = 5
+"""The agent's (and so the container's) exit status when it ended itself: no host for longer than
+its idle timeout."""
+DIED_DETACHED = 6
+"""Exit status: the kernel died while no host was attached."""
+OOM_DETACHED = 7
+"""Exit status: the kernel ran out of memory while no host was attached."""
+NO_HOST = (
+    "no bridge is attached to this sandbox right now (it outlived its bridge); host MCP calls work"
+    " again once a bridge adopts it"
+)
+HOST_WENT = "the bridge went away while this call was in flight (it may or may not have reached the server)"
 
 Source = zmq.Socket[bytes] | int
 
@@ -125,6 +147,11 @@ class Relay:
         self._grace_ends = 0.0
         self._terminating = False  # set by the signal handler, acted on at the next turn
         self._reaper = init.Reaper()
+        self._attach_point: AttachPoint | None = None
+        self._candidate: Candidate | None = None
+        self._departures = 0
+        self._link_fds = (link.input_fd, link.output_fd)
+        self._versions: dict[str, str] = {}
 
     def __repr__(self) -> str:
         kernel = self._kernel.process if self._kernel is not None else None
@@ -140,6 +167,11 @@ class Relay:
         if isinstance(answer, Refusal):
             return self._fail(answer.reason, answer.status, answer.kind)
         self._key = answer.key
+        if answer.durable is not None:
+            try:  # before the kernel exists: no kernel code can hold the name first
+                self._attach_point = AttachPoint()
+            except OSError as exc:
+                return self._fail(f"cannot open the attach point: {exc}", 2, frames.EXIT_START_FAILED)
         failure = self._boot()
         if failure is not None:
             return self._fail(failure, 4, frames.EXIT_KERNEL_DIED)
@@ -150,6 +182,10 @@ class Relay:
             return self.status
         finally:
             self.stop_kernel()
+            if self._candidate is not None:
+                self._candidate.handover.close()
+            if self._attach_point is not None:
+                self._attach_point.close()
 
     def stop_kernel(self) -> None:
         if self._kernel is not None:
@@ -166,6 +202,12 @@ class Relay:
         if self.phase is Phase.FINISHED:
             return
         kernel = self._current()  # after a restart: the new one
+        self.link.check(time.monotonic())
+        if self.link.departures != self._departures:  # a durable host went: nobody answers its calls
+            self._departures = self.link.departures
+            kernel.rpc.fail_waiting(HOST_WENT)
+        if self._candidate is not None and self._candidate.expired(time.monotonic()):
+            self._drop_candidate().refuse("no hello within the time allowed")
         self._update_polls(kernel)
         for source, events in self._polls.poll(POLL_MS):
             self._move(kernel, source, events)
@@ -183,7 +225,7 @@ class Relay:
                 return
         if self.link.ended:  # the link's verdict (host_link._host_left): no host will come again
             self.stop_kernel()
-            self._finish(0)
+            self._finish(IDLE_EXIT if self.link.detached_at is not None else 0)
 
     def _on_host_frame(self, frame: frames.Frame) -> None:
         kind = frame["type"]
@@ -217,9 +259,21 @@ class Relay:
         reading = 0 if self.link.backlogged else zmq.POLLIN
         for sock in kernel.client.sockets:
             self._polls.want(sock, reading)
-        self._polls.want(self.link.input_fd, zmq.POLLIN if self.link.wants_read else 0)
+        link_fds = (self.link.input_fd, self.link.output_fd)
+        if link_fds != self._link_fds:  # another host's pipes (or none): forget the old ones
+            for fd in self._link_fds:
+                if fd >= 0:
+                    self._polls.want(fd, 0)
+            self._link_fds = link_fds
+        if self.link.input_fd >= 0:
+            self._polls.want(self.link.input_fd, zmq.POLLIN if self.link.wants_read else 0)
         self._polls.want(kernel.process.output_fd, reading)
-        self._polls.want(self.link.output_fd, zmq.POLLOUT if self.link.wants_write else 0)
+        if self.link.output_fd >= 0:
+            self._polls.want(self.link.output_fd, zmq.POLLOUT if self.link.wants_write else 0)
+        if self._attach_point is not None:
+            self._polls.want(self._attach_point.fileno(), zmq.POLLIN)
+        if self._candidate is not None:
+            self._polls.want(self._candidate.input_fd, zmq.POLLIN)
         rpc = kernel.rpc
         rpc_events = 0 if rpc.closed else reading | (zmq.POLLOUT if rpc.wants_write else 0)
         self._polls.want(kernel.rpc_fd, rpc_events)
@@ -230,6 +284,10 @@ class Relay:
             self.link.read()
         elif source == self.link.output_fd:
             self.link.flush()
+        elif self._attach_point is not None and source == self._attach_point.fileno():
+            self._on_handovers()
+        elif self._candidate is not None and source == self._candidate.input_fd:
+            self._on_candidate()
         elif source == kernel.process.output_fd:
             self._forward_kernel_output(kernel)
         elif source == kernel.rpc_fd and self._polls.wanted(kernel.rpc_fd):
@@ -246,6 +304,51 @@ class Relay:
                 self.phase = Phase.SHUTTING_DOWN
                 self._grace_ends = time.monotonic() + SHUTDOWN_REPLY_GRACE
 
+    # -- a new host (durable sandboxes) ------------------------------------------------------------
+    def _on_handovers(self) -> None:
+        assert self._attach_point is not None and self.link.durable is not None
+        for handover in self._attach_point.accept():
+            if self._candidate is not None:
+                Candidate(handover, self.link.durable.secret, None, 0).refuse(
+                    "another bridge is being admitted right now"
+                )
+            else:
+                self._candidate = Candidate(
+                    handover, self.link.durable.secret, baked_agent_hash(), time.monotonic()
+                )
+
+    def _drop_candidate(self) -> Candidate:
+        """The current candidate, no longer polled (before its pipes may close)."""
+        candidate, self._candidate = self._candidate, None
+        assert candidate is not None
+        self._polls.want(candidate.input_fd, 0)
+        return candidate
+
+    def _on_candidate(self) -> None:
+        assert self._candidate is not None and self.link.durable is not None
+        verdict = self._candidate.on_readable()
+        if verdict is None:
+            return
+        candidate = self._drop_candidate()
+        if isinstance(verdict, Rejected):
+            self.link.log(f"refused a bridge that tried to attach: {verdict.reason}", "warning")
+            candidate.refuse(verdict.reason)
+            return
+        if self.link.attached:
+            heard = time.monotonic() - self.link.heard
+            candidate.refuse(f"another bridge is attached to this sandbox (heard from {heard:.0f} s ago)")
+            return
+        facts = {**self.link.adoption_facts(), "versions": self._versions, "agent_hash": baked_agent_hash()}
+        adopted = adopted_frame(self.link.durable.secret, candidate, verdict, facts)
+        self.link.attach(candidate.handover, adopted)
+
+    def _rpc_to_host(self, rpc: RpcRelay, frame: frames.Frame) -> None:
+        """A kernel's host call: to the host, or, while none is attached, answered at once."""
+        if self.link.attached:
+            self.link.send(frame)
+        else:
+            rpc.answer_unavailable(frame["id"], NO_HOST)
+
     def _forward_kernel_output(self, kernel: Kernel) -> None:
         for line in kernel.process.read_output():
             self.link.log(line, "kernel")
@@ -260,13 +363,16 @@ class Relay:
             if status == -signal.SIGKILL and oom_killed():
                 kind = frames.EXIT_OOM
         self.link.send_exit(status, kind, reason)
-        self._finish(0)
+        if self.link.attached or self.link.durable is None:
+            self._finish(0)
+        else:  # nobody will read that frame: the container's exit status says it to the next bridge
+            self._finish(OOM_DETACHED if kind == frames.EXIT_OOM else DIED_DETACHED)
 
     # -- kernel (re)start ------------------------------------------------------------------------
     def _boot(self) -> str | None:
         """Start a kernel, prove iopub delivers and say ``ready``; else the reason it failed."""
         connection = write_connection_file(self._key)
-        rpc = RpcRelay(self.link.send, self.link.log)
+        rpc = RpcRelay(lambda frame: self._rpc_to_host(rpc, frame), self.link.log)
         process = KernelProcess.start(
             connection["path"], cwd=workdir(), env=kernel_env(rpc), pass_fds=(rpc.kernel_fd,)
         )
@@ -281,9 +387,8 @@ class Relay:
             if status is None:
                 return f"kernel did not answer within {KERNEL_READY_TIMEOUT:g} s"
             return f"kernel exited during start-up: {describe_exit(status)}"
-        self.link.send(
-            {"type": frames.READY, "agent_hash": baked_agent_hash(), "versions": kernel_versions(kernel_info)}
-        )
+        self._versions = kernel_versions(kernel_info)
+        self.link.send({"type": frames.READY, "agent_hash": baked_agent_hash(), "versions": self._versions})
         self.phase = Phase.RELAYING
         return None
 

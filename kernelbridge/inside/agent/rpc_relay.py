@@ -11,6 +11,11 @@ requests to the host as frames and responses back, checking only what it must to
 - responses wait in an outgoing buffer bounded in bytes: a kernel that stops reading its socket
   loses its own answers (logged), it cannot make the agent hold unbounded memory or block.
 
+The relay remembers which requests are waiting for the host (:attr:`RpcRelay.waiting`, at most
+``frames.MAX_RPC_IN_FLIGHT`` plus a margin): when a durable sandbox's host goes away, each of
+them is answered ``unavailable`` at once (:meth:`RpcRelay.fail_waiting`), so no kernel code waits
+for an answer that nobody will send; while no host is attached, new requests are answered so too.
+
 Everything else (methods, params, grants) is the host's business.
 """
 
@@ -28,6 +33,8 @@ ENV_VAR = "KERNELBRIDGE_RPC_FD"
 READ_CHUNK = 1 << 20
 MAX_PENDING_BYTES = 2 * frames.MAX_RPC_BYTES
 """Responses buffered for a kernel that is not reading: two maximal answers."""
+MAX_WAITING = 4 * frames.MAX_RPC_IN_FLIGHT
+"""Request ids remembered as waiting for the host (the host refuses past 64 in flight)."""
 
 SendFrame = Callable[[frames.Frame], None]
 Log = Callable[[str, str], None]
@@ -45,6 +52,8 @@ class RpcRelay:
         self._decoder = frames.FrameDecoder(max_frame_bytes=frames.MAX_RPC_BYTES)
         self._outgoing = WriteQueue(self._agent_end.send)
         self.closed = False
+        self.waiting: dict[int, None] = {}
+        """Ids of requests sent to the host and not answered yet, oldest first."""
 
     @property
     def fd(self) -> int:
@@ -92,6 +101,9 @@ class RpcRelay:
             elif item["type"] != frames.RPC_REQUEST or not _valid_id(item.get("id")):
                 self._log(f"dropped a {frames.clip(item['type'], 40)} line on the rpc socket", "warning")
             else:
+                self.waiting[item["id"]] = None
+                while len(self.waiting) > MAX_WAITING:
+                    self.waiting.pop(next(iter(self.waiting)))
                 self._send_frame(
                     {
                         "type": frames.RPC_REQUEST,
@@ -106,6 +118,8 @@ class RpcRelay:
         """Queue a host ``rpc_response`` for the kernel (flushed by :meth:`on_writable`)."""
         if self.closed:
             return
+        if isinstance(answered := frame.get("id"), int):
+            self.waiting.pop(answered, None)
         try:
             data = frames.encode(frame)
         except (TypeError, ValueError) as exc:
@@ -116,6 +130,19 @@ class RpcRelay:
             return
         self._outgoing.append(data)
         self.on_writable()
+
+    def answer_unavailable(self, request_id: int, message: str) -> None:
+        """Answer one request ``unavailable`` (no host can answer it)."""
+        error = {"kind": "unavailable", "message": message}
+        self.deliver({"type": frames.RPC_RESPONSE, "id": request_id, "error": error})
+
+    def fail_waiting(self, message: str) -> int:
+        """Answer every request still waiting for the host ``unavailable`` (it has gone); returns
+        how many."""
+        ids = list(self.waiting)
+        for request_id in ids:
+            self.answer_unavailable(request_id, message)
+        return len(ids)
 
     def on_writable(self) -> None:
         try:

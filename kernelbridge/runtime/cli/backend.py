@@ -6,14 +6,17 @@ its stdio (the engine-API backend needs no such process). The container's flags 
 :mod:`kernelbridge.runtime.flags`; the two CLIs agree on them except podman's ``--runtime``. The
 images of the same CLI are :class:`~kernelbridge.runtime.cli.images.CliImages`.
 
-What the CLI cannot do: keep a sandbox's stdin open for a later attachment (``create -i`` plus
-``start -ai`` is one attachment; ``RuntimeInfo.reattach`` is False), so a reattachable spec is
-refused.
+What the CLI does not do: sandboxes that outlive their bridge (``RuntimeInfo.reattach`` is
+False, a durable spec is refused, ``attach_exec`` too). Its attachment is a client process of the
+bridge's (``start -ai``), which a SIGKILLed bridge leaves behind holding the sandbox's stdin, and
+an exec'd one would be another per sandbox: the engine API does this without either. A bridge on
+the CLI keeps sessions that end with it, and ``doctor`` says so.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,9 +120,9 @@ class CliRuntime(RuntimeBackend):
         return [*argv, spec.image, *spec.command]
 
     async def create(self, spec: ContainerSpec) -> str:
-        if spec.reattachable:
+        if spec.durable:
             raise RuntimeUnavailable(
-                f"the {self.engine} CLI cannot keep a sandbox's stdin open for a later attachment;"
+                f"the {self.engine} CLI backend keeps no sandbox beyond its bridge;"
                 f" use the engine API (KERNELBRIDGE_RUNTIME={self.engine}-api)"
             )
         try:
@@ -157,6 +160,14 @@ class CliRuntime(RuntimeBackend):
         self._drains.drain(stream)
         await self._wait_started(container, process)
         return stream
+
+    async def attach_exec(
+        self, container: str, command: Sequence[str], *, user: str = "0"
+    ) -> ContainerStream:
+        raise RuntimeUnavailable(
+            f"the {self.engine} CLI backend cannot attach to a running sandbox again;"
+            f" use the engine API (KERNELBRIDGE_RUNTIME={self.engine}-api)"
+        )
 
     async def _wait_started(self, container: str, process: anyio.abc.Process) -> None:
         """Return once the client has really started the container (or given up). ``start -ai``

@@ -127,6 +127,14 @@ class EngineSet(RuntimeBackend):
             raise RuntimeUnavailable(f"no engine has a container {container}")
         return await backend.attach(container)
 
+    async def attach_exec(
+        self, container: str, command: Sequence[str], *, user: str = "0"
+    ) -> ContainerStream:
+        backend = await self._backend_of(container)
+        if backend is None:
+            raise RuntimeUnavailable(f"no engine has a container {container}")
+        return await backend.attach_exec(container, command, user=user)
+
     async def remove(self, containers: builtins.list[str]) -> None:
         mine: dict[int, builtins.list[str]] = {}
         unknown: builtins.list[str] = []

@@ -282,18 +282,34 @@ class EngineClient:
         return EngineResponse(response.status, response.content)
 
     async def hijack(
-        self, path: str, query: Mapping[str, object], *, what: str, timeout: float | None = None
+        self,
+        path: str,
+        query: Mapping[str, object],
+        *,
+        what: str,
+        body: object = None,
+        timeout: float | None = None,
     ) -> tuple[httpcore2.Response, httpcore2.AsyncNetworkStream]:
-        """POST ``path`` asking to upgrade the connection to a raw stream (``Upgrade: tcp``);
-        return the 101 response (close it to drop the connection) and the raw stream.
+        """POST ``path`` (with ``body`` as JSON, if any) asking to upgrade the connection to a raw
+        stream (``Upgrade: tcp``); return the 101 response (close it to drop the connection) and
+        the raw stream.
 
         Raises EngineRefused, RuntimeUnavailable.
         """
         timeout = self.timeout if timeout is None else timeout
+        headers = [(b"Host", self._host), (b"Connection", b"Upgrade"), (b"Upgrade", b"tcp")]
+        content = b""
+        if body is not None:
+            content = json.dumps(body).encode()
+            headers += [
+                (b"Content-Type", b"application/json"),
+                (b"Content-Length", str(len(content)).encode()),
+            ]
         request = httpcore2.Request(
             "POST",
             self.url(path, query),
-            headers=[(b"Host", self._host), (b"Connection", b"Upgrade"), (b"Upgrade", b"tcp")],
+            headers=headers,
+            content=content,
             extensions={"timeout": self._timeouts(timeout)},
         )
         with self._translated(what, timeout):

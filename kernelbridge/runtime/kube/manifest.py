@@ -8,7 +8,7 @@ is how the tests prove them.
 
 What maps one to one: user 65534, no privilege escalation, all capabilities dropped, read-only
 root, memory (requests = limits) and cpu limits, memory-backed and sized /tmp and /workspace,
-workdir, stdin open once (or kept open for a reattachable sandbox), no network (the
+workdir, stdin open once (a durable sandbox is reached again through ``pods/exec``), no network (the
 NetworkPolicy), no registry pulls (``imagePullPolicy: Never``). What has no Pod field: the pids
 limit (the kubelet's ``podPidsLimit``), the nofile/nproc ulimits (the container runtime's
 defaults): node settings, listed in the doc; and the read-only tmpfs that only cover podman's own
@@ -89,7 +89,7 @@ def pod_manifest(
         "imagePullPolicy": "Always" if flags.pull else "Never",
         "workingDir": flags.workdir,
         # stdio is the tunnel: attached once (pods/attach), closed for good when the host closes it
-        # (kept open for a reattachable sandbox).
+        # (a durable sandbox's later bridges come in through pods/exec, see docs/kubernetes.md).
         "stdin": True,
         "stdinOnce": flags.stdin_once,
         "tty": False,

@@ -1,0 +1,82 @@
+"""``python3 -S -m kernelbridge.inside.handover``: give the agent the stdio of a new attachment.
+
+A sandbox that outlives its bridge cannot be reached through the container's own stdin again
+(podman closes it for good when the first attached client goes), so a bridge that adopts it runs
+this in the container (``exec``, as the container's uid 0, with its stdin and stdout attached).
+It connects to the agent's attach point (an abstract unix socket, bound by the agent before any
+kernel code ran), checks that the listener is the agent (PID 1), passes its own stdin and stdout
+to it (``SCM_RIGHTS``), puts ``/dev/null`` in their place, and waits until the agent closes the
+connection: the attachment lives as long as this process does (the engine ends an exec session
+when its process exits). It reads nothing and writes nothing on the pipes itself, and never
+sees the sandbox's secret: the host and the agent check each other over the passed pipes.
+
+Why uid 0 and non-dumpable: kernel code runs as uid 65534 and must not reach these pipes; a
+process of another uid cannot be ptraced, signalled or have its ``/proc/<pid>/fd`` opened by it
+(the container has no capabilities at all, so uid 0 here is powerless otherwise).
+
+Exit status: 0 when the agent ended the attachment, 3 when the listener is not the agent, 4 when
+no agent listens (one line on stderr says why). Standard library only; nothing else of
+kernelbridge is imported (``-S`` and a short import list keep its start near 20 ms).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import os
+import socket
+import struct
+import sys
+import time
+
+SOCKET_ENV = "KERNELBRIDGE_ATTACH_SOCKET"
+"""The abstract socket's name (set only by the local test double: every "container" there
+shares the host's network namespace, where abstract names are kept)."""
+DEFAULT_SOCKET = "kernelbridge-agent"
+AGENT_PID_ENV = "KERNELBRIDGE_AGENT_PID"
+"""The agent's pid as this process sees it (1 in a container; the test double sets it)."""
+CONNECT_TIMEOUT = 5.0
+"""The agent accepts within one turn of its loop (200 ms); a backlog filled by kernel code's own
+connections is drained each turn too."""
+PR_SET_DUMPABLE = 4
+
+
+def socket_address(name: str) -> str:
+    """An abstract address: the leading NUL keeps it out of the file system (nothing to plant)."""
+    return "\0" + name
+
+
+def main() -> int:
+    with contextlib.suppress(OSError, AttributeError, ImportError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    address = socket_address(os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+    expected_pid = int(os.environ.get(AGENT_PID_ENV) or "1")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + CONNECT_TIMEOUT
+    while True:
+        try:
+            conn.connect(address)
+            break
+        except (ConnectionRefusedError, BlockingIOError, FileNotFoundError) as exc:
+            if time.monotonic() > deadline:
+                print(f"kernelbridge handover: no agent listens ({exc})", file=sys.stderr)
+                return 4
+            time.sleep(0.02)
+    pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if pid != expected_pid:
+        print(f"kernelbridge handover: the listener is process {pid}, not the agent", file=sys.stderr)
+        return 3
+    conn.sendmsg([b"H"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1]))])
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    with contextlib.suppress(OSError):
+        conn.recv(1)  # until the agent closes it: the attachment is over
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

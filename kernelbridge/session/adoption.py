@@ -1,0 +1,164 @@
+"""Sessions whose sandbox outlived its bridge, on the registry's side: checked, inherited, said.
+
+The problem: a sandbox that outlived its bridge (a client that exited, a SIGKILLed bridge, an
+HTTP server restarted) holds a session's variables, and the next bridge on the same state
+directory must take it over, or, when that cannot be done, say so and lose nothing more. The
+record of the session's generation (:mod:`.records`) names the container and its secret; but a
+record is only a claim: the container may be gone (the machine restarted), have ended (it idled
+out, its kernel died), belong to another state directory (a record copied or edited by hand), or
+not be the sandbox the secret opens (a stale secret). So before a bridge trusts a sandbox,
+:func:`check_container` asks the engine (running, and labelled for this state directory,
+namespace and session), and the sandbox itself must prove it knows the secret
+(``tunnel/durable.py``), while the bridge proves the same to it. Anything short of that is a
+:class:`Loss`: the generation is ended ``lost`` with the reason (:meth:`.store.SessionStore.lose`),
+a container of ours that nobody can use any more is removed (never another's), and the session's
+next call says what was lost (a :class:`~.outcome.SandboxLost` note, with the ``restore=`` that
+rebuilds it from its journal).
+
+What an adopted sandbox says about the time without a bridge (how long, how its bridge left,
+what it dropped past its buffer, the cells the bridge before sent whose end that bridge may not
+have heard) is folded into one :class:`~.outcome.Adopted` note for the session's first result
+(:func:`adopted_note`), built when that call ends, so a cell that was still running when this
+bridge arrived is reported as it ended.
+
+No I/O of its own but the engine's ``inspect``/``remove`` and the journal's line count.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from kernelbridge.errors import RuntimeUnavailable
+from kernelbridge.host.container import NAMESPACE_LABEL, STATE_LABEL, state_identity
+from kernelbridge.runtime import ContainerInfo, ContainerState, RuntimeBackend
+from kernelbridge.session.cell import Cell
+from kernelbridge.session.outcome import Adopted, InheritedOutcome, SandboxLost
+from kernelbridge.session.records import SessionRecord
+from kernelbridge.session.store import SessionStore
+from kernelbridge.tunnel import Adoption, InheritedCell
+
+log = logging.getLogger(__name__)
+
+INSPECT_TIMEOUT = 10.0
+REMOVE_TIMEOUT = 20.0
+OUTPUT_CHARS = 2000
+"""Characters of an inherited cell's output told with the first result (head and tail)."""
+EXIT_REASONS = {
+    5: "it ended itself after waiting its idle timeout for a bridge (KERNELBRIDGE_IDLE_TIMEOUT)",
+    6: "its kernel died while no bridge was attached",
+    7: "its kernel ran out of memory while no bridge was attached",
+}
+"""The agent's exit statuses when it ends without a bridge (``inside/agent/relay.py``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """Why a session's sandbox cannot be adopted, and whether the container is ours to remove."""
+
+    reason: str
+    remove: bool
+    """The container is this session's (labels), unusable, and so removed."""
+
+
+def restore_uri(record: SessionRecord) -> str:
+    """The ``restore=`` argument that rebuilds ``record``'s generation from its journal."""
+    return f"kernelbridge://sessions/{record.session}/notebook?generation={record.generation}"
+
+
+def ours(info: ContainerInfo, record: SessionRecord, state_dir: Path) -> bool:
+    """Whether the container is the one ``record`` (of ``state_dir``'s store) made."""
+    session = f"{record.namespace}/{record.session}" if record.namespace else record.session
+    return (
+        info.labels.get(STATE_LABEL) == state_identity(state_dir)
+        and info.session == session
+        and info.labels.get(NAMESPACE_LABEL, "") == record.namespace
+        and info.durable
+    )
+
+
+async def inspect(runtime: RuntimeBackend, container: str) -> ContainerInfo | None:
+    """The container's state now (None: gone). Raises RuntimeUnavailable (the engine does not
+    answer: nothing can be said, so nothing is lost)."""
+    with anyio.fail_after(INSPECT_TIMEOUT):
+        return await runtime.inspect(container)
+
+
+def check_container(
+    info: ContainerInfo | None, record: SessionRecord, state_dir: Path, secret: str | None
+) -> Loss | None:
+    """None if the sandbox may be adopted (its own proof is the tunnel's business), else why not."""
+    if info is None:
+        return Loss("its container is gone (the machine may have restarted, or it was removed)", False)
+    if not ours(info, record, state_dir):
+        return Loss("its container is not this session's (the record does not match it)", False)
+    if info.state is ContainerState.EXITED:
+        why = EXIT_REASONS.get(info.exit_code or -1)
+        if why is None:
+            why = "it ran out of memory" if info.oom_killed else f"it exited with status {info.exit_code}"
+        return Loss(f"its sandbox ended while no bridge was attached: {why}", True)
+    if info.state is not ContainerState.RUNNING:
+        return Loss(f"its container is {info.state.value}, not running", True)
+    if secret is None:
+        return Loss("its secret is missing from the state directory, or not private", True)
+    return None
+
+
+async def remove(runtime: RuntimeBackend, container: str) -> None:
+    """Remove an unusable container of ours (bounded; a failure is logged, the reaper tries later)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(REMOVE_TIMEOUT):
+        try:
+            await runtime.remove([container])
+        except RuntimeUnavailable as exc:
+            log.warning("could not remove the lost sandbox %s: %s", container, exc)
+
+
+def journal_cells(store: SessionStore, record: SessionRecord) -> int:
+    """How many cells ``record``'s journal holds (its lines that are cells; 0 without one)."""
+    count = 0
+    try:
+        with open(store.journal_path(record), "rb") as f:
+            for line in f:
+                count += line.startswith(b'{"type": "cell"')
+    except OSError:
+        return 0
+    return count
+
+
+def lost_note(record: SessionRecord, loss: Loss, cells: int) -> SandboxLost:
+    return SandboxLost(loss.reason, record.generation, cells, restore_uri(record) if cells else None)
+
+
+def inherited_outcome(cell: Cell, said: InheritedCell) -> InheritedOutcome:
+    """How an inherited cell stands now: its own messages if they came, else the agent's word."""
+    reply = cell.reply or {}
+    if cell.idle or reply:
+        status = str(reply.get("status") or ("error" if cell.outputs.error else "ok"))
+    else:
+        status = said.status
+    parts = [cell.outputs.stdout.render("stdout"), cell.outputs.stderr.render("stderr")]
+    if cell.outputs.error is not None:
+        parts.append(f"{cell.outputs.error.ename}: {cell.outputs.error.evalue}")
+    elif cell.outputs.result is not None:
+        parts.append(f"Out: {cell.outputs.result}")
+    text = "\n".join(part.strip("\n") for part in parts if part.strip())
+    if len(text) > OUTPUT_CHARS:
+        half = OUTPUT_CHARS // 2
+        text = f"{text[:half]}\n... [{len(text) - OUTPUT_CHARS:,} characters cut] ...\n{text[-half:]}"
+    count = cell.outputs.execution_count or said.execution_count
+    code = (cell.code or said.code).strip()
+    return InheritedOutcome(count, code[:200], status, text, bool(cell.started or cell.idle or text))
+
+
+def adopted_note(adoption: Adoption, inherited: list[tuple[Cell, InheritedCell]], torn: bool) -> Adopted:
+    return Adopted(
+        detached=adoption.detached,
+        how=adoption.how,
+        cells=tuple(inherited_outcome(cell, said) for cell, said in inherited),
+        dropped=adoption.dropped_frames,
+        dropped_bytes=adoption.dropped_bytes,
+        torn_journal=torn,
+    )
