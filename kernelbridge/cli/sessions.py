@@ -19,9 +19,13 @@ if TYPE_CHECKING:
 
 
 def add_parsers(sub: Subcommands) -> None:
-    sessions = sub.add_parser("sessions", help="list live sessions")
+    sessions = sub.add_parser("sessions", help="list live and detached sessions; `sessions close NAME`")
     sessions.add_argument("--json", action="store_true", help="machine-readable output")
     sessions.set_defaults(run=cmd_sessions)
+    actions = sessions.add_subparsers(dest="action")
+    close = actions.add_parser("close", help="end a session now (a detached one's sandbox too)")
+    close.add_argument("name", help="the session (namespace/session for an HTTP token's)")
+    close.set_defaults(run=cmd_close)
 
     attach = sub.add_parser("attach", help="open `jupyter console --existing` on a live session")
     attach.add_argument("session")
@@ -44,10 +48,42 @@ def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
     if not records:
         print("no live sessions")
         return 0
-    print(f"{'SESSION':<20} {'CONTAINER':<36} {'OWNER':>7}  CONNECTION FILE")
+    print(f"{'SESSION':<20} {'STATE':<9} {'CONTAINER':<36} {'OWNER':>7}  CONNECTION FILE")
     for r in records:
         container, owner = r.get("container") or "-", r.get("owner_pid", "-")
-        print(f"{r['name']:<20} {container:<36} {owner:>7}  {r['connection_file']}")
+        state = r.get("state", "attached")
+        print(f"{r['name']:<20} {state:<9} {container:<36} {owner:>7}  {r['connection_file'] or '-'}")
+    return 0
+
+
+def cmd_close(args: argparse.Namespace, settings: Settings) -> int:
+    """End session NAME at once: its sandbox is removed (a bridge that holds it finds it gone and
+    says so on its next call) and a detached one's generation ended."""
+    import anyio
+
+    from kernelbridge.runtime import open_runtime
+    from kernelbridge.session.adopter import end_record
+    from kernelbridge.session.store import SessionStore
+
+    namespace, _, session = args.name.rpartition("/")
+    store = SessionStore.of_namespace(settings.state_dir, namespace)
+    record = store.current(session) if session else None
+    if record is None or record.ended is not None:
+        raise SessionError(f"no live session named {args.name!r} (see `kernelbridge sessions`)")
+    if not record.durable:
+        raise SessionError(f"session {args.name!r} ends with its bridge: close it there (close_session)")
+
+    async def close() -> None:
+        async with open_runtime(settings) as runtime:
+            held = store.claim(session)
+            try:
+                await end_record(runtime, store, record, settings.state_dir)
+            finally:
+                if held is not None:
+                    held.release()
+
+    anyio.run(close)
+    print(f"closed session {args.name}")
     return 0
 
 

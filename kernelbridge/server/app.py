@@ -46,6 +46,7 @@ from kernelbridge.server.render import notes_result, restore_result, to_tool_res
 from kernelbridge.server.restore import restore_session
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
+from kernelbridge.session.adopter import lost_result
 from kernelbridge.session.outcome import Note
 from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import validate_session_name
@@ -195,6 +196,8 @@ def build_server(
                 bridge.namespaces.check_new_session(namespace, session)
                 # In order: rebuild from a notebook, place files, run the code; each step optional.
                 restored = None
+                if not restore and (lost := await registry.adopt_or_lost(session)) is not None:
+                    return to_tool_result(lost_result(session, lost))  # nothing ran: the model chooses
                 if restore:
                     reader = bridge.exports.of(namespace)
                     restored = await restore_session(
@@ -223,7 +226,8 @@ def build_server(
 
     async def list_sessions(ctx: Context) -> str:
         registry = _registry(ctx)
-        return json.dumps({"sessions": registry.describe(), "warm": registry.warm_kernels})
+        sessions = registry.describe() + registry.detached()
+        return json.dumps({"sessions": sessions, "warm": registry.warm_kernels})
 
     async def close_session(session: str, ctx: Context) -> str:
         closed = await _registry(ctx).close(_check_session(session))

@@ -29,6 +29,7 @@ from kernelbridge.server.notes import (
 )
 from kernelbridge.session.cell import CellResult
 from kernelbridge.session.outcome import (
+    Adopted,
     BackgroundOutput,
     ClosedWhileRunning,
     DisplaysDropped,
@@ -40,6 +41,7 @@ from kernelbridge.session.outcome import (
     NotSent,
     ProxiesNotRefreshed,
     SandboxDied,
+    SandboxLost,
     SessionNote,
     Status,
     Stop,
@@ -143,8 +145,61 @@ def _session_note(note: SessionNote) -> str:
                 f"The session's journal could not be written ({reason}): its notebook "
                 "(export_notebook) misses cells from here on."
             )
+        case Adopted():
+            return _adopted(note)
+        case SandboxLost(reason=reason, cells=cells, restore=restore, ran=ran):
+            head = f"This session's sandbox, which outlived its bridge, could not be taken over: {reason}."
+            lost = " Its variables, imports and files in /workspace are lost."
+            offer = (
+                f" Its {cells} cell(s) are in its journal: run_python(restore={restore!r}) re-runs them "
+                "in a fresh sandbox."
+                if restore
+                else ""
+            )
+            ran_text = (
+                " This call's code ran in a fresh sandbox."
+                if ran
+                else " This call's code did not run; call again to start a fresh sandbox."
+            )
+            return head + lost + offer + ran_text
         case _:
             assert_never(note)
+
+
+_HOW_LEFT = {
+    "detach": "its bridge exited",
+    "eof": "its bridge went away without a word: killed, or its client went",
+    "broken": "its bridge went away without a word: killed, or its client went",
+    "silent": "its bridge stopped answering",
+}
+
+
+def _adopted(note: Adopted) -> str:
+    """The first result of a session whose sandbox this bridge took over."""
+    how = f"; {_HOW_LEFT[note.how]}" if note.how in _HOW_LEFT else ""
+    parts = [
+        f"This session was adopted: its sandbox outlived its bridge ({note.detached:.0f} s with no bridge"
+        f"{how}); variables, imports and files in /workspace are kept (state: kept)."
+    ]
+    for cell in note.cells:
+        count = f"[{cell.execution_count}] " if cell.execution_count is not None else ""
+        if cell.status == "running":
+            status = (
+                "is still running (its result will not be reported; its output below is what came so far)"
+            )
+        else:
+            status = f"finished while no bridge was attached ({cell.status})"
+        heard = "" if cell.heard else "; none of its output reached this bridge"
+        shown = f":\n{cell.output}" if cell.output else ""
+        parts.append(f"A cell the previous bridge sent, {count}{cell.code!r}, {status}{heard}{shown}")
+    if note.dropped:
+        parts.append(
+            f"{note.dropped} message(s) of output ({note.dropped_bytes:,} bytes) were dropped while no "
+            "bridge was attached (the sandbox's buffer was full)."
+        )
+    if note.torn_journal:
+        parts.append("The journal's last line was cut off when the previous bridge died; it is skipped.")
+    return "\n".join(parts)
 
 
 def _server_note(note: ServerNote) -> str:

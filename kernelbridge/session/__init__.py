@@ -19,9 +19,9 @@ It knows nothing about MCP; everything here runs on the host.
 
 from kernelbridge.session.cell import CellResult
 from kernelbridge.session.outcome import Note, State, Status
+from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.registry import Session, SessionRegistry
 from kernelbridge.session.state import SessionState
-from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.store import SessionStore, validate_session_name
 
 __all__ = [

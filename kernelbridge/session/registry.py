@@ -10,14 +10,10 @@ machine (:mod:`kernelbridge.session.state`); a call's cell runs under the timeou
 calls :meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.session.cell.CellResult`,
 whose notes are values (:mod:`kernelbridge.session.outcome`).
 
-Sessions outlive their bridge (``settings.durable``, the default): a bridge holds each session
-name it uses (its ownership lock, :mod:`kernelbridge.session.ownership`: a name another live
-bridge holds is refused with one line), lets go of its sessions' sandboxes when it leaves
-instead of stopping them (:meth:`SessionRegistry.leave`, then ``aclose``), and adopts the ones a
-bridge before left on this state directory and namespace (:mod:`kernelbridge.session.adoption`):
-at start in the background, or on first use; the warm pool's too, before it serves. An adopted
-session's first result says so (and what ran meanwhile); one whose sandbox is gone says that,
-offering ``restore=``.
+Sessions outlive their bridge (``settings.durable``): the registry's
+:class:`~kernelbridge.session.adopter.Adopter` holds each name (a name another live bridge holds is
+refused), lets go of the sandboxes at ``aclose`` instead of stopping them, and adopts the ones a
+bridge before left, on a session's first use (the warm pool's at start).
 
 Each sandbox this registry starts sits in a :class:`~kernelbridge.session.seat.Seat` with the
 handlers it was started with: its iopub goes to the session's
@@ -47,14 +43,14 @@ from kernelbridge.errors import NO_SERVERS_CONFIGURED, SessionError
 from kernelbridge.host import Death, Sandbox, WarmPool, close_sandbox
 from kernelbridge.hub.rpc import RpcHandler
 from kernelbridge.runtime import RuntimeBackend
-from kernelbridge.session.adoption import Adopter, Lost, lost_result
+from kernelbridge.session.adopter import Adopter, Lost, lost_result
 from kernelbridge.session.broker import RpcBroker
 from kernelbridge.session.cell import Cell, CellResult, finish_cell
+from kernelbridge.session.closing import Closing, where
 from kernelbridge.session.named import Session
-from kernelbridge.session.outcome import FreshSandbox, Note, ProxiesNotRefreshed, SandboxLost, State, Status
+from kernelbridge.session.outcome import FreshSandbox, ProxiesNotRefreshed, SandboxLost, Status
 from kernelbridge.session.recorder import Recorder
 from kernelbridge.session.recording import SessionJournal, journal_budget
-from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback, Run
 from kernelbridge.session.seat import NO_HUB, Seat, SeatTarget
 from kernelbridge.session.state import Change, Loss, SessionState
@@ -74,7 +70,7 @@ own timeout when less: a wedged sandbox must not add this to it)."""
 __all__ = ["GrantCheck", "Session", "SessionRegistry", "validate_session_name"]
 
 
-class SessionRegistry:
+class SessionRegistry(Closing):
     """All sessions of one bridge (one namespace). Use as ``async with SessionRegistry(...) as r``."""
 
     def __init__(
@@ -126,11 +122,6 @@ class SessionRegistry:
         assert self._tg is not None
         return self._tg
 
-    def leave(self) -> None:
-        """The bridge is leaving (its client went, a signal): calls cancelled from now on leave
-        their cells running in durable sandboxes, and ``aclose`` lets go of the sandboxes."""
-        self._leaving = True
-
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
         assert self._tg is not None
@@ -147,9 +138,12 @@ class SessionRegistry:
         with anyio.CancelScope(shield=True), anyio.move_on_after(TEARDOWN_TIMEOUT):
             async with anyio.create_task_group() as tg:
                 for session in sessions:
-                    tg.start_soon(self._close_session if adopter is None else adopter.detach, session)
+                    tg.start_soon(self.close_session if adopter is None else adopter.detach, session)
                 for seat in pool:
-                    tg.start_soon(close_sandbox if adopter is None else adopter.detach_warm, seat)
+                    if adopter is None:
+                        tg.start_soon(close_sandbox, seat.sandbox)
+                    else:
+                        tg.start_soon(adopter.detach_warm, seat)
 
     async def _start_sandbox(self, name: str) -> Seat:
         assert self._tg is not None
@@ -230,8 +224,8 @@ class SessionRegistry:
                 with self._taken(session) as first:
                     try:
                         seat = await self._ensure_sandbox(session, first)
-                    except Lost as lost:
-                        return lost_result(name, lost.note)
+                    except Lost as exc:
+                        return lost_result(name, exc.note)
                     began = self._runner.clock.now()  # waits from here on count against the timeout
                     if granted - session.grants:
                         session.grants |= granted
@@ -258,8 +252,8 @@ class SessionRegistry:
             return None
         try:
             await self.sandbox(name)
-        except Lost as lost:
-            return lost.note
+        except Lost as exc:
+            return exc.note
         return None
 
     async def sandbox(self, name: str) -> Sandbox:
@@ -326,15 +320,11 @@ class SessionRegistry:
         one from the pool. Raises SessionError (another bridge holds the name), Lost."""
         try:
             budget = await journal_budget(self.settings)  # before the sandbox: nothing to undo
-            record = None
-            if self._adopter is not None:
-                record = await self._adopter.hold(session)
-            if record is not None:
-                adopted = await self._adopter.adopt(session, record, budget) if self._adopter else None
-                if adopted is not None:
+            if self._adopter is not None and (record := await self._adopter.hold(session)) is not None:
+                if (adopted := await self._adopter.adopt(session, record, budget)) is not None:
                     return adopted
             seat = await self._pool.take(session.name)
-            self._attach(session, seat)
+            self.attach(session, seat)
         except BaseException:
             if self._sessions.get(session.name) is session:
                 del self._sessions[session.name]
@@ -346,7 +336,7 @@ class SessionRegistry:
             self.store,
             session.name,
             budget,
-            _where(seat.sandbox),
+            where(seat.sandbox),
             quota=self.settings.disk_quota,
             later=session.pending,
             secret=self._adopter.secret_for(seat) if self._adopter is not None else None,
@@ -363,17 +353,19 @@ class SessionRegistry:
             await close_sandbox(old.sandbox)
         try:
             seat = await self._pool.take(session.name)
-            self._attach(session, seat)
+            self.attach(session, seat)
         except BaseException:
             session.seat = old  # keep something to report and to close later
             session.change(Change.LOSE, Loss("no sandbox could be started"))
             raise
         session.change(Change.STARTED)
+        if self._adopter is not None:
+            self._adopter.rekey(session, seat)
         self._write_record(session)
         session.pending.append(FreshSandbox(loss.died if loss is not None else None))
         return seat
 
-    def _attach(self, session: Session, seat: Seat) -> None:
+    def attach(self, session: Session, seat: Seat) -> None:
         """Make the seat's sandbox the session's: its recorder, rpc broker and journal hooks."""
         assert self._tg is not None
         sandbox = seat.sandbox
@@ -476,71 +468,6 @@ class SessionRegistry:
             seat.broker.cancel()
         if self._tg is not None:
             self._tg.start_soon(close_sandbox, seat.sandbox)
-
-    # -- closing -------------------------------------------------------------------------------
-    async def close(self, name: str) -> bool:
-        """Close session ``name`` (stopping its sandbox, even mid-cell; a detached one's too);
-        False if it is not open. Raises SessionError when another bridge holds it."""
-        session = self._sessions.pop(validate_session_name(name), None)
-        if session is None:
-            self.lost.pop(name, None)
-            return self._adopter is not None and await self._adopter.end_detached(name)
-        await self._close_session(session)
-        return True
-
-    async def _close_session(self, session: Session) -> None:
-        session.change(Change.CLOSE)
-        seat, session.seat = session.seat, None
-        if seat is not None:
-            if seat.broker is not None:
-                seat.broker.cancel()
-            if seat.recorder is not None:
-                seat.recorder.wake_all()
-            await close_sandbox(seat.sandbox)
-        if session.record is not None:
-            record, session.record = session.record, None
-            self._save(session, lambda: self.store.end(record))
-        session.release_claim()
-
-    async def _reap_idle(self) -> None:
-        every = max(min(self.settings.idle_timeout / 4, 30.0), 0.25)
-        while True:
-            await anyio.sleep(every)
-            cutoff = time.monotonic() - self.settings.idle_timeout
-            for session in list(self._sessions.values()):
-                if not session.lock.locked() and session.last_used < cutoff:
-                    log.info("closing idle session %s", session.name)
-                    if self._sessions.get(session.name) is session:
-                        del self._sessions[session.name]
-                    await self._close_session(session)
-
-    # -- records -------------------------------------------------------------------------------
-    def _write_record(self, session: Session) -> None:
-        """The session's record names its current sandbox (after a replacement or a restart)."""
-        record, sandbox = session.record, session.sandbox
-        if record is not None and sandbox is not None:
-            where = {**_where(sandbox), "servers": tuple(sorted(session.grants))}
-            self._save(session, lambda: self.store.update(record, **where))
-
-    def _save(self, session: Session, write: Callable[[], SessionRecord]) -> None:
-        # A few hundred bytes, written in place as before: only `kernelbridge sessions` and
-        # `attach` miss a record that could not be written.
-        try:
-            new = write()
-        except OSError as exc:
-            log.warning("writing the record of session %s failed: %s", session.name, exc.strerror or exc)
-            return
-        if session.state is not SessionState.CLOSED:
-            session.record = new
-
-
-def _where(sandbox: Sandbox) -> dict[str, Any]:
-    """What a session's record says of its sandbox."""
-    return {
-        "connection_file": str(sandbox.connection_file),
-        "container": sandbox.container_name,
-        "container_id": sandbox.container_id,
-    }
 
 
 def _died(death: Death | None) -> Loss:

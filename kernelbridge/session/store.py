@@ -224,6 +224,14 @@ class SessionStore:
         """Its bridge let go of the durable sandbox (which runs on): say when."""
         return self.update(record, detached=time.time(), connection_file=None)
 
+    def rekey(self, record: SessionRecord, secret: str) -> SessionRecord:
+        """Its sandbox was replaced (the old one died): keep the new sandbox's secret instead.
+        Raises OSError."""
+        self._forget_secret(record)
+        name = f"{record.generation}{SECRET_SUFFIX}"
+        write_secret(self.session_dir(record.session) / name, secret)
+        return self.update(record, secret=name, durable=True)
+
     def _forget_secret(self, record: SessionRecord) -> None:
         if record.secret:
             with contextlib.suppress(OSError):

@@ -285,7 +285,7 @@ def make_spec(
     command: tuple[str, ...] = (),
     session: str = "conformance",
     *,
-    reattachable: bool = False,
+    durable: bool = False,
     **limits: Any,
 ) -> ContainerSpec:
     return ContainerSpec(
@@ -296,7 +296,7 @@ def make_spec(
         limits=dataclasses.replace(SandboxLimits(), **limits),
         command=command,
         labels=((TEST_RUN_LABEL, str(os.getpid())),),
-        reattachable=reattachable,
+        durable=durable,
     )
 
 

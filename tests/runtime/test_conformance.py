@@ -200,15 +200,16 @@ async def receive_line(stream: ContainerStream) -> bytes:
     return got
 
 
-async def test_a_second_attachment_to_a_running_container(
+async def test_an_exec_session_reaches_a_running_container(
     backend: RuntimeBackend, sandbox_image: str
 ) -> None:
-    """A reattachable sandbox outlives its first attachment: a second one gets its stdout and
-    writes its stdin (what a bridge adopting a detached sandbox needs)."""
-    spec = make_spec(sandbox_image, CAT, reattachable=True)
+    """A durable sandbox outlives its first attachment; a later bridge reaches it through an exec
+    session (``attach_exec``: its stdin and stdout as a stream), what adopting a detached sandbox
+    needs. Backends that cannot (``RuntimeInfo.reattach`` False) refuse a durable spec."""
+    spec = make_spec(sandbox_image, CAT, durable=True)
     with anyio.fail_after(STEP):
         if not (await backend.info()).reattach:
-            with pytest.raises(RuntimeUnavailable, match="stdin open"):
+            with pytest.raises(RuntimeUnavailable, match="engine API"):
                 await backend.create(spec)
             pytest.skip(f"{backend.name} cannot attach again (RuntimeInfo.reattach is False)")
         container = await backend.create(spec)
@@ -216,15 +217,15 @@ async def test_a_second_attachment_to_a_running_container(
             first = await backend.attach(container)
             await first.send(b"one\n")
             assert await receive_line(first) == b"one\n"
-            await first.aclose()  # the client goes away without closing stdin
             info = await backend.inspect(container)
-            assert info is not None and info.state is ContainerState.RUNNING, info
-            second = await backend.attach(container)  # attach only: it runs already
+            assert info is not None and info.state is ContainerState.RUNNING and info.durable, info
+            second = await backend.attach_exec(container, ("cat",), user="0")
             await second.send(b"two\n")
             assert await receive_line(second) == b"two\n"
-            info = await backend.inspect(container)
-            assert info is not None and info.state is ContainerState.RUNNING, info
             await second.aclose()
+            await first.send(b"three\n")  # the first attachment is untouched by the exec session
+            assert await receive_line(first) == b"three\n"
+            await first.aclose()
         finally:
             await backend.remove([container])
 

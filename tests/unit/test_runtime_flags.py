@@ -1,6 +1,6 @@
 """The sandbox flags are decided once (runtime.flags) and the three renderers agree on them; a
-reattachable sandbox keeps its stdin open where the backend can attach again, and is refused
-where it cannot."""
+durable sandbox is labelled so (a later bridge reaches it through an exec session), and the CLI
+backend, which cannot reach it again, refuses it."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ import pytest
 from kernelbridge.config import SandboxLimits
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.runtime import ContainerSpec
+from kernelbridge.runtime.base import DURABLE_LABEL
 from kernelbridge.runtime.cli.backend import CliRuntime
-from kernelbridge.runtime.engine.api import EngineRuntime
 from kernelbridge.runtime.engine.body import create_body
 from kernelbridge.runtime.engine.endpoint import Endpoint
 from kernelbridge.runtime.flags import READ_ONLY_TMPFS, WORKDIR, sandbox_flags, size_bytes
 from kernelbridge.runtime.kube.manifest import pod_manifest
-from kernelbridge.testing import LocalProcessRuntime
 
 LIMITS = SandboxLimits(
     memory="300m", pids=77, cpus=0.25, tmp_size="12m", workspace_size="34m", nofile=555, nproc=666
@@ -103,12 +102,13 @@ def test_the_three_renderers_say_the_same() -> None:
     assert (body["StdinOnce"], container["stdinOnce"]) == (True, True)
 
 
-def test_a_reattachable_sandbox_keeps_its_stdin_open() -> None:
-    s = spec(reattachable=True)
-    assert sandbox_flags(s).stdin_once is False
-    assert create_body(s)["StdinOnce"] is False and create_body(s)["OpenStdin"] is True
+def test_a_durable_sandbox_is_labelled_and_keeps_stdin_once() -> None:
+    s = spec(durable=True)
+    assert s.all_labels()[DURABLE_LABEL] == "1" and DURABLE_LABEL not in spec().all_labels()
+    assert sandbox_flags(s).stdin_once is True  # reached again through an exec session
+    assert create_body(s)["StdinOnce"] is True and create_body(s)["OpenStdin"] is True
     (container,) = pod_manifest(s)["spec"]["containers"]
-    assert container["stdinOnce"] is False and container["stdin"] is True
+    assert container["stdinOnce"] is True and container["stdin"] is True
 
 
 class NoClient:
@@ -121,17 +121,11 @@ class NoClient:
         raise AssertionError("a refused spec reached the engine")
 
 
-@pytest.mark.parametrize("backend", ["podman-api", "podman-cli", "local"])
-def test_backends_that_cannot_attach_again_refuse_a_reattachable_spec(backend: str) -> None:
-    async def create() -> None:
-        if backend == "podman-api":
-            runtime: Any = EngineRuntime(NoClient(), engine="podman")  # type: ignore[arg-type]
-            assert not runtime._reattach
-        elif backend == "podman-cli":
-            runtime = CliRuntime("podman", "/nonexistent/podman")
-        else:
-            runtime = LocalProcessRuntime()
-        await runtime.create(spec(reattachable=True))
+def test_the_cli_backend_refuses_a_durable_spec() -> None:
+    """The CLI fallback keeps today's behaviour: sessions end with their bridge."""
 
-    with pytest.raises(RuntimeUnavailable, match="stdin open"):
+    async def create() -> None:
+        await CliRuntime("podman", "/nonexistent/podman").create(spec(durable=True))
+
+    with pytest.raises(RuntimeUnavailable, match="engine API"):
         anyio.run(create)

@@ -22,10 +22,12 @@ from kernelbridge.server.render import render_note, render_text, structured, to_
 from kernelbridge.session.broker import ToolCallRecord
 from kernelbridge.session.cell import CellError, CellResult
 from kernelbridge.session.outcome import (
+    Adopted,
     BackgroundOutput,
     ClosedWhileRunning,
     DisplaysDropped,
     FreshSandbox,
+    InheritedOutcome,
     JournalFailed,
     JournalFull,
     NeverStarted,
@@ -33,6 +35,7 @@ from kernelbridge.session.outcome import (
     NotSent,
     ProxiesNotRefreshed,
     SandboxDied,
+    SandboxLost,
     SessionNote,
     State,
     Status,
@@ -136,6 +139,48 @@ SENTENCES: list[tuple[Note, str]] = [
         "This client's files on the host reached their quota of 3 MiB (KERNELBRIDGE_HTTP_DISK_QUOTA, set "
         "by the bridge's operator): this cell and later ones are not recorded, so the session's notebook "
         "(export_notebook) ends before them. The session itself goes on.",
+    ),
+    (
+        Adopted(12.4, "detach"),
+        "This session was adopted: its sandbox outlived its bridge (12 s with no bridge; its bridge "
+        "exited); variables, imports and files in /workspace are kept (state: kept).",
+    ),
+    (
+        Adopted(
+            3,
+            "eof",
+            (
+                InheritedOutcome(4, "print('done')", "ok", "done", True),
+                InheritedOutcome(5, "while True: pass", "running", "", False),
+            ),
+            dropped=3,
+            dropped_bytes=4096,
+            torn_journal=True,
+        ),
+        "This session was adopted: its sandbox outlived its bridge (3 s with no bridge; its bridge went "
+        "away without a word: killed, or its client went); variables, imports and files in /workspace "
+        "are kept (state: kept).\n"
+        "A cell the previous bridge sent, [4] \"print('done')\", finished while no bridge was attached "
+        "(ok):\ndone\n"
+        "A cell the previous bridge sent, [5] 'while True: pass', is still running (its result will not "
+        "be reported; its output below is what came so far); none of its output reached this bridge\n"
+        "3 message(s) of output (4,096 bytes) were dropped while no bridge was attached (the sandbox's "
+        "buffer was full).\n"
+        "The journal's last line was cut off when the previous bridge died; it is skipped.",
+    ),
+    (
+        SandboxLost(
+            "its container is gone", 2, 3, "kernelbridge://sessions/s/notebook?generation=2", ran=False
+        ),
+        "This session's sandbox, which outlived its bridge, could not be taken over: its container is "
+        "gone. Its variables, imports and files in /workspace are lost. Its 3 cell(s) are in its "
+        "journal: run_python(restore='kernelbridge://sessions/s/notebook?generation=2') re-runs them in "
+        "a fresh sandbox. This call's code did not run; call again to start a fresh sandbox.",
+    ),
+    (
+        SandboxLost("it ended itself", 1, 0, None),
+        "This session's sandbox, which outlived its bridge, could not be taken over: it ended itself. "
+        "Its variables, imports and files in /workspace are lost. This call's code ran in a fresh sandbox.",
     ),
     (
         JournalFailed("No space left on device"),

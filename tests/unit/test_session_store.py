@@ -110,9 +110,9 @@ def test_live_sessions_of_every_namespace_leave_out_dead_bridges_and_closed_sess
     # What `kernelbridge sessions --json` prints (the same keys as before generations).
     assert list_session_records(tmp_path) == [
         {"name": "live", "connection_file": "/c/live.json", "container": "kb-live",
-         "owner_pid": os.getpid(), "created": live.created},
+         "owner_pid": os.getpid(), "created": live.created, "state": "attached"},
         {"name": "alice/default", "connection_file": "/c/alice.json", "container": None,
-         "owner_pid": os.getpid(), "created": theirs.created, "namespace": "alice"},
+         "owner_pid": os.getpid(), "created": theirs.created, "namespace": "alice", "state": "attached"},
     ]  # fmt: skip
     assert live_sessions(tmp_path / "missing") == []
 
