@@ -38,10 +38,16 @@ VERDICT = "@@verdict@@"
 """Marks the line of JSON a probe prints as its last act (see :meth:`Bridge.probe`)."""
 
 
-PASSED_ON = ("KERNELBRIDGE_ALLOW_UNLIMITED", "KERNELBRIDGE_IMAGE_PACKAGES", "PYTHONPATH")
+PASSED_ON = (
+    "KERNELBRIDGE_ALLOW_UNLIMITED",
+    "KERNELBRIDGE_IMAGE_PACKAGES",
+    "KERNELBRIDGE_DURABLE",
+    "PYTHONPATH",
+)
 """Variables of the test process that the spawned bridges get too: the suite run as an
 unprivileged user on cgroup v1 (tests/install) allows unlimited sandboxes, with an image of extra
-packages and the checkout's code; the MCP client passes only a few variables on by itself."""
+packages and the checkout's code; whether sessions outlive their bridge (tests/conftest.py: not
+unless a test asks); the MCP client passes only a few variables on by itself."""
 
 
 def ensure_image() -> str:

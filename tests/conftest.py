@@ -25,6 +25,10 @@ from kernelbridge.runtime import cli_runtime
 TEST_RUN_LABEL = "kernelbridge.test-run"
 TEST_RUN = uuid.uuid4().hex[:12]
 os.environ["KERNELBRIDGE_LABELS"] = f"{TEST_RUN_LABEL}={TEST_RUN}"
+# Sessions outlive their bridge by default (issue 15); the suites that are not about that test
+# bridges whose sessions end with them, so that no sandbox runs on after a test. The durable
+# suite (tests/integration/test_durable_sessions.py) sets KERNELBRIDGE_DURABLE=1 for its bridges.
+os.environ.setdefault("KERNELBRIDGE_DURABLE", "0")
 
 # Containers end asynchronously (`--rm` after the agent exits); give them this long to go.
 LEFTOVER_GRACE = 20.0

@@ -49,7 +49,7 @@ from kernelbridge.server.stdio import serve_stdio
 from kernelbridge.session.adopter import lost_result
 from kernelbridge.session.outcome import Note
 from kernelbridge.session.registry import SessionRegistry
-from kernelbridge.session.store import validate_session_name
+from kernelbridge.session.store import adoptable_containers, validate_session_name
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def build_server(
                     log.warning("%s; serving without sandboxes", exc)
                     backend = UnavailableRuntime(str(exc))
                 else:
-                    await _reap_orphans(backend)
+                    await _reap_orphans(backend, settings)
                 # Limits enforced (or allowed not to be), a kernelbridge image: decided now, and
                 # again at each call while it can still change (a daemon started, an image built).
                 gate = await SandboxGate.open(settings, backend)
@@ -290,11 +290,13 @@ def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | Non
     return expected_image(settings)
 
 
-async def _reap_orphans(runtime: RuntimeBackend) -> None:
-    """Remove containers left by bridges that were SIGKILLed (best effort: never blocks serving)."""
+async def _reap_orphans(runtime: RuntimeBackend, settings: Settings) -> None:
+    """Remove containers left by bridges that were SIGKILLed (best effort: never blocks serving);
+    not the durable sandboxes this state directory's records name (their sessions adopt them)."""
     try:
+        spare = await anyio.to_thread.run_sync(adoptable_containers, settings.state_dir)
         with anyio.fail_after(30):
-            removed = await reap_orphans(runtime)
+            removed = await reap_orphans(runtime, spare)
         if removed:
             log.warning("removed %d sandbox container(s) left by a dead kernelbridge", removed)
     except KernelBridgeError as exc:  # e.g. the daemon is down: said once more, per call, by the gate

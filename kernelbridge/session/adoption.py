@@ -65,8 +65,9 @@ class Loss:
 
 
 def restore_uri(record: SessionRecord) -> str:
-    """The ``restore=`` argument that rebuilds ``record``'s generation from its journal."""
-    return f"kernelbridge://sessions/{record.session}/notebook?generation={record.generation}"
+    """The ``restore=`` argument that rebuilds ``record``'s generation from its journal (the
+    session's current one until its next call starts a fresh sandbox: restore right away)."""
+    return f"kernelbridge://sessions/{record.session}/notebook"
 
 
 def ours(info: ContainerInfo, record: SessionRecord, state_dir: Path) -> bool:

@@ -402,6 +402,15 @@ def sessions_of(state_dir: Path) -> list[tuple[SessionRecord, bool]]:
     return found
 
 
+def adoptable_containers(state_dir: Path) -> set[str]:
+    """The containers (ids and names) of every namespace's durable sessions that a bridge may
+    still adopt: the orphan reaper spares them."""
+    found: set[str] = set()
+    for record, _ in sessions_of(state_dir):
+        found.update(name for name in (record.container_id, record.container) if name)
+    return found
+
+
 def list_session_records(state_dir: Path) -> list[dict[str, Any]]:
     """:func:`sessions_of` as ``kernelbridge sessions --json`` shows them (HTTP clients' named
     ``namespace/session``): attached ones with ``state: attached``, the others ``detached``."""

@@ -1,0 +1,223 @@
+"""Sessions that outlive their bridge (issue 15), with real bridges, real MCP clients over stdio and
+real podman containers (the engine API backend, ``podman-api``, the local default).
+
+Each test runs bridges one after another (or side by side) on one state directory, with
+``KERNELBRIDGE_DURABLE=1``: a client exits (or its bridge is SIGKILLed), and the next bridge adopts
+the session's sandbox on its first use. Every wait is on a condition with a bound; the sandboxes a
+test leaves detached are removed when it ends (by the state directory's label), so the suite-wide
+leftover check still holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from bridge_harness import (
+    CLIENT_TIMEOUT,
+    Bridge,
+    children,
+    open_bridge,
+    podman,
+    serve_params,
+    serve_pids,
+    stop_process_tree,
+)
+from mcp.client.client import Client
+
+from kernelbridge.host.container import STATE_LABEL, state_identity
+from kernelbridge.session.store import SessionStore
+
+pytestmark = pytest.mark.anyio
+
+DURABLE = {"KERNELBRIDGE_DURABLE": "1", "KERNELBRIDGE_WARM_POOL": "0"}
+WAIT = 60.0
+
+
+def sandboxes_of(state_dir: Path, *, every: bool = True) -> list[str]:
+    """Containers labelled with ``state_dir``'s identity (running ones only unless ``every``)."""
+    args = ["ps", "-q", "--filter", f"label={STATE_LABEL}={state_identity(state_dir)}"]
+    return podman(*([*args, "-a"] if every else args)).split()
+
+
+@pytest.fixture
+def state(tmp_path: Path, sandbox_image: str) -> Iterator[Path]:
+    """The state directory the test's bridges share; its sandboxes are removed afterwards."""
+    state_dir = tmp_path / "state"
+    yield state_dir
+    left = sandboxes_of(state_dir)
+    if left:
+        podman("rm", "-f", "-t", "0", *left, timeout=120)
+
+
+async def wait_for(condition: Callable[[], object], what: str, timeout: float = WAIT) -> None:
+    """Poll ``condition`` (a podman query: nothing to wait on but the engine) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        await anyio.sleep(0.1)
+
+
+def record(state_dir: Path, session: str) -> object:
+    return SessionStore(state_dir).current(session)
+
+
+@pytest.fixture
+async def first(state: Path) -> AsyncIterator[Bridge]:
+    async with open_bridge(state, **DURABLE) as bridge:
+        yield bridge
+
+
+async def test_a_client_exit_and_restart_keeps_variables_files_and_imports(state: Path) -> None:
+    async with open_bridge(state, **DURABLE) as bridge:
+        made = await bridge.run(
+            "import fractions\nx = fractions.Fraction(3, 7)\nopen('/workspace/kept.txt', 'w').write('file')\n"
+            "print('made')",
+            "s",
+        )
+        assert made.status == "ok", made.text
+        container = await bridge.container("s")
+    # The client exited: its bridge let go of the sandbox, which runs on.
+    await wait_for(lambda: len(sandboxes_of(state, every=False)) == 1, "the sandbox runs on")
+    stored = SessionStore(state).current("s")
+    assert stored is not None and stored.detached is not None and stored.durable
+
+    async with open_bridge(state, **DURABLE) as bridge:
+        listed = await bridge.listed()
+        assert listed["s"]["state"] == "detached", listed
+        again = await bridge.run("print(x, open('/workspace/kept.txt').read(), fractions.__name__)", "s")
+        assert again.status == "ok" and again.stdout == "3/7 file fractions\n", again.text
+        assert again.data["state"] == "kept" and "adopted" in again.codes, again.text
+        assert "its bridge exited" in again.notes, again.notes
+        assert await bridge.container("s") == container
+        second = await bridge.run("print(x * 2)", "s")
+        assert second.stdout == "6/7\n" and "adopted" not in second.codes
+        # The journal goes on where it stopped: one generation, every cell.
+        journal = [json.loads(line) for line in bridge.journal("s").read_text().splitlines() if line]
+        codes = [entry.get("code", "") for entry in journal if entry.get("type") == "cell"]
+        assert len(codes) == 3 and "fractions.Fraction" in codes[0] and codes[2] == "print(x * 2)", codes
+        await bridge.close("s")
+    await wait_for(lambda: not sandboxes_of(state), "close_session removed the sandbox")
+
+
+async def test_sigkill_mid_cell_then_a_new_bridge_hears_how_the_cell_ended(state: Path) -> None:
+    async with open_bridge(state, **DURABLE) as bridge:
+        assert (await bridge.run("import time\ny = 41", "s")).status == "ok"
+        container = await bridge.container("s")
+
+        async def long_cell() -> None:
+            with pytest.raises(Exception):  # noqa: B017 - the bridge is killed under it
+                await bridge.run(
+                    "open('/workspace/started', 'w').close()\ntime.sleep(3)\ny += 1\nprint('late', y)", "s"
+                )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_cell)
+            await wait_for(
+                lambda: podman("exec", container, "ls", "/workspace").split().count("started") == 1,
+                "the cell began",
+            )
+            stop_process_tree(bridge.pid)  # SIGKILL, mid-cell
+    assert sandboxes_of(state, every=False), "the sandbox died with its bridge"
+
+    async with open_bridge(state, **DURABLE) as bridge:
+        result = await bridge.run("print('now', y)", "s")
+        assert result.status == "ok" and "adopted" in result.codes, result.text
+        assert result.stdout == "now 42\n", result.text  # the cell finished while no bridge was there
+        assert "late 42" in result.notes, result.notes  # and its output was kept for this bridge
+        await bridge.close("s")
+
+
+async def test_sigkill_mid_idle_then_a_new_bridge(state: Path) -> None:
+    async with open_bridge(state, **DURABLE) as bridge:
+        assert (await bridge.run("z = [1, 2, 3]", "s")).status == "ok"
+        os.kill(bridge.pid, signal.SIGKILL)
+        for child in children(bridge.pid):
+            stop_process_tree(child)
+    async with open_bridge(state, **DURABLE) as bridge:
+        result = await bridge.run("print(sum(z))", "s")
+        assert result.stdout == "6\n" and "adopted" in result.codes, result.text
+        await bridge.close("s")
+
+
+@asynccontextmanager
+async def second_bridge(state_dir: Path, first: Bridge) -> AsyncIterator[Bridge]:
+    """Another bridge on ``state_dir`` while ``first`` runs."""
+    async with Client(serve_params(state_dir, **DURABLE), read_timeout_seconds=CLIENT_TIMEOUT) as client:
+        (pid,) = [pid for pid in serve_pids(state_dir) if pid != first.pid]
+        yield Bridge(client, state_dir, pid)
+
+
+async def test_a_second_bridge_on_the_state_directory_never_takes_a_held_session(state: Path) -> None:
+    async with open_bridge(state, **DURABLE) as one, second_bridge(state, one) as two:
+        assert (await one.run("w = 'one'", "s")).status == "ok"
+        error, text = await two.call("run_python", code="w = 'two'", session="s")
+        assert error and "held by another kernelbridge" in text and "\n" not in text.strip(), text
+        listed = await two.listed()
+        assert listed["s"]["state"] == "elsewhere", listed
+        mine = await two.run("print('own session')", "t")  # its own sessions work
+        assert mine.status == "ok", mine.text
+        assert (await one.run("print(w)", "s")).stdout == "one\n"
+        await one.close("s")
+        await two.close("t")
+
+
+async def test_a_forged_adoption_is_refused_and_the_session_goes_on_fresh(state: Path) -> None:
+    async with open_bridge(state, **DURABLE) as bridge:
+        assert (await bridge.run("secret_value = 1", "s")).status == "ok"
+    stored = SessionStore(state).current("s")
+    assert stored is not None and stored.secret is not None
+    secret_file = SessionStore(state).session_dir("s") / stored.secret
+    secret_file.unlink()
+    secret_file.write_text("ab" * 32)  # a well-formed secret, not the sandbox's
+    secret_file.chmod(0o600)
+    async with open_bridge(state, **DURABLE) as bridge:
+        refused = await bridge.run("print('hello')", "s")
+        assert "sandbox_lost" in refused.codes and refused.data["state"] == "lost", refused.text
+        assert "secret" in refused.notes and "restore=" in refused.notes, refused.notes
+        fresh = await bridge.run("print('secret_value' in globals())", "s")
+        assert fresh.status == "ok" and fresh.stdout == "False\n", fresh.text
+        await bridge.close("s")
+
+
+async def test_a_detached_sandbox_ends_itself_after_its_idle_timeout(state: Path) -> None:
+    async with open_bridge(state, **DURABLE, KERNELBRIDGE_IDLE_TIMEOUT="3") as bridge:
+        assert (await bridge.run("v = 1", "s")).status == "ok"
+    await wait_for(lambda: not sandboxes_of(state, every=False), "it ended itself with no bridge")
+    async with open_bridge(state, **DURABLE) as bridge:
+        result = await bridge.run("print('v' in globals())", "s")
+        assert "sandbox_lost" in result.codes and "idle timeout" in result.notes, result.text
+        assert "restore=" in result.notes
+        fresh = await bridge.run("print('v' in globals())", "s")
+        assert fresh.stdout == "False\n", fresh.text
+        await bridge.close("s")
+
+
+async def test_after_a_machine_restart_the_session_says_so_and_offers_restore(state: Path) -> None:
+    async with open_bridge(state, **DURABLE) as bridge:
+        assert (await bridge.run("u = 5\nprint(u)", "s")).status == "ok"
+    podman("rm", "-f", "-t", "0", *sandboxes_of(state), timeout=120)  # what a reboot leaves: nothing
+    async with open_bridge(state, **DURABLE) as bridge:
+        result = await bridge.run("print(u)", "s")
+        assert result.status != "ok" and "sandbox_lost" in result.codes, result.text
+        assert "gone" in result.notes and "restore=" in result.notes, result.notes
+        restore = result.notes.split("restore='", 1)[1].split("'", 1)[0]
+        assert restore == "kernelbridge://sessions/s/notebook", restore
+        restored = await bridge.run("print(u)", "s", restore=restore)  # rebuilt in place
+        assert restored.status == "ok" and restored.stdout == "5\n", restored.text
+        await bridge.close("s")
+
+
+async def test_durable_off_restores_sessions_that_end_with_their_bridge(state: Path) -> None:
+    async with open_bridge(state, KERNELBRIDGE_DURABLE="0", KERNELBRIDGE_WARM_POOL="0") as bridge:
+        assert (await bridge.run("q = 1", "s")).status == "ok"
+        container = await bridge.container("s")
+    assert not podman("ps", "-a", "-q", "--filter", f"name={container}").split()
+    assert SessionStore(state).current("s") is not None and not SessionStore(state).current("s").durable
