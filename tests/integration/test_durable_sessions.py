@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,6 +26,7 @@ from bridge_harness import (
     Bridge,
     children,
     open_bridge,
+    open_http_bridge,
     podman,
     serve_params,
     serve_pids,
@@ -221,3 +223,81 @@ async def test_durable_off_restores_sessions_that_end_with_their_bridge(state: P
         container = await bridge.container("s")
     assert not podman("ps", "-a", "-q", "--filter", f"name={container}").split()
     assert SessionStore(state).current("s") is not None and not SessionStore(state).current("s").durable
+
+
+async def test_a_record_copied_to_another_state_directory_adopts_nothing(state: Path, tmp_path: Path) -> None:
+    async with open_bridge(state, **DURABLE) as bridge:
+        assert (await bridge.run("mine = 1", "s")).status == "ok"
+    other = tmp_path / "other"
+    shutil.copytree(state / "sessions", other / "sessions")  # the record and the secret
+    async with open_bridge(other, **DURABLE) as thief:
+        stolen = await thief.run("print('mine' in globals())", "s")
+        assert "sandbox_lost" in stolen.codes and "not this session's" in stolen.notes, stolen.text
+        fresh = await thief.run("print('mine' in globals())", "s")
+        assert fresh.stdout == "False\n", fresh.text
+        await thief.close("s")
+    async with open_bridge(state, **DURABLE) as bridge:  # the real owner still adopts it
+        mine = await bridge.run("print(mine)", "s")
+        assert mine.stdout == "1\n" and "adopted" in mine.codes, mine.text
+        await bridge.close("s")
+
+
+async def test_sandbox_code_cannot_hand_the_agent_a_host_of_its_own(state: Path) -> None:
+    """Kernel code (uid 65534) connects to the agent's attach point and passes pipes: the agent
+    hangs up before reading a byte, and the session's own bridge is unaffected."""
+    probe = """
+import array, os, socket
+verdict = {}
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+s.connect("\\0kernelbridge-agent")
+r, w = os.pipe()
+try:
+    s.sendmsg([b"H"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r, w]))])
+    verdict["answer"] = s.recv(1).decode()
+except OSError as exc:
+    verdict["answer"] = type(exc).__name__
+os.write(w, b'{"type": "hello"}\\n')
+"""
+    async with open_bridge(state, **DURABLE) as bridge:
+        found = await bridge.probe(probe, "s")
+        assert found["answer"] in ("", "ConnectionResetError", "BrokenPipeError"), found
+        assert (await bridge.run("print('still mine')", "s")).stdout == "still mine\n"
+        await bridge.close("s")
+
+
+async def test_an_http_restart_gives_each_token_only_its_own_sessions(state: Path) -> None:
+    tokens = {"alice": "a" * 32, "bob": "b" * 32}
+    async with open_http_bridge(state, tokens, **DURABLE) as bridges:
+        assert (await bridges["alice"].run("who = 'alice'", "default")).status == "ok"
+        assert (await bridges["bob"].run("who = 'bob'", "default")).status == "ok"
+        assert (await bridges["bob"].run("extra = 1", "bobs")).status == "ok"
+    # SIGTERM (open_http_bridge's exit): every sandbox detached, none stopped.
+    await wait_for(lambda: len(sandboxes_of(state / "http" / "alice", every=False)) == 1, "alice's runs on")
+    await wait_for(lambda: len(sandboxes_of(state / "http" / "bob", every=False)) == 2, "bob's run on")
+    async with open_http_bridge(state, tokens, **DURABLE) as bridges:
+        alice, bob = bridges["alice"], bridges["bob"]
+        assert set(await alice.listed()) == {"default"}, await alice.listed()
+        assert set(await bob.listed()) == {"default", "bobs"}
+        said = await alice.run("print(who)", "default")
+        assert said.stdout == "alice\n" and "adopted" in said.codes, said.text
+        bobs = await bob.run("print(who)", "default")
+        assert bobs.stdout == "bob\n", bobs.text
+        assert (await alice.run("print('extra' in globals())", "bobs")).stdout == "False\n"
+        for bridge, names in ((alice, ["default", "bobs"]), (bob, ["default", "bobs"])):
+            for name in names:
+                await bridge.close(name)
+
+
+async def test_a_new_bridge_adopts_the_warm_pool_of_the_one_before(state: Path) -> None:
+    warm = {**DURABLE, "KERNELBRIDGE_WARM_POOL": "1"}
+    async with open_bridge(state, **warm) as bridge:
+        await wait_for(lambda: list((state / "warm").glob("*.json")), "the pool filled: its sandbox ready")
+        (pooled,) = sandboxes_of(state, every=False)
+        assert bridge.sessions == set()
+    async with open_bridge(state, **warm) as bridge:
+        result = await bridge.run("print('warm')", "s")
+        assert result.status == "ok", result.text
+        container = podman("inspect", "--format", "{{.Id}}", await bridge.container("s")).strip()
+        assert container.startswith(pooled), (container, pooled)  # the one the bridge before started
+        await bridge.close("s")
