@@ -58,9 +58,10 @@ INHERITED_WAIT = 0.5
 WARM_ADOPT_TIMEOUT = 20.0
 
 
-class Lost(Exception):
+class Lost(SessionError):
     """The session's sandbox outlived its bridge but is gone or unusable; its cells are in the
-    journal (``note.restore``). Raised before any code ran."""
+    journal (``note.restore``). Raised before any code ran (a caller that does not look for it
+    gets one line, as for any SessionError)."""
 
     def __init__(self, note: SandboxLost) -> None:
         super().__init__(note.reason)
@@ -145,6 +146,28 @@ class Adopter:
         sandbox.resume()
         seat.warm, seat.claim = replace(record, owner_pid=os.getpid(), detached=None), held
         pool.add(seat)
+
+    async def adopt_all(self) -> None:
+        """At start, in the background: adopt every session of this namespace whose sandbox
+        outlived its bridge (in parallel, at most the session limit), so that its first call finds
+        it attached (a warm call; the ``adopted`` note still comes with that first result). A
+        sandbox found lost is said by the session's next call."""
+        try:
+            records = await anyio.to_thread.run_sync(self.store.adoptable)
+        except OSError as exc:
+            log.warning("reading the session records failed: %s", exc)
+            return
+        async with anyio.create_task_group() as tg:
+            for record in records[: self.settings.max_sessions]:
+                tg.start_soon(self._adopt_early, record.session)
+
+    async def _adopt_early(self, name: str) -> None:
+        try:
+            await self._registry.sandbox(name)
+        except Lost as exc:
+            self._registry.lost[name] = exc.note
+        except KernelBridgeError as exc:  # held by another bridge meanwhile, the engine is down
+            log.info("session %s was not adopted at start: %s", name, exc)
 
     def keep_warm(self, seat: Seat) -> None:
         """A durable warm sandbox was started: keep its record and secret for a later bridge."""

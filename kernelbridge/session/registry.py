@@ -13,7 +13,8 @@ whose notes are values (:mod:`kernelbridge.session.outcome`).
 Sessions outlive their bridge (``settings.durable``): the registry's
 :class:`~kernelbridge.session.adopter.Adopter` holds each name (a name another live bridge holds is
 refused), lets go of the sandboxes at ``aclose`` instead of stopping them, and adopts the ones a
-bridge before left, on a session's first use (the warm pool's at start).
+bridge before left, at start in the background (a session's first call waits for its own), the
+warm pool's before the pool refills.
 
 Each sandbox this registry starts sits in a :class:`~kernelbridge.session.seat.Seat` with the
 handlers it was started with: its iopub goes to the session's
@@ -110,6 +111,8 @@ class SessionRegistry(Closing):
             await self._adopter.open(self._tg, self._pool)  # the warm pool's before it refills
         self._tg.start_soon(self._pool.run)
         self._tg.start_soon(self._reap_idle)
+        if self._adopter is not None:
+            self._tg.start_soon(self._adopter.adopt_all)
         return self
 
     @property
@@ -214,9 +217,9 @@ class SessionRegistry(Closing):
         """
         validate_session_name(name)
         granted = self._grants_for(servers or [])
-        if (lost := self.lost.pop(name, None)) is not None:
-            return lost_result(name, lost)
         while True:
+            if (lost := self.lost.pop(name, None)) is not None:  # also found while this call queued
+                return lost_result(name, lost)
             session = self._session_for(name)
             async with session.lock:
                 if session.state is SessionState.CLOSED:
@@ -243,12 +246,17 @@ class SessionRegistry(Closing):
         """Before a call: take over ``name``'s sandbox if it outlived its bridge (its first
         result then says so); the note saying it was lost instead, if it had cells (nothing has
         run: the caller may rebuild it with ``restore=``). None otherwise."""
-        if (lost := self.lost.pop(validate_session_name(name), None)) is not None:
+        validate_session_name(name)
+        session = self._sessions.get(name)
+        if session is not None and session.state is SessionState.STARTING:
+            async with session.lock:  # an adoption begun at start: wait for its verdict
+                pass
+        if (lost := self.lost.pop(name, None)) is not None or self._adopter is None:
             return lost
         session = self._sessions.get(name)
-        if self._adopter is None or (session is not None and session.state is not SessionState.NEW):
-            return None
-        if self._adopter.record_of(name) is None:
+        if (session is not None and session.state is not SessionState.NEW) or not self._adopter.record_of(
+            name
+        ):
             return None
         try:
             await self.sandbox(name)
@@ -262,6 +270,8 @@ class SessionRegistry(Closing):
         outlived its bridge with is gone, with its cells)."""
         validate_session_name(name)
         while True:
+            if (lost := self.lost.pop(name, None)) is not None:
+                raise Lost(lost)
             session = self._session_for(name)
             async with session.lock:
                 if session.state is SessionState.CLOSED:

@@ -23,6 +23,7 @@ import anyio
 import pytest
 from bridge_harness import (
     CLIENT_TIMEOUT,
+    KERNELBRIDGE,
     Bridge,
     children,
     open_bridge,
@@ -71,10 +72,8 @@ def record(state_dir: Path, session: str) -> object:
     return SessionStore(state_dir).current(session)
 
 
-@pytest.fixture
-async def first(state: Path) -> AsyncIterator[Bridge]:
-    async with open_bridge(state, **DURABLE) as bridge:
-        yield bridge
+def cli_env(state_dir: Path) -> dict[str, str]:
+    return {**os.environ, "KERNELBRIDGE_STATE_DIR": str(state_dir)}
 
 
 async def test_a_client_exit_and_restart_keeps_variables_files_and_imports(state: Path) -> None:
@@ -90,10 +89,11 @@ async def test_a_client_exit_and_restart_keeps_variables_files_and_imports(state
     await wait_for(lambda: len(sandboxes_of(state, every=False)) == 1, "the sandbox runs on")
     stored = SessionStore(state).current("s")
     assert stored is not None and stored.detached is not None and stored.durable
+    listing = await anyio.run_process([KERNELBRIDGE, "sessions", "--json"], env=cli_env(state))
+    shown = json.loads(listing.stdout)
+    assert [(s["name"], s["state"], s["container"]) for s in shown] == [("s", "detached", container)], shown
 
     async with open_bridge(state, **DURABLE) as bridge:
-        listed = await bridge.listed()
-        assert listed["s"]["state"] == "detached", listed
         again = await bridge.run("print(x, open('/workspace/kept.txt').read(), fractions.__name__)", "s")
         assert again.status == "ok" and again.stdout == "3/7 file fractions\n", again.text
         assert again.data["state"] == "kept" and "adopted" in again.codes, again.text
