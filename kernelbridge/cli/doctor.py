@@ -122,6 +122,21 @@ class Doctor:
             return "warn", detail + f"; {VFS_WARNING}"
         return "ok", detail
 
+    async def durable_check(self) -> tuple[str, str]:
+        """Whether sessions outlive their bridge here (KERNELBRIDGE_DURABLE and the runtime)."""
+        assert self.runtime is not None
+        if not self.settings.durable:
+            return "ok", "sessions end with their bridge (KERNELBRIDGE_DURABLE=0)"
+        if not (await self.runtime.info()).reattach:
+            return "warn", (
+                f"the {self.runtime.name} backend cannot reach a running sandbox again, so sessions end "
+                "with their bridge here; the engine API backends keep them (KERNELBRIDGE_RUNTIME=podman-api)"
+            )
+        return "ok", (
+            "sessions outlive their bridge: the next bridge on this state directory adopts them "
+            f"(idle timeout {self.settings.idle_timeout:g} s; KERNELBRIDGE_DURABLE=0 turns it off)"
+        )
+
     async def image_check(self) -> tuple[str, str]:
         from kernelbridge.host.policy import expected_image, verify_image
         from kernelbridge.image import (
@@ -235,8 +250,10 @@ class Doctor:
 
     async def run_checks(self) -> None:
         if not await self.check("runtime", self.runtime_check):
-            self.skip(["image", "limits", "kernel"], "needs a container runtime")
-        elif not await self.check("image", self.image_check):
+            self.skip(["durable", "image", "limits", "kernel"], "needs a container runtime")
+        elif not await self.check("durable", self.durable_check) or not await self.check(
+            "image", self.image_check
+        ):
             self.skip(["limits", "kernel"], "needs the image")
         else:
             await self.check("limits", self.limits_check)

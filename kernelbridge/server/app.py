@@ -140,6 +140,7 @@ def build_server(
                 image, agent_hash = _sandbox_image(settings, testing=True)
                 policy = SandboxPolicy(image, agent_hash)
             facts.policy = policy
+            reattach = await _can_reattach(backend)
             hub = await stack.enter_async_context(Hub(settings))
             hubs.append(hub)
             stack.callback(hubs.remove, hub)
@@ -147,6 +148,8 @@ def build_server(
             def make_registry(registry_settings: Settings) -> SessionRegistry:
                 if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
                     registry_settings = dataclasses.replace(registry_settings, warm_pool=0)
+                if not reattach:  # the CLI backend: sessions end with their bridge, as `doctor` says
+                    registry_settings = dataclasses.replace(registry_settings, durable=False)
                 return SessionRegistry(
                     registry_settings,
                     backend,
@@ -288,6 +291,15 @@ def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | Non
     if testing and not settings.image:
         return "test-double", None  # an injected runtime (the local test double) has no images
     return expected_image(settings)
+
+
+async def _can_reattach(runtime: RuntimeBackend) -> bool:
+    """Whether sandboxes may outlive this bridge on ``runtime`` (``RuntimeInfo.reattach``)."""
+    try:
+        with anyio.fail_after(30):
+            return (await runtime.info()).reattach
+    except (KernelBridgeError, TimeoutError):
+        return False
 
 
 async def _reap_orphans(runtime: RuntimeBackend, settings: Settings) -> None:
