@@ -180,6 +180,8 @@ class Journal:
             for line in f:
                 self.written += len(line)
                 last = line[-1:]
+                if not line.endswith(b"\n"):
+                    continue  # torn: not a cell any reader can use
                 if line.startswith(b'{"type": "cell"'):
                     self.cells += 1
                 elif line.startswith(b'{"type": "truncated"'):
