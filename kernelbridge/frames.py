@@ -78,8 +78,8 @@ the host answers ``hello {session, agent_hash, nonce, proof}`` with
 ``proof = adoption_proof(secret, HOST_ROLE, nonce, host nonce)``, and the sandbox answers
 ``adopted`` (with its own proof, ``AGENT_ROLE``, so the host knows it is the sandbox it made) or
 ``refused``. A fresh nonce on each side makes an old proof worthless. After ``adopted`` the sandbox
-sends nothing until the host says ``resume``: then the held frames (``resend`` of them, numbered
-from ``next``) and the live ones.
+sends nothing until the host says ``resume``: then the held frames (``resend`` of them, the
+first numbered ``next``) and the live ones.
 
 Both ends also translate between ``kernel`` frames and the Jupyter wire protocol (ZMQ multipart:
 routing ids, ``<IDS|MSG>``, HMAC signature, header, parent_header, metadata, content, buffers):

@@ -36,6 +36,7 @@ import anyio
 
 from kernelbridge.config import Settings
 from kernelbridge.runtime import ContainerInfo, ContainerSpec, ContainerStream, RuntimeBackend
+from kernelbridge.runtime.base import STATE_LABEL as STATE_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,6 @@ INSPECT_TIMEOUT = 5.0
 
 NAMESPACE_LABEL = "kernelbridge.namespace"
 """The HTTP client (token name) a sandbox serves; absent over stdio."""
-STATE_LABEL = "kernelbridge.state"
-"""The identity of the state directory whose bridges may adopt a durable sandbox."""
 HANDOVER_COMMAND = ("python3", "-S", "-m", "kernelbridge.inside.handover")
 """Run in a durable sandbox to reach it again (``kernelbridge/inside/handover.py``)."""
 HANDOVER_USER = "0"

@@ -54,6 +54,9 @@ not let one bridge reap another machine's containers because a pid happens to be
 DURABLE_LABEL = "kernelbridge.durable"
 """On a sandbox that outlives its bridge (``1``): a later bridge may adopt it while it runs, so
 the orphan reaper leaves it alone until it has ended (it ends itself after its idle timeout)."""
+STATE_LABEL = "kernelbridge.state"
+"""On a durable sandbox: the identity of the state directory whose bridges may adopt it (a hash of
+the host name and the directory's path, never the path; ``host.container.state_identity``)."""
 
 
 @dataclass(frozen=True, slots=True)

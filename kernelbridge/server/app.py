@@ -32,6 +32,7 @@ from kernelbridge import __version__
 from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.host import SandboxGate, SandboxPolicy, expected_image
+from kernelbridge.host.container import state_identity
 from kernelbridge.hub import Hub
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
@@ -308,7 +309,7 @@ async def _reap_orphans(runtime: RuntimeBackend, settings: Settings) -> None:
     try:
         spare = await anyio.to_thread.run_sync(adoptable_containers, settings.state_dir)
         with anyio.fail_after(30):
-            removed = await reap_orphans(runtime, spare)
+            removed = await reap_orphans(runtime, spare, state_identity(settings.state_dir))
         if removed:
             log.warning("removed %d sandbox container(s) left by a dead kernelbridge", removed)
     except KernelBridgeError as exc:  # e.g. the daemon is down: said once more, per call, by the gate

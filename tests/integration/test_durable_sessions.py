@@ -301,3 +301,19 @@ async def test_a_new_bridge_adopts_the_warm_pool_of_the_one_before(state: Path) 
         container = podman("inspect", "--format", "{{.Id}}", await bridge.container("s")).strip()
         assert container.startswith(pooled), (container, pooled)  # the one the bridge before started
         await bridge.close("s")
+
+
+async def test_a_kernel_that_dies_while_detached_is_said_by_the_next_bridge(state: Path) -> None:
+    async with open_bridge(state, **DURABLE) as bridge:
+        armed = await bridge.run("import os, threading\nthreading.Timer(4, os._exit, (3,)).start()", "s")
+        assert armed.status == "ok", armed.text
+    stored = SessionStore(state).current("s")
+    assert stored is not None and stored.detached is not None  # it was let go of before the kernel died
+    await wait_for(lambda: not sandboxes_of(state, every=False), "the sandbox ended with its kernel")
+    async with open_bridge(state, **DURABLE) as bridge:
+        result = await bridge.run("print('fresh')", "s")
+        assert "sandbox_lost" in result.codes, result.text
+        assert "its kernel died while no bridge was attached" in result.notes, result.notes
+        assert (await bridge.run("print('fresh')", "s")).stdout == "fresh\n"
+        await bridge.close("s")
+    assert not sandboxes_of(state), "the dead sandbox was removed once its loss was said"

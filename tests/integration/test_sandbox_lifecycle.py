@@ -90,22 +90,23 @@ def doctor(settings: Settings, **env: str) -> tuple[int, list[list[str]]]:
 
 def test_doctor_passes_every_check(settings: Settings) -> None:
     status, lines = doctor(settings)
-    assert lines[:5] == [
+    assert lines[:6] == [
         ["ok", "state"],
         ["ok", "runtime"],
+        ["ok", "durable"],
         ["ok", "image"],
         ["ok", "limits"],
         ["ok", "kernel"],
     ]
-    assert lines[5][1] == "hub" and len(lines) == 6  # host MCP config: ok, or warn for a bad file
+    assert lines[6][1] == "hub" and len(lines) == 7  # host MCP config: ok, or warn for a bad file
     assert status == 0
 
 
 def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings: Settings) -> None:
     status, lines = doctor(settings, KERNELBRIDGE_IMAGE="localhost/kernelbridge-sandbox:nope")
-    expected = [["ok", "state"], ["ok", "runtime"], ["FAIL", "image"], ["skip", "limits"], ["skip", "kernel"]]
-    assert lines[:5] == expected
-    assert lines[5][1] == "hub" and len(lines) == 6
+    expected = [["ok", "state"], ["ok", "runtime"], ["ok", "durable"], ["FAIL", "image"], ["skip", "limits"]]
+    assert lines[:6] == [*expected, ["skip", "kernel"]]
+    assert lines[6][1] == "hub" and len(lines) == 7
     assert status == 1
 
 
