@@ -5,6 +5,7 @@ Layout (one module per command group; ``main`` builds the parser from them):
 - ``main``        the parser, ``main(argv)``: one-line failures and exit statuses
 - ``command``     what a group shares (the handler type, the sub-parsers type)
 - ``serve``       ``serve`` (stdio or ``--http``)
+- ``servers``     ``servers``: the host MCP servers found (MCP clients' files, ~/MCPs, ...) and where
 - ``image``       ``image build``, ``image status``
 - ``doctor``      ``doctor``: can this machine run sandboxes, and are their limits real
 - ``sessions``    ``sessions``, ``attach``, ``export``: live sessions and their journals

@@ -85,8 +85,9 @@ def render_manual(servers: Sequence[ServerLine] = (), problems: Sequence[str] = 
         parts.append("\n".join(lines) + "\n")
     else:
         parts.append(
-            "No host MCP servers are configured. The user adds them in ~/MCPs/*.json,\n"
-            "~/.config/mcp/servers/*.json or with `kernelbridge serve --servers-config FILE`.\n"
+            "No host MCP servers are configured. The user adds them in an MCP client's config\n"
+            "(Claude Code, Claude Desktop, Cursor, VS Code), in ~/MCPs/*.json or with\n"
+            "`kernelbridge serve --servers-config FILE`; `kernelbridge servers` lists what is found.\n"
         )
     if problems:
         lines = ["Config problems (entries skipped; the user can fix them):"]
