@@ -16,8 +16,11 @@ Layout (one module per command group; ``main`` builds the parser from them):
 - ``demo``        ``demo`` (the scripted session itself is :mod:`kernelbridge.demo`)
 
 ``[project.scripts] kernelbridge = "kernelbridge.cli:main"``; ``python -m kernelbridge.cli`` works too.
+The distribution's own script, ``kernelbridge-mcp = "kernelbridge.cli:serve_main"``, is the same
+command with ``serve`` as its default, so that ``uvx kernelbridge-mcp`` (and an ``mcpServers``
+entry of just that) runs the server.
 """
 
-from kernelbridge.cli.main import main
+from kernelbridge.cli.main import main, serve_main
 
-__all__ = ["main"]
+__all__ = ["main", "serve_main"]

@@ -70,5 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
+SERVE_DEFAULT_EXCEPT = frozenset({"-h", "--help", "--version"})
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """The ``kernelbridge-mcp`` script: ``kernelbridge`` with ``serve`` when no command is given
+    (``kernelbridge-mcp``, ``kernelbridge-mcp --http``); with a command, that command."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or (args[0].startswith("-") and args[0] not in SERVE_DEFAULT_EXCEPT):
+        args = ["serve", *args]
+    return main(args)
+
+
 if __name__ == "__main__":
     sys.exit(main())
