@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from kernelbridge.execution import strip_ansi
-from kernelbridge.tracebacks import trim_traceback
+from kernelbridge.session.cell import strip_ansi
+from kernelbridge.session.tracebacks import trim_traceback
 
 
 @pytest.fixture(scope="module")
