@@ -59,6 +59,7 @@ index's ``kernelbridge`` is an unrelated project. The import package and the com
 ``kernelbridge``."""
 
 __all__ = [
+    "DISTRIBUTION",
     "AgentMismatch",
     "ConfigError",
     "EngineRefused",
