@@ -395,4 +395,10 @@ class HostFacts:
                 f"- Limits: memory {limits.memory}, {limits.pids} processes, {limits.cpus:g} CPU;"
                 f" /workspace {limits.workspace_size}, /tmp {limits.tmp_size}."
             )
+        if settings.approve_tools:
+            patterns = ", ".join(f"`{p}`" for p in settings.approve_tools[:10])
+            lines.append(
+                f"- Host calls of {patterns} wait for the user's approval (asked by the MCP client);"
+                " a refusal raises `McpToolDenied`: do not retry it, say what you wanted to do."
+            )
         return "\n".join(lines) + "\n"
