@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from kernelbridge.errors import RpcError
 from kernelbridge.frames import MAX_RPC_BYTES
+from kernelbridge.hub.approval import Approver
 from kernelbridge.hub.skills import MAX_DESCRIPTION_CHARS, MAX_SOURCE_BYTES
 
 KINDS = frozenset(
@@ -56,6 +57,9 @@ class RpcCall:
     """The HTTP token's namespace the session belongs to (``""``: the shared one, stdio). Set by
     the bridge, never by the sandbox: everything the hub keeps per tenant (saved tools, calls in
     flight) is keyed by it, so two tokens' sessions called ``default`` never meet."""
+    approve: Approver | None = None
+    """Asks a person about a call that needs approval (``KERNELBRIDGE_APPROVE_TOOLS``): supplied by
+    the session layer for the cell that made the call; None: nobody can be asked, refused."""
 
 
 class RpcHandler(Protocol):
