@@ -97,7 +97,9 @@ def test_doctor_passes_every_check(settings: Settings) -> None:
         ["ok", "limits"],
         ["ok", "kernel"],
     ]
-    assert lines[5][1] == "hub" and len(lines) == 6  # host MCP config: ok, or warn for a bad file
+    assert lines[5][1] == "hub"  # host MCP config: ok, or warn for a bad file
+    assert lines[6][1] == "summary" and len(lines) == 7
+    assert lines[6][0] in ("ok", "warn")
     assert status == 0
 
 
@@ -105,7 +107,8 @@ def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings
     status, lines = doctor(settings, KERNELBRIDGE_IMAGE="localhost/kernelbridge-sandbox:nope")
     expected = [["ok", "state"], ["ok", "runtime"], ["FAIL", "image"], ["skip", "limits"], ["skip", "kernel"]]
     assert lines[:5] == expected
-    assert lines[5][1] == "hub" and len(lines) == 6
+    assert lines[5][1] == "hub"
+    assert lines[6] == ["FAIL", "summary"] and len(lines) == 7
     assert status == 1
 
 
