@@ -7,6 +7,7 @@ A bad value raises :class:`ConfigError` naming the variable, the value and what 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -40,6 +41,9 @@ class SandboxLimits:
     tmp_size: str = "64m"
     """Size of the /tmp tmpfs. Unsized, podman's /tmp is a huge tmpfs counted against memory."""
     workspace_size: str = "256m"
+    packages_size: str = "512m"
+    """Size of the /packages tmpfs where the session's ``%pip install``s go: room for the bytes
+    installed (``PackageSettings.max_bytes``) and, while they unpack, their wheels."""
     nofile: int = 1024
     nproc: int = 4096
     """RLIMIT_NPROC is per host uid, shared by every container running as 65534: keep it high
@@ -47,6 +51,133 @@ class SandboxLimits:
     user: str = "65534:65534"
     network: str = "none"
     read_only: bool = True
+
+
+PACKAGES_DIR = "/packages"
+"""Where a sandbox's ``%pip install``s go: a tmpfs of ``SandboxLimits.packages_size``."""
+RESERVED_TARGETS = (
+    "/tmp", "/workspace", PACKAGES_DIR, "/opt/kernelbridge", "/proc", "/sys", "/dev", "/run", "/var",
+    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/root",
+)  # fmt: skip
+"""Paths of the sandbox a host directory is never mounted on (or under): its own mounts and the
+system's. ``/workspace/<name>`` is allowed (data beside the kernel's working directory)."""
+_MOUNT_PATH = re.compile(r"^/[A-Za-z0-9._/@+-]*$")
+"""Characters a mount's paths may have: no ``:`` or ``,``, which the engines' mount syntax splits on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host directory the operator grants every sandbox, read-only (``KERNELBRIDGE_MOUNTS``,
+    ``serve --mount``): always ``ro,nosuid,nodev,noexec`` and not recursive (see
+    ``runtime/flags.py``). Build with :func:`check_mount`, which refuses what must never be mounted."""
+
+    source: Path
+    """The host directory, resolved (symlinks followed on the host, once, when it is checked)."""
+    target: str
+    """Where it appears in the sandbox (absolute)."""
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.target}"
+
+
+def check_source(source: str | Path, state_dir: Path, *, where: str) -> Path:
+    """``source`` resolved, once it may be mounted into a sandbox; ConfigError naming ``where``
+    when it is not a directory, is the state directory, inside it or a parent of it (its connection
+    files, tokens and other sessions' journals must never be visible in a sandbox), or a path the
+    engines cannot spell."""
+    raw = str(source)
+    try:
+        resolved = Path(raw).expanduser().resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise ConfigError(f"{where}: {raw!r} does not exist (a mount's source must be a directory)") from None
+    if not resolved.is_dir():
+        raise ConfigError(f"{where}: {raw!r} is not a directory (only directories can be mounted)")
+    if not _MOUNT_PATH.match(str(resolved)):
+        raise ConfigError(f"{where}: {raw!r} has characters a mount cannot carry (':', ',', spaces)")
+    state = state_dir.expanduser().resolve()
+    if resolved == state or state.is_relative_to(resolved) or resolved.is_relative_to(state):
+        relation = (
+            "is the state directory" if resolved == state
+            else "holds the state directory" if state.is_relative_to(resolved)
+            else "is inside the state directory"
+        )  # fmt: skip
+        raise ConfigError(
+            f"{where}: {raw!r} {relation} ({state}), which holds connection keys, tokens and every"
+            " session's journal: it is never mounted into a sandbox"
+        )
+    return resolved
+
+
+def check_mount(source: str | Path, target: str, state_dir: Path, *, where: str) -> Mount:
+    """A :class:`Mount` of ``source`` at ``target``, or ConfigError naming ``where`` and saying why
+    (:func:`check_source`; the target is not absolute, or one of the sandbox's own paths)."""
+    resolved = check_source(source, state_dir, where=where)
+    normal = os.path.normpath(target) if target.startswith("/") else ""
+    if (
+        not normal
+        or normal != target.rstrip("/")
+        or not _MOUNT_PATH.match(normal)
+        or normal == "/"
+        or "//" in normal
+    ):
+        raise ConfigError(f"{where}: {target!r} is not an absolute path in the sandbox (e.g. /data)")
+    for reserved in RESERVED_TARGETS:
+        if normal == reserved or (normal.startswith(reserved + "/") and reserved != "/workspace"):
+            raise ConfigError(
+                f"{where}: {target!r} is one of the sandbox's own paths; mount at /data, /mnt/...,"
+                " or /workspace/<name>"
+            )
+    return Mount(resolved, normal)
+
+
+def parse_mounts(raw: str, state_dir: Path, *, where: str) -> tuple[Mount, ...]:
+    """``SRC:DST`` items separated by commas (``~/data:/data,~/models:/models``); ConfigError
+    naming ``where`` for a bad one, or for two mounts on one target or one inside another."""
+    mounts: list[Mount] = []
+    for item in (part.strip() for part in raw.split(",") if part.strip()):
+        source, sep, target = item.rpartition(":")
+        if not sep or not source:
+            raise ConfigError(f"{where}: {item!r} is not SRC:DST (a host directory and a sandbox path)")
+        mounts.append(check_mount(source, target, state_dir, where=where))
+    return check_mount_set(mounts, where=where)
+
+
+def check_mount_set(mounts: list[Mount], *, where: str) -> tuple[Mount, ...]:
+    """``mounts`` once no two share a target or nest; ConfigError otherwise."""
+    for i, first in enumerate(mounts):
+        for second in mounts[i + 1 :]:
+            a, b = first.target, second.target
+            if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                raise ConfigError(f"{where}: the mounts on {a} and {b} overlap; give each its own path")
+    return tuple(mounts)
+
+
+_PACKAGE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class PackageSettings:
+    """``%pip install`` through the host (see ``kernelbridge/packages/``)."""
+
+    policy: str = "any"
+    """``KERNELBRIDGE_PACKAGES``: ``any`` (what the host's pip index serves as wheels), ``none``
+    (installing is off: the index learns nothing), or allowed names (comma- or space-separated,
+    normalized: the names the sandbox may ask for; their dependencies come with them)."""
+    allowed: frozenset[str] = frozenset()
+    """The allowed names when ``policy`` is ``names``."""
+    max_bytes: int = 256 * 1024**2
+    """``KERNELBRIDGE_PACKAGES_MAX_BYTES``: bytes one sandbox may install (unpacked); the /packages
+    tmpfs is sized for it plus one install's wheels."""
+    max_installs: int = 32
+    """``KERNELBRIDGE_PACKAGES_MAX_INSTALLS``: ``%pip install`` commands that install something, per
+    sandbox."""
+    cache_bytes: int = 4 * 1024**3
+    """``KERNELBRIDGE_PACKAGES_CACHE``: bytes of wheels the host's cache keeps (least recently used
+    go first)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy != "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +295,14 @@ class Settings:
     """Bytes this namespace's files may take (``HttpSettings.disk_quota`` for a token's namespace;
     None: no quota, the shared namespace). Set by the server, like ``namespace``."""
     http: HttpSettings = field(default_factory=HttpSettings)
+    packages: PackageSettings = field(default_factory=PackageSettings)
+    mounts: tuple[Mount, ...] = ()
+    """``KERNELBRIDGE_MOUNTS`` and ``serve --mount``: host directories every sandbox sees read-only."""
+
+    @property
+    def packages_dir(self) -> Path:
+        """The wheel cache shared by every session on this state directory."""
+        return self.state_dir / "packages"
 
     @property
     def sessions_dir(self) -> Path:
@@ -302,13 +441,18 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         tmp_size=_size(env, "TMP_SIZE", defaults.tmp_size),
         workspace_size=_size(env, "WORKSPACE_SIZE", defaults.workspace_size),
     )
+    packages = _package_settings(env)
+    # Room for what may be installed plus the wheels of one install while they unpack.
+    limits = dataclasses.replace(limits, packages_size=f"{max(packages.max_bytes * 2 // 1024**2, 16)}m")
     # The predecessor called it MCP_BRIDGE_TIMEOUT; both of its spellings are honoured.
     default_timeout = _number(env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False, aliases=("TIMEOUT",))
     max_timeout = _number(env, "MAX_TIMEOUT", 600.0, minimum=1, integer=False)
     if default_timeout > max_timeout:
         raise ConfigError(f"default timeout {default_timeout:g}s exceeds the maximum {max_timeout:g}s")
+    state_dir = Path(state[1]).expanduser() if state else default_state_dir(env)
+    mounts = _lookup(env, "MOUNTS")
     return Settings(
-        state_dir=Path(state[1]).expanduser() if state else default_state_dir(env),
+        state_dir=state_dir,
         runtime=runtime[1] if runtime else None,
         image=image[1] if image else None,
         max_sessions=int(_number(env, "MAX_SESSIONS", 8, minimum=1, integer=True)),
@@ -332,6 +476,30 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
         export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
         journal_budget=_bytes(env, "JOURNAL_BUDGET", 64 * 1024 * 1024, minimum=64 * 1024),
+        packages=packages,
+        mounts=parse_mounts(mounts[1], state_dir, where=mounts[0]) if mounts else (),
+    )
+
+
+def _package_settings(env: Mapping[str, str]) -> PackageSettings:
+    found = _lookup(env, "PACKAGES")
+    policy, allowed = "any", frozenset[str]()
+    if found is not None and found[1].lower() != "any":
+        var, raw = found
+        if raw.lower() == "none":
+            policy = "none"
+        else:
+            names = [item for item in re.split(r"[\s,]+", raw) if item]
+            bad = [item for item in names if not _PACKAGE_NAME.match(item)]
+            if bad:
+                raise ConfigError(f"{var}: {bad[0][:60]!r} is not a package name (expected any, none, or names)")
+            policy, allowed = "names", frozenset(re.sub(r"[-_.]+", "-", name).lower() for name in names)
+    return PackageSettings(
+        policy=policy,
+        allowed=allowed,
+        max_bytes=_bytes(env, "PACKAGES_MAX_BYTES", 256 * 1024**2, minimum=1024**2),
+        max_installs=int(_number(env, "PACKAGES_MAX_INSTALLS", 32, minimum=0, integer=True)),
+        cache_bytes=_bytes(env, "PACKAGES_CACHE", 4 * 1024**3, minimum=16 * 1024**2),
     )
 
 

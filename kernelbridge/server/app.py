@@ -32,13 +32,14 @@ from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.host import SandboxGate, SandboxPolicy, expected_image
 from kernelbridge.hub import Hub
+from kernelbridge.packages import PackageService, WithPackages
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
 from kernelbridge.server.exports import ExportLimiters, export_to_file, notebook_for_model
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
 from kernelbridge.server.images import fit_images, register_output_resources
-from kernelbridge.server.manual import ServerLine, render_manual
+from kernelbridge.server.manual import ServerLine, packages_section, render_manual
 from kernelbridge.server.namespaces import Namespaces
 from kernelbridge.server.render import to_tool_result
 from kernelbridge.server.restore import report_result, report_text, restore_session
@@ -138,6 +139,8 @@ def build_server(
             hub = await stack.enter_async_context(Hub(settings))
             hubs.append(hub)
             stack.callback(hubs.remove, hub)
+            # %pip install through the host: one service (and wheel cache) for every namespace.
+            rpc = WithPackages(PackageService(settings), hub)
 
             def make_registry(registry_settings: Settings) -> SessionRegistry:
                 if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
@@ -147,7 +150,7 @@ def build_server(
                     backend,
                     image=policy.image,
                     agent_hash=policy.agent_hash,
-                    dispatch=hub,
+                    dispatch=rpc,
                     check_grants=hub.validate_grants,
                 )
 
@@ -327,8 +330,6 @@ class HostFacts:
             return ""
         limits = settings.limits
         lines = ["", "## This host", ""]
-        if policy.packages:
-            lines.append(f"- Python packages in the sandbox image: {', '.join(policy.packages)}.")
         if policy.refusal:
             lines.append(f"- Sandboxes cannot start right now: {policy.refusal}.")
         elif policy.unlimited:
@@ -341,4 +342,13 @@ class HostFacts:
                 f"- Limits: memory {limits.memory}, {limits.pids} processes, {limits.cpus:g} CPU;"
                 f" /workspace {limits.workspace_size}, /tmp {limits.tmp_size}."
             )
-        return "\n".join(lines) + "\n"
+        packages = settings.packages
+        section = packages_section(
+            policy.packages,
+            packages.policy,
+            sorted(packages.allowed),
+            packages.max_bytes,
+            packages.max_installs,
+            [mount.target for mount in settings.mounts],
+        )
+        return "\n".join(lines) + "\n\n" + section

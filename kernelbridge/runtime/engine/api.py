@@ -31,6 +31,7 @@ from kernelbridge.runtime.base import (
     RuntimeInfo,
 )
 from kernelbridge.runtime.engine.body import create_body
+from kernelbridge.runtime.flags import sandbox_flags, unsupported
 from kernelbridge.runtime.engine.endpoint import Endpoint
 from kernelbridge.runtime.engine.images import EngineImages, no_such
 from kernelbridge.runtime.engine.service import HelperProcess
@@ -109,6 +110,8 @@ class EngineRuntime(RuntimeBackend):
                 f"the {self.engine} engine at {self.endpoint.url} cannot keep a sandbox's stdin open"
                 " for a later attachment (podman closes it when the attached client goes away)"
             )
+        if (why := unsupported(self.engine, sandbox_flags(spec))) is not None:
+            raise RuntimeUnavailable(why)
         try:
             answer = await self.client.request(
                 "POST",
