@@ -42,8 +42,8 @@ from mcp.client.stdio import StdioServerParameters
 from kernelbridge.config import load_settings
 from kernelbridge.host import Sandbox, SandboxHandlers, expected_image
 from kernelbridge.jupyter import connect_client
-from kernelbridge.recorder import Recorder
 from kernelbridge.runtime import open_selection
+from kernelbridge.session.recorder import Recorder
 
 KERNELBRIDGE = str(Path(sys.executable).with_name("kernelbridge"))
 CALL_TIMEOUT = 180.0

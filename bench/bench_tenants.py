@@ -34,6 +34,8 @@ from typing import Any
 import anyio
 from mcp.client.client import Client
 
+from kernelbridge.session.store import SessionStore
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the suite's harness and attacks
 from bridge_harness import children, open_http_bridge, status_kib
 from peers.hostile_cells import BIG_CELL, flood
@@ -81,10 +83,16 @@ async def wait_for_file(client: Client, session: str, path: str) -> str:
             await anyio.sleep(0.5)
 
 
+def journal_of(state: Path, session: str) -> Path:
+    """Alice's journal of ``session``: its current generation's, or a bridge's before generations
+    (``--source`` of an older tree), which the store reads as generation 0."""
+    return SessionStore(state / "http" / "alice", "alice").journal(session)
+
+
 async def journal_growth(clients: dict[str, Client], state: Path, seconds: float) -> None:
     alice = clients["alice"]
-    journal = state / "http" / "alice" / "sessions" / "flood.journal.jsonl"
     await run(alice, "x = 1", "flood")
+    journal = journal_of(state, "flood")
     before = journal.stat().st_size
     began = time.monotonic()
     await run(alice, flood(seconds), "flood")
@@ -101,7 +109,7 @@ async def export_costs(clients: dict[str, Client], pid: int, state: Path, rounds
     alice, bob = clients["alice"], clients["bob"]
     for _ in range(5):
         await run(alice, BIG_CELL, "big")
-    size = (state / "http" / "alice" / "sessions" / "big.journal.jsonl").stat().st_size
+    size = journal_of(state, "big").stat().st_size
     await run(bob, "1+1", "warm")
     quiet: list[float] = []
     loaded: list[float] = []

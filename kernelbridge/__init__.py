@@ -3,12 +3,10 @@
 General layout (one direction of dependency, top to bottom; docs/architecture.md is the map):
 
 - ``cli``        the ``kernelbridge`` command: one module per command group, ``doctor``, ``setup``
-- ``server``     MCP tools and resources; formats results for a model
-- ``replay``     notebook cells re-run through a session registry and judged
-- ``sessions``   session registry: create/reuse/close, locks, timeouts, idle reaping; with
-                 ``recorder`` (iopub -> cells), ``broker`` (a session's rpc calls) and
-                 ``execution`` (one cell's outputs, bounded)
-- ``notebook``   the journal <-> nbformat v4 (``notebook_export``: bounded, in a worker process)
+- ``server``     MCP tools and resources; the one place results and notes become prose for a model
+- ``session``    session registry, a session's state machine, the cell runner and its timeout policy,
+                 the session store (records and journals by generation), one cell's outputs, outcomes
+- ``notebook``   the journal, journal <-> nbformat, exports, replay
 - ``hub``        the user's host MCP servers: config, client pool, policy, docs, skills, rpc dispatch
 - ``jupyter``    jupyter_client integration: a KernelProvisioner whose kernel process is a tunnel
                  process, a kernel manager, the kernelspec (for plain Jupyter clients)

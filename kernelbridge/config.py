@@ -405,14 +405,26 @@ def namespace_state_dir(state_dir: Path, namespace: str) -> Path:
     """The state directory of an HTTP token's namespace: ``<state dir>/http/<namespace>``, or
     ``state_dir`` itself for the shared namespace ``""`` (stdio, HTTP without authentication).
 
-    The one place that knows this layout (sessions, journals, exports and saved tools all live
-    below it). Raises ConfigError for a name that is not a namespace (it could leave the tree).
+    With :func:`namespace_names`, the one place that knows where namespaces live (what lives below
+    each, sessions and journals, is :mod:`kernelbridge.session.store`'s; exports and saved tools
+    are there too). Here, below every layer, because the hub keeps saved tools per namespace as
+    well. Raises ConfigError for a name that is not a namespace (it could leave the tree).
     """
     if not namespace:
         return state_dir
     if not _NAMESPACE.match(namespace):
         raise ConfigError(f"{namespace[:80]!r} is not a namespace name ([a-z0-9-], up to 64 characters)")
     return state_dir / HTTP_DIR / namespace
+
+
+def namespace_names(state_dir: Path) -> list[str]:
+    """The namespaces that have a state directory below ``state_dir``: the shared one (``""``)
+    first, then the HTTP tokens' in name order (directories that are not namespaces ignored)."""
+    try:
+        found = [entry.name for entry in (state_dir / HTTP_DIR).iterdir() if entry.is_dir()]
+    except OSError:
+        found = []
+    return ["", *sorted(name for name in found if _NAMESPACE.match(name))]
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:

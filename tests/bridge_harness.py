@@ -180,7 +180,13 @@ class Result:
 
     @property
     def notes(self) -> str:
+        """The notes' sentences, joined (for messages: assert on :attr:`codes`)."""
         return " ".join(self.data.get("notes") or [])
+
+    @property
+    def codes(self) -> list[str]:
+        """The notes' machine-readable codes (``structuredContent.note_codes``)."""
+        return list(self.data.get("note_codes") or [])
 
     def verdict(self) -> Any:
         """The JSON a probe printed after :data:`VERDICT`."""
@@ -238,8 +244,17 @@ class Bridge:
         return peak_rss_kib(self.pid)
 
     def connection(self, session: str) -> dict[str, Any]:
-        record = json.loads((self.state_dir / "sessions" / f"{session}.session.json").read_text())
-        return json.loads(Path(record["connection_file"]).read_text())
+        from kernelbridge.session.store import SessionStore
+
+        record = SessionStore(self.state_dir).current(session)
+        assert record is not None and record.connection_file is not None, f"no live record of {session}"
+        return json.loads(Path(record.connection_file).read_text())
+
+    def journal(self, session: str) -> Path:
+        """The journal of ``session``'s current generation."""
+        from kernelbridge.session.store import SessionStore
+
+        return SessionStore(self.state_dir).journal(session)
 
 
 def module_bridge(name: str) -> Any:

@@ -172,7 +172,7 @@ class Doctor:
 
     async def kernel_check(self) -> tuple[str, str]:
         from kernelbridge.host import Sandbox, SandboxHandlers, expected_image
-        from kernelbridge.recorder import Recorder
+        from kernelbridge.session.recorder import Recorder
 
         assert self.runtime is not None
         image, agent_hash = expected_image(self.settings)

@@ -36,7 +36,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
     A notebook may come from anywhere: no live host server is called unless the person names it
     with ``--grant`` (``--recorded-tools``, once needed for that, is the default and a no-op)."""
-    from kernelbridge.replay import read_notebook, replay_notebook
+    from kernelbridge.notebook.replay import read_notebook, replay_notebook
 
     try:
         read_notebook(args.notebook)  # bad input is one line and status 2, before any sandbox

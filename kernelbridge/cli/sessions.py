@@ -35,7 +35,7 @@ def add_parsers(sub: Subcommands) -> None:
 
 
 def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.sessions import list_session_records
+    from kernelbridge.session.store import list_session_records
 
     records = list_session_records(settings.state_dir)
     if args.json:
@@ -52,7 +52,7 @@ def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def find_session(settings: Settings, name: str) -> dict[str, Any]:
-    from kernelbridge.sessions import list_session_records
+    from kernelbridge.session.store import list_session_records
 
     for record in list_session_records(settings.state_dir):
         if record["name"] == name:
@@ -77,7 +77,7 @@ def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.notebook import export_session
+    from kernelbridge.session.store import export_session
 
     path = export_session(settings, args.session, args.output)
     print(f"wrote {path}")

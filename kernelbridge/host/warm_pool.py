@@ -2,7 +2,7 @@
 
 A sandbox takes ~0.5 s to start (container + ipykernel), and starts are CPU bound on small
 machines. The pool keeps ``size`` sandboxes started, one start at a time, and refills in the
-background whenever one is taken. It knows nothing about sessions: :mod:`kernelbridge.sessions`
+background whenever one is taken. It knows nothing about sessions: :mod:`kernelbridge.session.registry`
 takes sandboxes from it and closes what is left at exit. What it pools is whatever the starter
 returns that holds a sandbox (the session layer pools each sandbox with the handlers it was
 started with).

@@ -2,7 +2,8 @@
 
 - :mod:`~kernelbridge.server.app`: ``build_server`` (tools, resources, the lifespan that owns the
   runtime, the hub and the session registry) and ``serve``;
-- :mod:`~kernelbridge.server.render`: a cell's result as an MCP tool result;
+- :mod:`~kernelbridge.server.render`: a cell's result as an MCP tool result, the one place
+  outcomes (the session's and :mod:`~kernelbridge.server.notes`) become prose;
 - :mod:`~kernelbridge.server.manual`: the capabilities manual for the model;
 - :mod:`~kernelbridge.server.schema`: compact tool schemas;
 - :mod:`~kernelbridge.server.exports`: notebook exports a model may ask for;

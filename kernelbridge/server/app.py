@@ -1,10 +1,10 @@
 """The kernelbridge MCP server: its tools, resources and lifespan.
 
-This module turns tool calls into :class:`~kernelbridge.sessions.SessionRegistry` operations and
-renders results for a model: short text first (what a model reads), images as image content, and
-the full record as ``structuredContent``. Failures a model can act on (a bad argument, too many
-sessions, a sandbox that will not start) are ``ToolError``s with one-line messages; a user's
-Python error is a normal result with ``isError`` set.
+This module turns tool calls into :class:`~kernelbridge.session.registry.SessionRegistry`
+operations and has their results rendered for a model (:mod:`kernelbridge.server.render`: short
+text first, images as image content, the full record as ``structuredContent``). Failures a model
+can act on (a bad argument, too many sessions, a sandbox that will not start) are ``ToolError``s
+with one-line messages; a user's Python error is a normal result with ``isError`` set.
 
 The registry lives in the server lifespan (no global state): it is created when the transport
 starts and torn down, shielded and bounded, when the client disconnects or a signal arrives.
@@ -21,11 +21,12 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 
 from kernelbridge import __version__
 from kernelbridge.config import Settings, check_state_dir
@@ -41,11 +42,14 @@ from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
 from kernelbridge.server.images import fit_images, register_output_resources
 from kernelbridge.server.manual import ServerLine, packages_section, render_manual
 from kernelbridge.server.namespaces import Namespaces
-from kernelbridge.server.render import to_tool_result
-from kernelbridge.server.restore import report_result, report_text, restore_session
+from kernelbridge.server.notes import LimitsNotEnforced, Restored
+from kernelbridge.server.render import notes_result, restore_result, to_tool_result
+from kernelbridge.server.restore import restore_session
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
-from kernelbridge.sessions import SessionRegistry, validate_session_name
+from kernelbridge.session.outcome import Note
+from kernelbridge.session.registry import SessionRegistry
+from kernelbridge.session.store import validate_session_name
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class BridgeContext:
 
 
 def _bridge(ctx: Context) -> BridgeContext:
-    return ctx.request_context.lifespan_context  # type: ignore[no-any-return]
+    return cast(BridgeContext, ctx.request_context.lifespan_context)
 
 
 def _registry(ctx: Context) -> SessionRegistry:
@@ -199,20 +203,22 @@ def build_server(
                     restored = await restore_session(
                         own, registry, session, restore, budget=timeout, reader=reader
                     )
-                notes = [await place_files(await registry.sandbox(session), placed)] if placed else []
+                notes: list[Note] = (
+                    [await place_files(await registry.sandbox(session), placed)] if placed else []
+                )
                 if not code.strip():
                     if restored is not None:
-                        return report_result(session, restored, notes)
-                    return CallToolResult(content=[TextContent(type="text", text=notes[0])])
+                        return restore_result(session, restored, notes)
+                    return notes_result(notes)
                 result = await registry.run(
                     session, code, timeout=timeout, servers=servers, on_progress=progress
                 )
         except KernelBridgeError as exc:
             raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
         if policy is not None and policy.unlimited and result.execution_count == 1:
-            notes.append(UNLIMITED_NOTE)
+            notes.append(LimitsNotEnforced())
         if restored is not None:
-            notes.insert(0, report_text(session, restored))
+            notes.insert(0, Restored(session, restored))
         result.notes[:0] = notes
         fitted = await fit_images(result.images, session, settings.image_budget)
         result.notes.extend(fitted.notes)
@@ -309,12 +315,6 @@ def serve(settings: Settings, *, http: HttpOptions | None = None) -> None:
     names = http.tokens.namespaces if http.tokens is not None else None
     app = build_server(settings, namespaces=names)
     anyio.run(serve_http, app, http)
-
-
-UNLIMITED_NOTE = (
-    "Note: this host's container runtime does not enforce memory or process limits; the operator"
-    " allowed that (KERNELBRIDGE_ALLOW_UNLIMITED), so keep memory use and process counts modest."
-)
 
 
 @dataclass(slots=True)

@@ -13,9 +13,10 @@ path must never become a way to write arbitrary host files. So a model's export 
 - the notebook is written to a fresh 0600 file next to the target and renamed over it, so an
   existing link or hard link at the target is replaced, never written through.
 
+A session's notebook is its current generation's (:meth:`~kernelbridge.session.store.SessionStore.journal`).
 And what an export costs is bounded, whoever asks and however big the journal: the work (reading
 at most ``journal_read_limit`` bytes of the journal one line at a time, writing the notebook one
-cell at a time) runs in a worker process (:func:`in_worker`, see :mod:`kernelbridge.notebook_export`
+cell at a time) runs in a worker process (:func:`in_worker`, see :mod:`kernelbridge.notebook.export`
 for why not a thread), one at a time per namespace (:class:`ExportLimiters`): a tenant exporting
 in a loop holds one worker and queues behind herself only, and the event loop every session's
 messages go through never waits for it. A notebook returned whole is at most
@@ -42,8 +43,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import FULL, MAX_COUNTED_FILES, disk_use, journal_path, journal_read_limit
-from kernelbridge.notebook_export import export_to_path, notebook_text, run_niced
+from kernelbridge.notebook.export import export_to_path, notebook_text, run_niced
+from kernelbridge.notebook.journal import journal_read_limit
+from kernelbridge.session.store import FULL, MAX_COUNTED_FILES, SessionStore, disk_use
 
 MAX_EXPORT_PATH = 512
 """Characters of a requested export path; longer is a mistake or an attack."""
@@ -79,9 +81,18 @@ async def in_worker(limiter: anyio.CapacityLimiter, func: Callable[..., T], *arg
         raise ToolError("the worker reading the journal failed (see the bridge's log); try again") from None
 
 
+async def journal_of(settings: Settings, session: str) -> Path:
+    """The journal of ``session``'s current generation. Raises ToolError (it has none)."""
+    try:
+        return await anyio.to_thread.run_sync(SessionStore.of(settings).journal, session)
+    except KernelBridgeError as exc:
+        raise ToolError(str(exc)) from None
+
+
 async def notebook_for_model(settings: Settings, session: str, limiter: anyio.CapacityLimiter) -> str:
     """``session``'s notebook as text, bounded (see the module docstring). Raises ToolError."""
-    work = partial(notebook_text, settings.sessions_dir, session, max_bytes=journal_read_limit(settings))
+    journal = await journal_of(settings, session)
+    work = partial(notebook_text, journal, session, max_bytes=journal_read_limit(settings))
     return await in_worker(limiter, work)
 
 
@@ -119,8 +130,8 @@ async def check_quota(settings: Settings, session: str) -> None:
         return
     used = await anyio.to_thread.run_sync(disk_use, settings)
     try:
-        size = journal_path(settings.sessions_dir, session).stat().st_size
-    except OSError:
+        size = (await journal_of(settings, session)).stat().st_size
+    except (ToolError, OSError):
         return  # no journal: the export says so
     if used + size > settings.disk_quota:
         quota = settings.disk_quota / 2**20
@@ -174,14 +185,13 @@ async def export_to_file(settings: Settings, session: str, path: str, limiter: a
     root = export_root(settings)
     parts = export_parts(root, path)
     await check_quota(settings, session)
+    journal = await journal_of(settings, session)
     scratch = settings.run_dir / "exports"
     scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
     made = scratch / f"{secrets.token_hex(8)}.ipynb"
     try:
         limit = journal_read_limit(settings)
-        await in_worker(
-            limiter, partial(export_to_path, settings.sessions_dir, session, made, max_bytes=limit)
-        )
+        await in_worker(limiter, partial(export_to_path, journal, session, made, max_bytes=limit))
 
         def copy(out: TextIO) -> None:
             with open(made, "rb") as written:

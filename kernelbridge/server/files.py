@@ -35,7 +35,9 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
 from kernelbridge.errors import SandboxError, SandboxFileError
 from kernelbridge.host import Sandbox
-from kernelbridge.sessions import SessionRegistry
+from kernelbridge.server.notes import FilesPlaced
+from kernelbridge.session.registry import SessionRegistry
+from kernelbridge.session.store import validate_session_name
 
 MAX_RESOURCE_BYTES = 16 * 1024 * 1024
 """Largest file read as a resource: its base64 in one MCP message is ~22 MB."""
@@ -93,10 +95,10 @@ def decode_files(files: dict[str, str]) -> list[tuple[str, bytes]]:
     return decoded
 
 
-async def place_files(sandbox: Sandbox, files: list[tuple[str, bytes]]) -> str:
-    """Write ``files`` into the sandbox's /workspace; returns one sentence saying what was placed.
-    Raises ToolError (refused by the agent, or the sandbox failed)."""
-    placed = []
+async def place_files(sandbox: Sandbox, files: list[tuple[str, bytes]]) -> FilesPlaced:
+    """Write ``files`` into the sandbox's /workspace; returns what was placed (a note). Raises
+    ToolError (refused by the agent, or the sandbox failed)."""
+    placed: list[tuple[str, int]] = []
     for path, data in files:
         try:
             await sandbox.agent.files("write", path=path, data=base64.b64encode(data).decode("ascii"))
@@ -104,8 +106,8 @@ async def place_files(sandbox: Sandbox, files: list[tuple[str, bytes]]) -> str:
             raise ToolError(f"could not place {path!r}: {exc}") from None
         except SandboxError as exc:
             raise ToolError(f"could not place {path!r}: {str(exc).splitlines()[0]}") from None
-        placed.append(f"{path} ({len(data):,} bytes)")
-    return "Placed in /workspace: " + ", ".join(placed) + "."
+        placed.append((path, len(data)))
+    return FilesPlaced(tuple(placed))
 
 
 def _live_sandbox(registry: SessionRegistry, session: str) -> Sandbox:
@@ -168,7 +170,6 @@ async def read_blob(registry: SessionRegistry, session: str, path: str) -> bytes
 def register_file_resources(app: MCPServer[Any], registry_of: Callable[[Context], SessionRegistry]) -> None:
     """Add the listing, text and blob resources to ``app`` (an MCPServer);
     ``registry_of(ctx)`` is the session registry of a request."""
-    from kernelbridge.sessions import validate_session_name
 
     def session_of(session: str) -> str:
         try:

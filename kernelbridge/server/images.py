@@ -10,15 +10,16 @@ and every client pays for in context. Each image of a result is handled so:
   ``ResourceLink`` to its full-size original, the resource
   ``kernelbridge://sessions/<session>/outputs/<digest>.png``; the result's text says so. The
   original needs no second copy: the session's journal holds every output (see
-  :func:`kernelbridge.notebook_export.find_png`), so the link works as long as the journal does,
-  across bridge restarts.
+  :func:`kernelbridge.notebook.export.find_png`), so the link works as long as the journal does,
+  across bridge restarts (it reads the session's current generation).
 
 Where the downscaling happens: on the host, with Pillow, in a worker thread. Not in the sandbox
 (which has Pillow too), because an image must still be rendered when the kernel is busy with the
 next cell, timed out, or dead, and a request of the bridge's own would appear in the kernel's
 history. The image data comes from sandboxed code, so the host decodes only PNG (one decoder),
 only within :data:`MAX_PIXELS` (checked from the header before any pixel is decoded) and
-``execution.MAX_IMAGE_BYTES`` of input.
+``session.cell.MAX_IMAGE_BYTES`` of input. What the result says about its images are
+:mod:`kernelbridge.server.notes` values.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ContentBlock, ImageContent, ResourceLink
 
 from kernelbridge.config import Settings
-from kernelbridge.notebook_export import digest, find_png
+from kernelbridge.notebook.export import digest, find_png
+from kernelbridge.server.notes import ImageDownscaled, ImageNotDownscaled, ImagesNotSent
+from kernelbridge.session.outcome import Note
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +58,10 @@ def output_uri(session: str, data: str) -> str:
 
 @dataclass(slots=True)
 class Fitted:
-    """What a result sends for its images, and the sentences that explain it."""
+    """What a result sends for its images, and the notes that explain it."""
 
     blocks: list[ContentBlock] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,7 @@ async def fit_images(images: list[str], session: str, budget: int) -> Fitted:
     fitted = Fitted()
     unique = list(dict.fromkeys(images))
     if len(unique) > MAX_IMAGES:
-        fitted.notes.append(f"{len(unique) - MAX_IMAGES} more image(s) were not sent (limit {MAX_IMAGES}).")
+        fitted.notes.append(ImagesNotSent(len(unique) - MAX_IMAGES, MAX_IMAGES))
     for n, data in enumerate(unique[:MAX_IMAGES], 1):
         if len(data) <= budget:
             fitted.blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
@@ -119,18 +122,11 @@ async def fit_images(images: list[str], session: str, budget: int) -> Fitted:
         kb = len(data) * 3 // 4 // 1024
         if smaller is None:
             fitted.blocks.append(link)
-            fitted.notes.append(
-                f"Image {n} ({kb:,} KB) is over the {budget:,}-character image budget and could not be "
-                f"downscaled; the original is the resource {uri}."
-            )
+            fitted.notes.append(ImageNotDownscaled(n, kb, budget, uri))
             continue
         fitted.blocks.append(ImageContent(type="image", data=smaller.data, mime_type="image/png"))
         fitted.blocks.append(link)
-        (w, h), (sw, sh) = smaller.original, smaller.size
-        fitted.notes.append(
-            f"Image {n} was {w}x{h} ({kb:,} KB): sent downscaled to {sw}x{sh} to fit the image budget; "
-            f"the full-size original is the resource {uri}."
-        )
+        fitted.notes.append(ImageDownscaled(n, kb, smaller.original, smaller.size, uri))
     return fitted
 
 
@@ -144,9 +140,9 @@ def register_output_resources(
     ``reader_of(ctx)`` its namespace's journal reader (one at a time per namespace)."""
     from mcp.server.mcpserver.exceptions import ResourceError
 
-    from kernelbridge.notebook import journal_path, journal_read_limit
+    from kernelbridge.notebook.journal import journal_read_limit
     from kernelbridge.server.exports import in_worker
-    from kernelbridge.sessions import validate_session_name
+    from kernelbridge.session.store import SessionStore, validate_session_name
 
     @app.resource(
         "kernelbridge://sessions/{session}/outputs/{name}",
@@ -157,11 +153,13 @@ def register_output_resources(
     async def output_image(session: str, name: str, ctx: Context) -> bytes:
         try:
             settings = settings_of(ctx)
-            journal = journal_path(settings.sessions_dir, validate_session_name(session))
+            store = SessionStore.of(settings)
+            journal = await anyio.to_thread.run_sync(store.journal_or_none, validate_session_name(session))
         except Exception as exc:
             raise ResourceError(str(exc)) from None
-        # In a worker process, one at a time per namespace: this reads up to the journal's budget.
-        data = await in_worker(reader_of(ctx), find_png, journal, name, journal_read_limit(settings))
+        data = None
+        if journal is not None:  # in a worker process, one at a time per namespace (up to the budget)
+            data = await in_worker(reader_of(ctx), find_png, journal, name, journal_read_limit(settings))
         if data is None:
             raise ResourceError(f"no image output {name!r} in session {session!r}")
         return data

@@ -1,9 +1,10 @@
-"""Sessions by namespace: one :class:`~kernelbridge.sessions.SessionRegistry` per HTTP token.
+"""Sessions by namespace: one :class:`~kernelbridge.session.registry.SessionRegistry` per HTTP token.
 
 Over stdio (and HTTP without authentication) there is one namespace, ``""``, with the bridge's own
 settings. With bearer tokens each token's namespace gets a registry of its own, with its own
-state directory ``<state dir>/http/<namespace>/`` (journals, session records, connection files,
-exports; ``KERNELBRIDGE_EXPORT_DIR/<namespace>`` when the operator set an export directory),
+state directory ``<state dir>/http/<namespace>/`` (:func:`kernelbridge.config.namespace_state_dir`;
+its sessions' records and journals, :class:`kernelbridge.session.store.SessionStore`, connection
+files, exports; ``KERNELBRIDGE_EXPORT_DIR/<namespace>`` when the operator set an export directory),
 container names ``kernelbridge-<namespace>-<session>-<random>``, the session label
 ``<namespace>/<session>`` and the label ``kernelbridge.namespace``. A client therefore never sees,
 lists, closes, exports or attaches to another's sessions: there is no lookup across namespaces to
@@ -25,7 +26,7 @@ import anyio
 
 from kernelbridge.config import Settings, namespace_state_dir
 from kernelbridge.errors import SessionError
-from kernelbridge.sessions import SessionRegistry
+from kernelbridge.session.registry import SessionRegistry
 
 
 def namespace_settings(base: Settings, namespace: str) -> Settings:
@@ -64,9 +65,8 @@ class Namespaces:
 
     async def __aenter__(self) -> Namespaces:
         async with AsyncExitStack() as stack:
-            for name in self.names:
+            for name in self.names:  # each registry creates its directory (its SessionStore's)
                 settings = namespace_settings(self.base, name)
-                settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
                 self._registries[name] = await stack.enter_async_context(self._make(settings))
             self._stack = stack.pop_all()
         return self

@@ -4,8 +4,9 @@ report (per cell: same / different / error / skipped) as the result.
 Where the notebook may come from (the argument is chosen by a model, so it must not become a
 way to read host files):
 
-- ``kernelbridge://sessions/<name>/notebook``: the journal of a session of this state directory,
-  open or closed, of this bridge or another one using the same state directory;
+- ``kernelbridge://sessions/<name>/notebook``: the journal of a session of this state directory
+  (its current generation), open or closed, of this bridge or another one using the same state
+  directory;
 - a relative path ending in ``.ipynb``, resolved under ``<state_dir>/exports/``: where
   ``export_notebook(path=...)`` writes, and where a person can drop a notebook to be restored.
   Absolute paths, ``..`` and symlinks leading out of that directory are refused.
@@ -14,9 +15,10 @@ The cells run through the bridge's own session registry (the servers recorded in
 granted, host tools are called live), so the restored session is an ordinary session whose own
 journal records the rebuild. Bounded in time: the whole restore by the calling ``run_python``'s
 timeout (each cell by its recorded timeout or the bridge's default, within what is left; a cell
-that overran still gets its interrupt and restart grace, ``sessions.TIMEOUT_GRACE``), the cells
+that overran still gets its interrupt and restart grace, ``session.runner.TIMEOUT_GRACE``), the cells
 left when it runs out skipped, and the result says so. The notebook is read in a worker process
-(a journal bounded by ``notebook.journal_read_limit``), and comes back without its images' bytes.
+(a journal bounded by ``notebook.journal.journal_read_limit``), and comes back without its images'
+bytes. What the restore says is rendered by :func:`kernelbridge.server.render.restore_text`.
 
 A session that is open and has run cells is not overwritten: the model closes it first or picks
 another name. An option of ``run_python`` rather than a tool of
@@ -33,16 +35,16 @@ from pathlib import Path
 import anyio
 import nbformat
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult, TextContent
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook import journal_read_limit
-from kernelbridge.notebook_export import restorable_notebook
-from kernelbridge.replay import ReplayReport, replay_cells
-from kernelbridge.replay.runner import read_restorable
+from kernelbridge.notebook.convert import read_restorable
+from kernelbridge.notebook.export import restorable_notebook
+from kernelbridge.notebook.journal import journal_read_limit
+from kernelbridge.notebook.replay import ReplayReport, replay_cells
 from kernelbridge.server.exports import in_worker
-from kernelbridge.sessions import TIMEOUT_GRACE, SessionRegistry, validate_session_name
+from kernelbridge.session.registry import SessionRegistry
+from kernelbridge.session.store import SessionStore, validate_session_name
 
 _SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
 
@@ -59,9 +61,8 @@ async def load_source(
     try:
         if match := _SESSION_NOTEBOOK.fullmatch(notebook):
             name = validate_session_name(match[1])
-            load = partial(
-                restorable_notebook, settings.sessions_dir, name, max_bytes=journal_read_limit(settings)
-            )
+            journal = await anyio.to_thread.run_sync(SessionStore.of(settings).journal, name)
+            load = partial(restorable_notebook, journal, name, max_bytes=journal_read_limit(settings))
             return await in_worker(reader, load)
         relative = Path(notebook)
         if relative.is_absolute() or ".." in relative.parts or relative.suffix != ".ipynb":
@@ -108,23 +109,3 @@ async def restore_session(
     report.budget = budget
     report.seconds = time.monotonic() - started
     return report
-
-
-def report_text(session: str, report: ReplayReport) -> str:
-    budget = (
-        f"\nThe restore took {report.seconds:.1f} s of its {report.budget:g} s budget (run_python's "
-        f"timeout; a cell that overran gets up to {TIMEOUT_GRACE:g} s more to be interrupted)."
-        if report.budget is not None
-        else ""
-    )
-    return f"{report.text()}\nSession {session!r} now holds the state the notebook built.{budget}"
-
-
-def report_result(session: str, report: ReplayReport, notes: list[str]) -> CallToolResult:
-    """The result of a ``run_python`` call that only restored (and maybe placed files)."""
-    text = "\n".join([report_text(session, report), *notes])
-    status = "error" if report.failed() else "ok"
-    structured = {"status": status, "session": session, "restore": report.as_dict()}
-    return CallToolResult(
-        content=[TextContent(type="text", text=text)], structured_content=structured, is_error=report.failed()
-    )

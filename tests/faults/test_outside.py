@@ -17,7 +17,8 @@ import anyio
 import pytest
 from bridge_harness import KERNELBRIDGE, REPO, Bridge, container_gone, fill, open_bridge, serve_params
 
-from kernelbridge.notebook import read_journal
+from kernelbridge.notebook.journal import JournalCell, read_journal
+from kernelbridge.session.store import SessionStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -92,9 +93,9 @@ async def test_a_full_state_directory_still_serves(tmp_path: Path) -> None:
             assert "run_python" in [tool.name for tool in tools.tools]
             result = await bridge.run("print('ran anyway')", "full")
             assert result.status == "ok" and result.stdout == "ran anyway\n", result.text
-            assert "journal could not be written" in result.notes, result.text
+            assert "journal_failed" in result.codes, result.text
             again = await bridge.run("1", "full")
-            assert again.status == "ok" and "journal" not in again.notes  # said once
+            assert again.status == "ok" and "journal_failed" not in again.codes  # said once
             await bridge.close("full")
 
 
@@ -188,9 +189,9 @@ async def test_a_bridge_killed_mid_call_leaves_journals_and_its_containers_are_r
                 tg.start_soon(kill_soon, bridge)
                 await bridge.run("import time; time.sleep(60)", "victim")
     # The journal of the finished cell survived the SIGKILL.
-    entries = read_journal(state / "sessions" / "victim.journal.jsonl")
-    cells = [e for e in entries if e.get("type") == "cell"]
-    assert cells and cells[0]["code"] == "x = 1\nprint('journalled')"
+    entries = read_journal(SessionStore(state).journal("victim"))
+    cells = [e for e in entries if isinstance(e, JournalCell)]
+    assert cells and cells[0].code == "x = 1\nprint('journalled')"
     # The next bridge on the same state removes what the dead one left and serves again.
     async with open_bridge(state) as bridge:
         assert await container_gone(container)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from bridge_harness import Bridge, children, container_gone, open_bridge, podman
+from bridge_harness import Bridge, Result, children, container_gone, open_bridge, podman
 
-from kernelbridge.sessions import TIMEOUT_GRACE
+from kernelbridge.session.runner import TIMEOUT_GRACE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -23,6 +23,8 @@ TIMEOUT = 8
 SLACK = 4.0
 """Scheduling slack on a loaded 2-core machine, on top of the contract's bound."""
 BOUND = TIMEOUT + TIMEOUT_GRACE + SLACK
+LOST_SANDBOX = {"unresponsive", "timed_out", "sandbox_died", "not_sent"}
+"""Notes that say the sandbox's variables (and maybe files) are gone."""
 LONG_CELL = "import time\nfor i in range(200):\n    print(i, flush=True)\n    time.sleep(0.1)"
 
 
@@ -75,9 +77,9 @@ def signal_all(pids: list[int], signum: int) -> None:
 
 async def wedge_during_call(
     bridge: Bridge, session: str, wedge: Callable[[str], None], unwedge: Callable[[str], None], *, idle: bool
-) -> tuple[float, str, str]:
+) -> tuple[float, str, Result]:
     """Run a cell with timeout=8 while ``wedge`` is applied (before the call when ``idle``, else
-    once the cell printed). Returns (seconds, status, notes); ``unwedge`` runs in any case."""
+    once the cell printed). Returns (seconds, status, the result); ``unwedge`` runs in any case."""
     await bridge.run("open('/workspace/kept.txt', 'w').write('x')", session)
     container = await bridge.container(session)
     try:
@@ -96,7 +98,7 @@ async def wedge_during_call(
                 result = await bridge.run(LONG_CELL, session, timeout=TIMEOUT)
     finally:
         unwedge(container)
-    return result.seconds, str(result.status), result.notes
+    return result.seconds, str(result.status), result
 
 
 async def assert_recovers(bridge: Bridge, session: str, container: str) -> None:
@@ -122,10 +124,10 @@ async def test_a_paused_container(bridge: Bridge, idle: bool) -> None:
         container_of["c"] = container
         pause(container)
 
-    seconds, status, notes = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=idle)
-    assert seconds < BOUND, (seconds, notes)
-    assert status in ("timeout", "kernel_died"), notes
-    assert "lost" in notes or "gone" in notes or "discarded" in notes, notes
+    seconds, status, result = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=idle)
+    assert seconds < BOUND, (seconds, result.notes)
+    assert status in ("timeout", "kernel_died"), result.notes
+    assert result.data["state"] == "lost" and set(result.codes) & LOST_SANDBOX, result.notes
     # Left paused on purpose: the bridge must remove a paused container by itself.
     await assert_recovers(bridge, session, container_of["c"])
 
@@ -148,9 +150,11 @@ async def test_a_stopped_runtime_client(bridge: Bridge, idle: bool) -> None:
         container_box["c"] = container
         wedge(container)
 
-    seconds, status, notes = await wedge_during_call(bridge, session, remember_then_wedge, unwedge, idle=idle)
-    assert seconds < BOUND, (seconds, notes)
-    assert status in ("timeout", "kernel_died"), notes
+    seconds, status, result = await wedge_during_call(
+        bridge, session, remember_then_wedge, unwedge, idle=idle
+    )
+    assert seconds < BOUND, (seconds, result.notes)
+    assert status in ("timeout", "kernel_died"), result.notes
     await assert_recovers(bridge, session, container_box["c"])
 
 
@@ -164,11 +168,11 @@ async def test_sigstop_of_every_process_in_the_container(bridge: Bridge) -> None
         stopped.extend(container_pids(container))
         signal_all(stopped, signal.SIGSTOP)
 
-    seconds, status, notes = await wedge_during_call(
+    seconds, status, result = await wedge_during_call(
         bridge, session, wedge, lambda c: signal_all(stopped, signal.SIGCONT), idle=False
     )
-    assert seconds < BOUND, (seconds, notes)
-    assert status == "timeout", notes
+    assert seconds < BOUND, (seconds, result.notes)
+    assert status == "timeout", result.notes
     await assert_recovers(bridge, session, container_box["c"])
 
 
@@ -180,10 +184,10 @@ async def test_a_killed_runtime_client(bridge: Bridge) -> None:
         container_box["c"] = container
         signal_all([runtime_client(bridge, container)], signal.SIGKILL)
 
-    seconds, status, notes = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=False)
+    seconds, status, result = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=False)
     assert seconds < BOUND
-    assert status == "kernel_died", notes
-    assert "/workspace" in notes and "lost" in notes, notes
+    assert status == "kernel_died", result.notes
+    assert set(result.codes) & {"sandbox_died", "not_sent"}, result.notes  # variables and files lost
     await assert_recovers(bridge, session, container_box["c"])
 
 
@@ -195,10 +199,10 @@ async def test_a_killed_container(bridge: Bridge) -> None:
         container_box["c"] = container
         podman("kill", container)
 
-    seconds, status, notes = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=False)
+    seconds, status, result = await wedge_during_call(bridge, session, wedge, lambda c: None, idle=False)
     assert seconds < BOUND
-    assert status == "kernel_died", notes
-    assert "/workspace" in notes and "lost" in notes, notes
+    assert status == "kernel_died", result.notes
+    assert set(result.codes) & {"sandbox_died", "not_sent"}, result.notes  # variables and files lost
     await assert_recovers(bridge, session, container_box["c"])
     fresh = await bridge.run("1", session)
     assert fresh.status == "ok"

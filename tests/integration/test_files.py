@@ -84,7 +84,7 @@ async def test_a_file_written_by_code_is_a_resource_and_a_placed_file_is_read_by
     assert placed.is_error is False, text_of(placed)
     assert placed.structured_content["stdout"] == "# from the user\n\n"
     assert placed.structured_content["result"] == repr(hashlib.sha256(blob).hexdigest())
-    assert "Placed in /workspace: in/notes.md (16 bytes), in/raw.bin (768 bytes)." in text_of(placed)
+    assert placed.structured_content["note_codes"] == ["files_placed"]
     assert only_files.is_error is False and text_of(only_files).startswith("Placed in /workspace: later.txt")
     for refused, why in (
         (traversal, "leaves /workspace"),
@@ -129,6 +129,7 @@ async def test_a_big_figure_is_sent_once_downscaled_with_a_link_to_the_original(
         links[0].uri.startswith("kernelbridge://sessions/plots/outputs/")
         and links[0].mime_type == "image/png"
     )
+    assert result.structured_content["note_codes"] == ["image_downscaled"]
     assert f"was {full_width}x{full_height}" in text_of(result) and links[0].uri in text_of(result)
     # Within the budget: sent as it is, no link.
     assert [b.type for b in small.content].count("image") == 1

@@ -27,6 +27,8 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from kernelbridge.session.store import SessionStore
+
 pytestmark = [pytest.mark.anyio]
 
 KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
@@ -235,11 +237,11 @@ async def test_two_tokens_never_share_sessions(tmp_path: Path, sandbox_image: st
             listed = await anyio.run_process([str(KERNELBRIDGE), "sessions", "--json"], env=operator)
             assert [r["name"] for r in json.loads(listed.stdout)] == ["alice/default"]
     # Journals live in each namespace's own directory; nothing in the shared one.
-    alice_journal = (state / "http" / "alice" / "sessions" / "default.journal.jsonl").read_text()
-    bob_journal = (state / "http" / "bob" / "sessions" / "default.journal.jsonl").read_text()
+    alice_journal = SessionStore(state / "http" / "alice", "alice").journal("default").read_text()
+    bob_journal = SessionStore(state / "http" / "bob", "bob").journal("default").read_text()
     assert "secret = 'alice'" in alice_journal
     assert "secret = 'alice'" not in bob_journal
-    assert not list((state / "sessions").glob("*.journal.jsonl"))
+    assert not list((state / "sessions").iterdir())
 
 
 @pytest.mark.podman

@@ -24,9 +24,9 @@ from nbclient import NotebookClient
 
 from kernelbridge.config import load_settings
 from kernelbridge.jupyter import install_kernelspec
-from kernelbridge.replay import behaviour, judge
+from kernelbridge.notebook.replay import behaviour, judge
 from kernelbridge.runtime import cli_runtime, reap_orphans
-from kernelbridge.sessions import list_session_records
+from kernelbridge.session.store import SessionStore, list_session_records
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -152,7 +152,7 @@ async def test_the_journal_survives_a_sigkill_of_the_bridge_losing_only_the_cell
         with anyio.CancelScope(shield=True), anyio.fail_after(60):
             await reap_orphans(cli_runtime(load_settings({"KERNELBRIDGE_STATE_DIR": str(state)})))
 
-    lines = (state / "sessions" / "default.journal.jsonl").read_text().splitlines()
+    lines = SessionStore(state).journal("default").read_text().splitlines()
     entries = [json.loads(line) for line in lines]  # every line whole: none torn by the kill
     assert [e["type"] for e in entries] == ["session", "cell", "cell"]
     out = tmp_path / "after-kill.ipynb"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from mcp.client.client import Client
 
 from kernelbridge import frames
-from kernelbridge.recorder import MAX_OPEN_CELLS, Recorder
+from kernelbridge.session.recorder import MAX_OPEN_CELLS, Recorder
 from kernelbridge.tunnel import Tunnel, TunnelState, memory_channel_pair
 from kernelbridge.tunnel.core import MAX_PENDING
 

@@ -45,18 +45,19 @@ async def test_a_memory_bomb_kills_only_its_kernel_and_says_so(bridge: Bridge) -
         "x = bytearray(2 << 30)\nx[::4096] = b'1' * len(x[::4096])", session, timeout=60
     )
     assert result.status == "kernel_died" and result.data["state"] == "lost", result.text
-    assert "memory" in result.notes and "/workspace" in result.notes, result.notes
+    # The death's reason (the host's one line) names the memory limit; the note says what is lost.
+    assert result.codes == ["sandbox_died"] and "memory" in result.notes, result.notes
     assert bridge.rss_kib() < before + 64 * MiB
     fresh = await bridge.run("import os; os.listdir('/workspace')", session)
-    assert fresh.status == "ok" and fresh.data["result"] == "[]" and "fresh" in fresh.notes
+    assert fresh.status == "ok" and fresh.data["result"] == "[]" and fresh.codes == ["fresh_sandbox"]
 
 
 async def test_killing_the_kernels_process_group_is_not_called_out_of_memory(bridge: Bridge) -> None:
     session = "res-killpg"
     result = await bridge.run("import os, signal\nos.killpg(0, signal.SIGKILL)", session, timeout=30)
     assert result.status == "kernel_died", result.text
+    assert result.codes == ["sandbox_died"], result.notes
     assert "SIGKILL" in result.notes and "memory" not in result.notes, result.notes
-    assert "/workspace" in result.notes
 
 
 async def latencies(bridge: Bridge, session: str, calls: int) -> list[float]:
@@ -171,6 +172,7 @@ threading.Thread(target=later, daemon=True).start()
     result = await bridge.run("import time; time.sleep(3)\n'next'", session)
     assert result.status == "ok" and result.data["result"] == "'next'"
     # The late lines are reported with this call, never lost and never mixed into another session.
+    assert "late 4" in result.stdout or "background_output" in result.codes, result.text
     assert "late 4" in result.stdout + result.notes, result.text
     other = await bridge.run("'other'", "res-bystander")
     assert "late" not in other.text
@@ -222,11 +224,11 @@ async def test_background_output_while_idle_is_bounded_and_reported_once(bridge:
     assert peak_growth < 400 * MiB, peak_growth
     assert bridge.rss_kib() < before + 100 * MiB
     if joined.status != "ok":  # the flood cost the sandbox its memory: its own limit, said so
-        assert "memory" in joined.notes, joined.text
+        assert "sandbox_died" in joined.codes and "memory" in joined.notes, joined.text
         return
     assert joined.data["result"] == "False"
     report = await bridge.run("'next'", session)
     print("background report:", report.status, report.notes[:300])
-    assert report.status == "ok" and "between calls" in report.notes, report.text
+    assert report.status == "ok" and "background_output" in report.codes, report.text
     again = await bridge.run("'again'", session)
-    assert "between calls" not in again.notes, again.text
+    assert "background_output" not in again.codes, again.text

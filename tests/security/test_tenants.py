@@ -24,6 +24,8 @@ from bridge_harness import KERNELBRIDGE, REPO, Bridge, Result, open_http_bridge,
 from nbformat import v4
 from peers.hostile_cells import BIG_CELL, flood
 
+from kernelbridge.session.store import SessionStore
+
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
 EDGE = REPO / "tests" / "peers" / "edge_server.py"
@@ -64,7 +66,7 @@ async def file_of(tenant: Bridge, session: str, path: str, timeout: float = 60) 
 
 
 def journal_of(tenant: Bridge, session: str) -> Path:
-    return tenant.state_dir / "sessions" / f"{session}.journal.jsonl"
+    return SessionStore(tenant.state_dir).journal(session)
 
 
 # -- 1. saved tools --------------------------------------------------------------------------------
@@ -175,7 +177,7 @@ async def test_forged_cells_are_not_recorded_and_cannot_grow_the_journal(tenants
     entries = [json.loads(line) for line in journal_of(alice, "flood").read_text().splitlines()]
     assert [e.get("source") for e in entries if e["type"] == "cell"] == ["mcp", "mcp", "mcp"]
     assert grown < 64 * 1024, grown  # the two real cells' lines, nothing of the forgeries
-    assert "Output that arrived between calls" in after_flood.text and "display(s)" in after_flood.text
+    assert "background_output" in after_flood.codes, after_flood.text  # the forgeries: output, no cells
     assert peak < PER_SESSION_BOUND, peak
     notebook = await alice.client.read_resource("kernelbridge://sessions/flood/notebook")
     nb = nbformat.reads(notebook.contents[0].text, as_version=4)

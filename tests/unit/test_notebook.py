@@ -1,8 +1,8 @@
-"""The journal on disk and its notebook: valid nbformat, metadata, export from another process."""
+"""The journal on disk and its notebook: valid nbformat, metadata, export from another process.
+Where journals live (generations, records) is tested in test_session_store.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,22 +13,18 @@ import pytest
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
-from kernelbridge.execution import CellError, CellResult
-from kernelbridge.notebook import (
-    KERNELSPEC,
-    Journal,
-    export_session,
-    journal_path,
-    journal_to_notebook,
-    read_journal,
-)
-from kernelbridge.sessions import list_session_records
+from kernelbridge.notebook.convert import KERNELSPEC, journal_to_notebook
+from kernelbridge.notebook.journal import Journal, JournalCell, JournalHeader, JournalReader, read_journal
+from kernelbridge.session.cell import CellError, CellResult
+from kernelbridge.session.outcome import State, Status
+from kernelbridge.session.recording import result_entry
+from kernelbridge.session.store import SessionStore, export_session
 
 
 def result(**kw: object) -> CellResult:
     base: dict[str, object] = dict(
-        status="ok", session="s", execution_count=1, stdout="hi\n", stderr="", result="2",
-        error=None, truncated=False, duration_ms=12, state="kept",
+        status=Status.OK, session="s", execution_count=1, stdout="hi\n", stderr="", result="2",
+        error=None, truncated=False, duration_ms=12, state=State.KEPT,
         outputs=[
             {"output_type": "stream", "name": "stdout", "text": "hi\n"},
             {"output_type": "execute_result", "data": {"text/plain": "2"}, "metadata": {},
@@ -39,25 +35,27 @@ def result(**kw: object) -> CellResult:
     return CellResult(**base)  # type: ignore[arg-type]
 
 
+def started(path: Path, session: str = "s") -> Journal:
+    journal = Journal(path)
+    journal.start(JournalHeader(session, 0.0, os.getpid(), 1))
+    return journal
+
+
 def test_journal_round_trips_into_a_valid_notebook(tmp_path: Path) -> None:
-    journal = Journal(journal_path(tmp_path, "s"), "s")
-    journal.start()
-    journal.append("print('hi')\n1+1", result(), [])
+    journal = started(tmp_path / "1.journal.jsonl")
+    journal.append(result_entry("print('hi')\n1+1", result(), [], None))
     error = CellError("ZeroDivisionError", "division by zero", "ZeroDivisionError: division by zero")
-    journal.append(
-        "1/0",
-        result(
-            status="error", execution_count=2, error=error, result=None,
-            outputs=[{"output_type": "error", "ename": "ZeroDivisionError", "evalue": "division by zero",
-                      "traceback": ["ZeroDivisionError: division by zero"]}],
-        ),
-        ["time"],
+    failed = result(
+        status=Status.ERROR, execution_count=2, error=error, result=None,
+        outputs=[{"output_type": "error", "ename": "ZeroDivisionError", "evalue": "division by zero",
+                  "traceback": ["ZeroDivisionError: division by zero"]}],
     )  # fmt: skip
-    journal.append(
-        "while True: pass", result(status="timeout", execution_count=None, state="lost", outputs=[]), []
-    )
+    journal.append(result_entry("1/0", failed, ["time"], None))
+    timed_out = result(status=Status.TIMEOUT, execution_count=None, state=State.LOST, outputs=[])
+    journal.append(result_entry("while True: pass", timed_out, [], None))
     entries = read_journal(journal.path)
-    assert [e["type"] for e in entries] == ["session", "cell", "cell", "cell"]
+    assert [type(e) for e in entries] == [JournalHeader, JournalCell, JournalCell, JournalCell]
+    assert entries[0] == JournalHeader("s", 0.0, os.getpid(), 1) and journal.cells == 3
 
     nb = journal_to_notebook(entries, "s")
     nbformat.validate(nb)
@@ -73,30 +71,34 @@ def test_journal_round_trips_into_a_valid_notebook(tmp_path: Path) -> None:
     nbformat.validate(again)
 
 
-def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+def test_a_torn_last_line_and_lines_that_are_no_entries_are_skipped_and_counted(tmp_path: Path) -> None:
     path = tmp_path / "x.journal.jsonl"
-    path.write_text('{"type": "cell", "code": "1", "outputs": []}\n{"type": "ce')
-    assert len(read_journal(path)) == 1
+    junk = ["[1, 2]", '{"type": "mystery"}', '{"type": "cell", "code": ["not", "text"]}', "{{{"]
+    path.write_text("\n".join([*junk, '{"type": "cell", "code": "1", "outputs": [7, {}]}', '{"type": "ce']))
+    reader = JournalReader(path)
+    (cell,) = list(reader)
+    assert reader.skipped == len(junk) + 1
+    # Fields of the wrong type are read as absent; the rest of the cell is kept.
+    assert cell == JournalCell(code="1", outputs=[{}])
 
 
-def test_restarting_a_session_keeps_the_previous_journal(tmp_path: Path) -> None:
-    journal = Journal(journal_path(tmp_path, "s"), "s")
-    journal.start()
-    journal.append("1", result(), [])
-    Journal(journal_path(tmp_path, "s"), "s").start()
-    assert len(read_journal(journal.path)) == 1
-    assert len(read_journal(journal.path.with_name(journal.path.name + ".prev"))) == 2
+def test_a_journal_is_never_overwritten(tmp_path: Path) -> None:
+    journal = started(tmp_path / "1.journal.jsonl")
+    journal.append(result_entry("1", result(), [], None))
+    with pytest.raises(FileExistsError):
+        started(tmp_path / "1.journal.jsonl")
+    assert len(read_journal(journal.path)) == 2
 
 
 def test_export_session_works_from_another_process(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path)
-    journal = Journal(journal_path(settings.sessions_dir, "other"), "other")
-    journal.start()
-    journal.append("x = 1", result(), [])
+    store = SessionStore.of(settings)
+    journal = started(store.journal_path(store.begin("other")), "other")
+    journal.append(result_entry("x = 1", result(), [], None))
     out = tmp_path / "out.ipynb"
     code = (
         "import sys; from pathlib import Path; from kernelbridge.config import Settings;"
-        "from kernelbridge.notebook import export_session;"
+        "from kernelbridge.session.store import export_session;"
         "export_session(Settings(state_dir=Path(sys.argv[1])), 'other', sys.argv[2])"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path), str(out)], check=True, timeout=60)
@@ -109,18 +111,5 @@ def test_export_session_works_from_another_process(tmp_path: Path) -> None:
 def test_export_of_an_unknown_session_says_so(tmp_path: Path) -> None:
     with pytest.raises(SessionError, match="no journal"):
         export_session(Settings(state_dir=tmp_path), "nope", tmp_path / "x.ipynb")
-
-
-def test_list_session_records_drops_dead_owners(tmp_path: Path) -> None:
-    sessions = tmp_path / "sessions"
-    sessions.mkdir()
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    for name, pid in [("live", os.getpid()), ("dead", int(dead.stdout))]:
-        record = {"name": name, "connection_file": "/x", "container": "c", "kernel_id": "k",
-                  "owner_pid": pid, "created": 0}  # fmt: skip
-        (sessions / f"{name}.session.json").write_text(json.dumps(record))
-    (sessions / "junk.session.json").write_text("{not json")
-    assert [r["name"] for r in list_session_records(tmp_path)] == ["live"]
-    assert list_session_records(tmp_path / "missing") == []
+    with pytest.raises(SessionError, match="invalid session name"):
+        export_session(Settings(state_dir=tmp_path), "../elsewhere", tmp_path / "x.ipynb")

@@ -3,15 +3,20 @@ cells for a client's silent requests."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from kernelbridge.execution import Cell, CellResult
-from kernelbridge.notebook import Journal, journal_path, journal_to_notebook, read_journal
+from kernelbridge.notebook.convert import journal_to_notebook
+from kernelbridge.notebook.journal import Journal, JournalCell, JournalHeader, read_journal
+from kernelbridge.session.broker import ToolCallRecord
+from kernelbridge.session.cell import Cell, CellClient, CellResult
+from kernelbridge.session.outcome import State, Status
+from kernelbridge.session.recording import client_entry, result_entry
 
 
 def client_cell(code: str | None) -> Cell:
     cell = Cell("m" * 32, 1000, source="client")
-    cell.client = {"username": "person", "session": "s1"}
+    cell.client = CellClient("person", "s1")
     cell.on_iopub("status", {"execution_state": "busy"})
     if code is not None:
         cell.on_iopub("execute_input", {"code": code, "execution_count": 7})
@@ -21,24 +26,25 @@ def client_cell(code: str | None) -> Cell:
 
 
 def test_timeouts_client_tool_calls_and_silent_requests(tmp_path: Path) -> None:
-    journal = Journal(journal_path(tmp_path, "s"), "s")
-    journal.start()
-    result = CellResult(status="timeout", session="s", execution_count=1, stdout="", stderr="", result=None,
-                        error=None, truncated=False, duration_ms=2100, state="kept")  # fmt: skip
-    journal.append("import time; time.sleep(9)", result, [], timeout=2)
-    journal.append_client_cell(client_cell(None))  # silent: no execute_input, no cell
-    call = {
-        "server": "edge",
-        "tool": "echo",
-        "ok": True,
-        "arguments": {"text": "a"},
-        "result": {"isError": False},
-    }
-    journal.append_client_cell(client_cell("print('hi')"), [call])
-    entries = [e for e in read_journal(journal.path) if e["type"] == "cell"]
-    assert [e["source"] for e in entries] == ["mcp", "client"]
+    journal = Journal(tmp_path / "1.journal.jsonl")
+    journal.start(JournalHeader("s", 0.0, os.getpid(), 1))
+    result = CellResult(status=Status.TIMEOUT, session="s", execution_count=1, stdout="", stderr="",
+                        result=None, error=None, truncated=False, duration_ms=2100,
+                        state=State.KEPT)  # fmt: skip
+    journal.append(result_entry("import time; time.sleep(9)", result, [], timeout=2))
+    assert client_entry(client_cell(None), []) is None  # silent: no execute_input, no cell
+    call = ToolCallRecord("edge", "echo", ok=True, duration_ms=3, error=None, arguments={"text": "a"},
+                          result={"isError": False})  # fmt: skip
+    entry = client_entry(client_cell("print('hi')"), [call])
+    assert entry is not None
+    journal.append(entry)
+    entries = [e for e in read_journal(journal.path) if isinstance(e, JournalCell)]
+    assert [e.source for e in entries] == ["mcp", "client"]
     nb = journal_to_notebook(read_journal(journal.path), "s")
     assert nb.cells[0].metadata.kernelbridge["timeout"] == 2
-    assert nb.cells[1].metadata.kernelbridge["tool_calls"] == [call]
+    assert nb.cells[1].metadata.kernelbridge["tool_calls"] == [
+        {"server": "edge", "tool": "echo", "ok": True, "duration_ms": 3, "error": None,
+         "arguments": {"text": "a"}, "result": {"isError": False}}
+    ]  # fmt: skip
     assert nb.cells[1].metadata.kernelbridge["client"]["username"] == "person"
     assert nb.cells[1].outputs[0]["text"] == "hi\n" and nb.cells[1].execution_count == 7

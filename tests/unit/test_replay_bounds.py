@@ -20,10 +20,11 @@ from kernelbridge.config import Settings, load_settings
 from kernelbridge.errors import HubError, RpcError
 from kernelbridge.hub import Hub, save_skill
 from kernelbridge.hub.rpc import RpcCall
-from kernelbridge.replay import ReplayTools, replay_cells
-from kernelbridge.replay.runner import cell_timeout
-from kernelbridge.replay.tools import live_settings
-from kernelbridge.sessions import SessionRegistry
+from kernelbridge.notebook.replay import ReplayTools, replay_cells
+from kernelbridge.notebook.replay.judge import skipped_unrecorded
+from kernelbridge.notebook.replay.runner import cell_timeout
+from kernelbridge.notebook.replay.tools import live_settings
+from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.testing import LocalProcessRuntime
 
 pytestmark = pytest.mark.anyio
@@ -138,7 +139,8 @@ async def test_without_a_grant_nothing_is_live(tmp_path: Path) -> None:
     )
     assert answer["content"][0]["text"] == "recorded x"
     partial = code_cell("...", tool_calls=[{"server": "edge", "tool": "echo", "arguments_truncated": True}])
-    assert tools.cannot_answer(partial) == (
+    assert tools.unrecorded(partial) == ["edge"] and tools.unrecorded(RECORDED) is None
+    assert skipped_unrecorded(4, ["edge"]).why == (
         "its host tool calls were not recorded in full (`kernelbridge replay --grant edge` calls them live)"
     )
 

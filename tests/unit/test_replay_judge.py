@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from kernelbridge.replay import CellVerdict, ReplayReport, behaviour, judge, normalize_text
+from kernelbridge.notebook.replay import CellVerdict, ReplayReport, behaviour, judge, normalize_text
 
 
 def stream(text: str, name: str = "stdout") -> dict[str, object]:

@@ -10,7 +10,7 @@ from nbformat import v4
 
 from kernelbridge.errors import HubError, RpcError
 from kernelbridge.hub.rpc import RpcCall
-from kernelbridge.replay import RecordedTools, recorded_in_full
+from kernelbridge.notebook.replay import RecordedTools, recorded_in_full
 
 pytestmark = pytest.mark.anyio
 

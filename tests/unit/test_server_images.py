@@ -13,8 +13,9 @@ import anyio
 import pytest
 from PIL import Image
 
-from kernelbridge.notebook_export import find_png as find_output
+from kernelbridge.notebook.export import find_png as find_output
 from kernelbridge.server.images import digest, downscale, fit_images
+from kernelbridge.server.notes import ImageDownscaled
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +45,9 @@ async def test_images_over_the_budget_are_downscaled_with_a_link_and_sent_once()
     assert abs(resized.size[0] / resized.size[1] - 4 / 3) < 0.03
     assert fitted.blocks[1].uri == f"kernelbridge://sessions/s/outputs/{digest(big)}.png"
     assert fitted.blocks[2].data == small
-    assert len(fitted.notes) == 1 and "was 400x300" in fitted.notes[0]
+    (note,) = fitted.notes
+    assert isinstance(note, ImageDownscaled) and note.number == 1 and note.original == (400, 300)
+    assert note.size == resized.size and note.uri == fitted.blocks[1].uri
 
 
 def test_hostile_images_are_not_decoded() -> None:

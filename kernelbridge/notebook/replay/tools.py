@@ -5,7 +5,7 @@ A notebook may come from anywhere, and its metadata names whatever servers it li
 must not make the bridge's host servers do anything the person did not ask for. So
 :class:`ReplayTools` answers:
 
-- ``call_tool`` from the notebook's recording (:class:`~kernelbridge.replay.recorded.RecordedTools`),
+- ``call_tool`` from the notebook's recording (:class:`~kernelbridge.notebook.replay.recorded.RecordedTools`),
   except calls to a server named with ``--grant SERVER``, which go to the live hub; the hub of a
   replay is made to see only those servers (an allow list of exactly them, on top of the operator's
   policy, which still applies), so its docs and search start no other server either;
@@ -14,7 +14,7 @@ must not make the bridge's host servers do anything the person did not ask for. 
   (``denied``): a replayed cell never writes the user's saved tools.
 
 A cell whose calls to a server answered from the recording were not recorded in full cannot be
-replayed faithfully: the runner skips it, with :meth:`ReplayTools.cannot_answer`'s reason.
+replayed faithfully: the runner skips it (:meth:`ReplayTools.unrecorded` names those servers).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kernelbridge.config import Settings
 from kernelbridge.errors import RpcError, SkillError
 from kernelbridge.hub import skills
 from kernelbridge.hub.rpc import RpcCall, RpcHandler, parse_request
-from kernelbridge.replay.recorded import RecordedTools, recorded_in_full, tool_calls
+from kernelbridge.notebook.replay.recorded import RecordedTools, recorded_in_full, tool_calls
 
 if TYPE_CHECKING:
     from kernelbridge.hub import Hub
@@ -70,15 +70,12 @@ class ReplayTools(RpcHandler):
                     canonical.append(real)
         return canonical
 
-    def cannot_answer(self, cell: Any) -> str | None:
-        """Why ``cell`` cannot be replayed faithfully, or None."""
+    def unrecorded(self, cell: Any) -> list[str] | None:
+        """The servers whose calls ``cell`` made were not recorded in full (it cannot be replayed
+        faithfully), or None when it can be."""
         if recorded_in_full(cell, self.live):
             return None
-        servers = sorted({str(c.get("server")) for c in tool_calls(cell)} - set(self.live))
-        grants = " ".join(f"--grant {s}" for s in servers)
-        return (
-            f"its host tool calls were not recorded in full (`kernelbridge replay {grants}` calls them live)"
-        )
+        return sorted({str(c.get("server")) for c in tool_calls(cell)} - set(self.live))
 
     def begin(self, cell: Any) -> None:
         self.recording.begin(cell)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from kernelbridge.recorder import Recorder
+from kernelbridge.session.cell import CellClient
+from kernelbridge.session.recorder import Recorder
 from kernelbridge.tunnel import ClientExecute, Tunnel
 from kernelbridge.tunnel.core import MAX_CLIENT_CODE_CHARS, MAX_CLIENT_EXECUTES
 
@@ -56,7 +57,7 @@ async def test_cells_under_parents_nobody_sent_are_not_cells() -> None:
         record.journalled == [] and not recorder.cells and recorder.unsent == 80
     )  # busy + execute_input each
     note = recorder.take_background()
-    assert note is not None and "40 display(s)" in note and note.count("hi") == 40
+    assert note is not None and note.displays == 40 and note.text.count("hi") == 40
     assert recorder.take_background() is None  # reported once
 
 
@@ -72,7 +73,7 @@ async def test_a_real_clients_cell_keeps_what_the_client_sent() -> None:
     for msg in a_cell("real", "print('hi')")[1:]:
         await recorder.on_iopub(msg)
     (cell,) = record.journalled
-    assert cell.code == "print('hi')" and cell.client == {"username": "person", "session": "console-1"}
+    assert cell.code == "print('hi')" and cell.client == CellClient("person", "console-1")
     assert record.running == [("real", True), ("real", False)]
     # The request is taken once: a second "busy" for the same parent is no second cell.
     for msg in a_cell("real", "again"):

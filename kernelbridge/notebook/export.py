@@ -30,11 +30,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-import nbformat
-from nbformat import v4
-
 from kernelbridge.errors import SessionError
-from kernelbridge.notebook import entry_cell, iter_journal, new_notebook, session_journal
+from kernelbridge.notebook.convert import Node, code_cell, entry_cell, new_notebook, strip_images
+from kernelbridge.notebook.journal import JournalCell, JournalEntry, decode_entry, iter_journal
 
 MAX_INLINE_CHARS = 16 * 1024 * 1024
 """Characters of notebook JSON returned whole (``export_notebook`` without a path, the notebook
@@ -48,8 +46,6 @@ WORKER_NICE = 10
 first (a tenant's export must not slow another tenant's calls through CPU either)."""
 DIGEST_CHARS = 24
 T = TypeVar("T")
-KEPT_PNG_CHARS = 64
-"""Base64 characters of a PNG a restore keeps: its header, all that judging reads (its size)."""
 
 
 class NotebookTooLarge(SessionError):
@@ -60,7 +56,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
 
 
-def write_notebook(entries: Iterable[dict[str, Any]], session: str, out: TextIO) -> int:
+def write_notebook(entries: Iterable[JournalEntry], session: str, out: TextIO) -> int:
     """Write the notebook of journal ``entries`` to ``out`` one cell at a time (never the whole
     notebook in memory); returns the number of cells. The text is ``nbformat.writes``'s for the
     same notebook (see the module docstring)."""
@@ -75,7 +71,7 @@ def write_notebook(entries: Iterable[dict[str, Any]], session: str, out: TextIO)
         if cell is None:
             continue
         while cell.id in ids:  # ids are random: unique within the notebook, as nbformat requires
-            cell.id = v4.new_code_cell().id
+            cell.id = code_cell().id
         ids.add(cell.id)
         _split_lines(cell)
         cell.metadata.pop("trusted", None)
@@ -86,7 +82,7 @@ def write_notebook(entries: Iterable[dict[str, Any]], session: str, out: TextIO)
     return cells
 
 
-def _split_lines(cell: nbformat.NotebookNode) -> None:
+def _split_lines(cell: Node) -> None:
     """nbformat's ``split_lines`` for one cell, within :data:`MAX_SPLIT_LINES` in all."""
     budget = MAX_SPLIT_LINES
 
@@ -124,15 +120,13 @@ class _BoundedText(io.StringIO):
         return super().write(text)
 
 
-def notebook_text(
-    sessions_dir: Path, session: str, *, max_bytes: int, max_chars: int = MAX_INLINE_CHARS
-) -> str:
-    """``session``'s notebook as JSON text, from at most ``max_bytes`` of its journal. Blocking:
-    run it in a worker thread. Raises SessionError (no journal), NotebookTooLarge (over
-    ``max_chars``: write it to a file instead), OSError."""
+def notebook_text(journal: Path, session: str, *, max_bytes: int, max_chars: int = MAX_INLINE_CHARS) -> str:
+    """``session``'s notebook as JSON text, from at most ``max_bytes`` of its ``journal``.
+    Blocking: run it in a worker. Raises NotebookTooLarge (over ``max_chars``: write it to a file
+    instead), OSError."""
     out = _BoundedText(max_chars)
     try:
-        write_notebook(iter_journal(session_journal(sessions_dir, session), max_bytes), session, out)
+        write_notebook(iter_journal(journal, max_bytes), session, out)
     except NotebookTooLarge:
         raise NotebookTooLarge(
             f"the notebook of session {session!r} is over {max_chars / 2**20:g} MiB of JSON, too big to "
@@ -140,11 +134,6 @@ def notebook_text(
             "(or `kernelbridge export` on the host)"
         ) from None
     return out.getvalue()
-
-
-def write_session_notebook(sessions_dir: Path, session: str, out: TextIO, *, max_bytes: int) -> int:
-    """Stream ``session``'s notebook into ``out`` (a file); returns its cells. Blocking."""
-    return write_notebook(iter_journal(session_journal(sessions_dir, session), max_bytes), session, out)
 
 
 def run_niced(func: Callable[..., T], *args: Any) -> T:
@@ -173,11 +162,7 @@ def find_png(journal: Path, name: str, max_bytes: int) -> bytes | None:
                 read += len(line)
                 if b'"image/png"' not in line:
                     continue
-                try:
-                    entry = json.loads(line.decode("utf-8", errors="replace"))
-                except (ValueError, RecursionError):
-                    continue
-                for data in _pngs(entry):
+                for data in _pngs(decode_entry(line)):
                     if digest(data) == wanted:
                         return base64.b64decode(data)
     except (OSError, binascii.Error):
@@ -185,41 +170,29 @@ def find_png(journal: Path, name: str, max_bytes: int) -> bytes | None:
     return None
 
 
-def _pngs(entry: Any) -> list[str]:
-    outputs = entry.get("outputs") if isinstance(entry, dict) else None
-    found = []
-    for output in outputs if isinstance(outputs, list) else []:
-        data = output.get("data") if isinstance(output, dict) else None
+def _pngs(entry: JournalEntry | None) -> list[str]:
+    found: list[str] = []
+    for output in entry.outputs if isinstance(entry, JournalCell) else []:
+        data = output.get("data")
         png = data.get("image/png") if isinstance(data, dict) else None
         if isinstance(png, str):
             found.append(png)
     return found
 
 
-def export_to_path(sessions_dir: Path, session: str, target: Path, *, max_bytes: int) -> int:
-    """Write ``session``'s notebook to a new file ``target`` (0600, never an existing one, never
-    through a link); returns its cells. Raises SessionError, OSError."""
-    journal = session_journal(sessions_dir, session)
+def export_to_path(journal: Path, session: str, target: Path, *, max_bytes: int) -> int:
+    """Write ``session``'s notebook (from its ``journal``) to a new file ``target`` (0600, never an
+    existing one, never through a link); returns its cells. Raises OSError."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         return write_notebook(iter_journal(journal, max_bytes), session, out)
 
 
-def restorable_notebook(sessions_dir: Path, session: str, *, max_bytes: int) -> nbformat.NotebookNode:
-    """``session``'s notebook as a restore needs it: every cell, with its images cut to their
-    headers (judging compares a PNG's size, nothing else of an image). Raises SessionError."""
+def restorable_notebook(journal: Path, session: str, *, max_bytes: int) -> Node:
+    """``session``'s notebook (from its ``journal``) as a restore needs it: every cell, with its
+    images cut to their headers (judging compares a PNG's size, nothing else of an image).
+    Raises OSError."""
     nb = new_notebook(session)
-    entries = iter_journal(session_journal(sessions_dir, session), max_bytes)
+    entries = iter_journal(journal, max_bytes)
     nb.cells = [strip_images(cell) for cell in map(entry_cell, entries) if cell is not None]
     return nb
-
-
-def strip_images(node: Any) -> Any:
-    """A cell (or every cell of a notebook) with its images cut to their headers, in place."""
-    for cell in node.cells if "cells" in node else [node]:
-        for output in cell.get("outputs", []):
-            data = output.get("data")
-            for mime, value in list(data.items()) if isinstance(data, dict) else []:
-                if mime.startswith("image/") and not mime.endswith("svg+xml") and isinstance(value, str):
-                    data[mime] = value[:KEPT_PNG_CHARS] if mime == "image/png" else ""
-    return node

@@ -1,4 +1,4 @@
-"""execution.py without a kernel: bounded text, scripted iopub messages, result assembly."""
+"""session/cell.py without a kernel: bounded text, scripted iopub messages, result assembly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import base64
 import tracemalloc
 from typing import Any
 
-from kernelbridge.execution import (
+from kernelbridge.session.cell import (
     MAX_DISPLAYS,
     BoundedText,
     Cell,
@@ -16,6 +16,7 @@ from kernelbridge.execution import (
     finish_cell,
     strip_ansi,
 )
+from kernelbridge.session.outcome import DisplaysDropped, State, Status
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 
@@ -141,20 +142,24 @@ def finished(script: list[tuple[str, dict[str, Any]]], reply: dict[str, Any]) ->
     cell.on_iopub("status", {"execution_state": "idle"})
     cell.on_reply(reply)
     assert cell.done
-    return finish_cell(cell, session="s", status="ok", state="kept", notes=[])
+    return finish_cell(cell, session="s", status=Status.OK, state=State.KEPT)
 
 
 def test_finish_cell_ok_and_error() -> None:
     ok = finished([("stream", {"name": "stdout", "text": "hi\n"})], {"status": "ok", "execution_count": 1})
-    assert ok.status == "ok" and ok.stdout == "hi\n" and ok.execution_count == 1 and ok.error is None
+    assert ok.status is Status.OK and ok.stdout == "hi\n" and ok.execution_count == 1 and ok.error is None
     err = finished(
         [("error", {"ename": "ValueError", "evalue": "bad", "traceback": ["ValueError: bad"]})],
         {"status": "error", "execution_count": 2, "ename": "ValueError", "evalue": "bad", "traceback": []},
     )
-    assert err.status == "error" and err.error is not None and err.error.ename == "ValueError"
-    structured = err.structured()
-    assert structured["error"] == {"ename": "ValueError", "evalue": "bad", "traceback": "ValueError: bad"}
-    assert set(structured) >= {
-        "status", "session", "execution_count", "stdout", "stderr", "result", "error",
-        "truncated", "duration_ms", "state",
-    }  # fmt: skip
+    assert err.status is Status.ERROR and err.error is not None and err.error.ename == "ValueError"
+    assert err.error.as_dict() == {"ename": "ValueError", "evalue": "bad", "traceback": "ValueError: bad"}
+
+
+def test_rich_outputs_past_the_bound_are_a_note_of_the_result() -> None:
+    cell = Cell("m2", 1000)
+    for _ in range(MAX_DISPLAYS + 3):
+        cell.on_iopub("display_data", {"data": {"text/plain": "x"}, "metadata": {}})
+    cell.on_iopub("status", {"execution_state": "idle"})
+    result = finish_cell(cell, session="s", status=Status.OK, state=State.KEPT)
+    assert result.notes == [DisplaysDropped(3, MAX_DISPLAYS)] and result.truncated

@@ -1,6 +1,8 @@
 """Judging a replayed cell against the notebook's original: normalized outputs and verdicts.
 
-No I/O and no kernels: outputs in, a :class:`CellVerdict` out. A cell is judged on what a reader
+No I/O and no kernels: outputs in, a :class:`CellVerdict` out; this module (with
+:class:`ReplayReport`) is where a replay's outcomes are worded, the skipped cells' too
+(:func:`skipped_empty` and its siblings). A cell is judged on what a reader
 of the notebook would call its behaviour:
 
 - whether it raised (``error`` outputs, or the cell's recorded ``status``), and with what
@@ -27,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kernelbridge.execution import strip_ansi
+from kernelbridge.session.cell import strip_ansi
 
 Verdict = Literal["same", "different", "error", "skipped"]
 VERDICTS: tuple[Verdict, ...] = ("same", "different", "error", "skipped")
@@ -179,6 +181,27 @@ def judge(index: int, original: Behaviour, replayed: Behaviour) -> CellVerdict:
                 why = f"output {n} ({mime}) differs: {_first_difference(was_d[mime], now_d[mime])}"
                 return CellVerdict(index, "different", _clip(why))
     return CellVerdict(index, "same")
+
+
+def skipped_empty(index: int) -> CellVerdict:
+    return CellVerdict(index, "skipped", "empty cell")
+
+
+def skipped_out_of_time(index: int, budget: float) -> CellVerdict:
+    """The restore's time budget ran out before this cell."""
+    return CellVerdict(index, "skipped", f"the restore's time budget of {budget:g} s ran out")
+
+
+def skipped_unrecorded(index: int, servers: list[str]) -> CellVerdict:
+    """The cell's calls to ``servers`` were not recorded in full: it cannot be replayed faithfully."""
+    grants = " ".join(f"--grant {s}" for s in servers)
+    why = f"its host tool calls were not recorded in full (`kernelbridge replay {grants}` calls them live)"
+    return CellVerdict(index, "skipped", why)
+
+
+def skipped_refused(index: int, reason: str) -> CellVerdict:
+    """The session refused the cell (a server not configured here, ...): ``reason`` is its line."""
+    return CellVerdict(index, "skipped", reason.splitlines()[0] if reason else "refused")
 
 
 def _first_difference(was: str, now: str) -> str:

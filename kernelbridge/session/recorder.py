@@ -16,7 +16,7 @@ client's signed ``execute_request`` arrive (``client_execute``, see
 from that request, never from the iopub messages. iopub under a parent nobody sent is no cell:
 its outputs are background output like any other.
 
-Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.execution.CellOutputs`); at
+Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.session.cell.CellOutputs`); at
 most :data:`MAX_OPEN_CELLS` other clients' cells are tracked at once (the oldest is dropped; the
 bridge's own cells never are); output whose parent is no known cell (a background thread printing
 after its cell ended, a forged parent) goes into one bounded buffer, reported once with the next
@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kernelbridge.execution import BoundedText, Cell
+from kernelbridge.session.cell import BoundedText, Cell, CellClient
+from kernelbridge.session.outcome import BackgroundOutput
 from kernelbridge.tunnel import ClientExecute
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,8 @@ class Recorder:
     ``client_execute`` tells which parents Jupyter clients really sent (None: no client cells at
     all, e.g. doctor's probe); ``on_client_cell`` journals another client's cell when it ends;
     ``on_running`` hears every cell, the bridge's and the clients', begin and end (the session's
-    rpc broker admits host calls of running cells only).
+    rpc broker admits host calls of running cells only); ``clock`` times the cells (the session
+    runner's clock).
     """
 
     def __init__(
@@ -69,8 +72,10 @@ class Recorder:
         *,
         client_execute: ClientExecutes | None = None,
         on_running: CellRunning | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.output_limit = output_limit
+        self.clock = clock
         self.on_client_cell = on_client_cell
         self.client_execute = client_execute
         self.on_running = on_running
@@ -85,7 +90,7 @@ class Recorder:
     def expect(self, msg_id: str, code: str) -> Cell:
         """Track a cell the bridge is about to send (before sending: its first messages may
         arrive before the send returns)."""
-        cell = Cell(msg_id, self.output_limit, source="mcp", code=code)
+        cell = Cell(msg_id, self.output_limit, source="mcp", code=code, clock=self.clock)
         self._track(cell)
         return cell
 
@@ -100,6 +105,7 @@ class Recorder:
             self.internal.pop()
 
     def forget(self, cell: Cell) -> None:
+        """Stop tracking one of the bridge's cells (its call returned)."""
         if self.cells.pop(cell.msg_id, None) is not None:
             self._running(cell.msg_id, False)
 
@@ -110,7 +116,8 @@ class Recorder:
         if not isinstance(header, dict) or not isinstance(parent, dict):
             return
         msg_type = str(header.get("msg_type", ""))
-        content = msg.get("content") if isinstance(msg.get("content"), dict) else {}
+        raw = msg.get("content")
+        content: dict[str, Any] = raw if isinstance(raw, dict) else {}
         parent_id = parent.get("msg_id")
         if not isinstance(parent_id, str) or parent_id in self.internal:
             return
@@ -139,8 +146,9 @@ class Recorder:
 
     def on_reply(self, msg: dict[str, Any]) -> None:
         """The sandbox's reply listener: an execute_reply completes one of the bridge's cells."""
-        parent = msg.get("parent_header") or {}
-        cell = self.cells.get(parent.get("msg_id")) if isinstance(parent, dict) else None
+        parent = msg.get("parent_header")
+        msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        cell = self.cells.get(msg_id) if isinstance(msg_id, str) else None
         content = msg.get("content")
         if cell is not None and isinstance(content, dict):
             cell.on_reply(content)
@@ -155,17 +163,14 @@ class Recorder:
         for cell in self.cells.values():
             cell.notify()
 
-    def take_background(self) -> str | None:
+    def take_background(self) -> BackgroundOutput | None:
         """A note about output that arrived outside any cell since the last call, or None."""
         if not self.background.total and not self.background_displays:
             return None
-        text = self.background.render("background output").strip()
-        displays = self.background_displays
+        note = BackgroundOutput(self.background.render("background output").strip(), self.background_displays)
         self.background = BoundedText(BACKGROUND_CHARS)
         self.background_displays = 0
-        extra = f" and {displays} display(s)" if displays else ""
-        shown = f":\n{text}" if text else "."
-        return f"Output that arrived between calls (e.g. from a background thread){extra}{shown}"
+        return note
 
     # -- internals ------------------------------------------------------------------------------
     def _client_cell(self, msg_id: str) -> Cell | None:
@@ -179,8 +184,8 @@ class Recorder:
                     self.unsent,
                 )
             return None
-        cell = Cell(msg_id, self.output_limit, source="client", code=sent.code)
-        cell.client = {"username": sent.username, "session": sent.session}
+        cell = Cell(msg_id, self.output_limit, source="client", code=sent.code, clock=self.clock)
+        cell.client = CellClient(sent.username, sent.session)
         self._track(cell)
         return cell
 

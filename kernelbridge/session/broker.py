@@ -1,7 +1,8 @@
 """One session's host MCP calls in flight: admission, dispatch to the hub, cancellation, records.
 
-Sandbox code sends ``rpc_request`` frames (docs/rpc.md); the sandbox hands each to
-:meth:`RpcBroker.on_request`, which must return at once (it runs on the sandbox's event pump):
+Sandbox code sends ``rpc_request`` frames (docs/rpc.md); the sandbox hands each, decoded once as
+an :class:`~kernelbridge.tunnel.RpcRequest`, to :meth:`RpcBroker.on_request`, which must return
+at once (it runs on the sandbox's event pump):
 
 - a malformed request (no integer id) is dropped; a request beyond ``MAX_RPC_IN_FLIGHT`` calls in
   flight is answered ``busy`` at once, so a burst of thousands is answered or refused, never a hang;
@@ -9,9 +10,9 @@ Sandbox code sends ``rpc_request`` frames (docs/rpc.md); the sandbox hands each 
 - each admitted call runs as its own task (calls are answered in parallel, in any order) under a
   cancel scope, so a call still running when its cell times out or the session closes is
   cancelled on the host and answered ``cancelled``;
-- every ``call_tool`` is recorded (server, tool, duration, ok/error, arguments and result within
-  :data:`MAX_RECORDED_BYTES`) under the cell that made it, for the journal and for replaying a
-  notebook offline with the recorded results.
+- every ``call_tool`` is recorded as a :class:`ToolCallRecord` (server, tool, duration, ok/error,
+  arguments and result within :data:`MAX_RECORDED_BYTES`) under the cell that made it, for the
+  journal and for replaying a notebook offline with the recorded results.
 
 Which cell a call belongs to
 ----------------------------
@@ -52,6 +53,7 @@ import anyio
 from kernelbridge import frames
 from kernelbridge.errors import RpcError
 from kernelbridge.hub.rpc import RpcCall, RpcHandler
+from kernelbridge.tunnel import RpcRequest
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +80,58 @@ MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
 
 Answer = Callable[..., Awaitable[None]]
 """``answer(request_id, result=...)`` or ``answer(request_id, error={kind, message})``."""
-Spawn = Callable[..., None]
+Spawn = Callable[..., object]
 """``start_soon`` of a task group that outlives the calls."""
+_ABSENT: Any = object()
+"""A record's arguments or result that was not kept (see ``*_truncated``)."""
 
 
-@dataclass
+@dataclass(slots=True)
+class ToolCallRecord:
+    """One ``call_tool`` a cell made, as the journal and the notebook record it."""
+
+    server: str
+    tool: str
+    ok: bool
+    """The call answered and its result was not ``isError``."""
+    duration_ms: int
+    error: str | None
+    """``kind: message`` of a refused or failed call."""
+    arguments: Any = _ABSENT
+    """The call's arguments (JSON), unless too big to keep."""
+    result: Any = _ABSENT
+    """The answer (JSON), unless the call failed or it was too big to keep."""
+
+    @property
+    def arguments_truncated(self) -> bool:
+        return self.arguments is _ABSENT
+
+    @property
+    def result_truncated(self) -> bool:
+        return self.result is _ABSENT and self.error is None
+
+    def summary(self) -> dict[str, Any]:
+        """What a ``run_python`` result shows of the call (``structuredContent.tool_calls``)."""
+        return {"server": self.server, "tool": self.tool, "ok": self.ok, "duration_ms": self.duration_ms,
+                "error": self.error}  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """The journal's (and the notebook metadata's) form: the summary, then ``arguments`` or
+        ``arguments_truncated: true``, then ``result`` or ``result_truncated: true`` (none for
+        a failed call). :mod:`kernelbridge.notebook.replay.recorded` reads it back."""
+        entry = self.summary()
+        if self.arguments_truncated:
+            entry["arguments_truncated"] = True
+        else:
+            entry["arguments"] = self.arguments
+        if self.result_truncated:
+            entry["result_truncated"] = True
+        elif self.result is not _ABSENT:
+            entry["result"] = self.result
+        return entry
+
+
+@dataclass(slots=True)
 class _Call:
     request_id: int
     cell: str | None
@@ -115,7 +164,7 @@ class RpcBroker:
         self._grants = grants
         self._in_flight: dict[int, _Call] = {}
         self._in_flight_bytes = 0
-        self._records: dict[str | None, list[dict[str, Any]]] = {}
+        self._records: dict[str | None, list[ToolCallRecord]] = {}
         self._held: dict[str | None, int] = {}
         """Bytes of arguments and results kept in ``_records``, per cell."""
         self._running: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -153,8 +202,9 @@ class RpcBroker:
                 return claimed
         return next(reversed(self._running), None)
 
-    async def on_request(self, frame: frames.Frame) -> None:
-        request_id = frame.get("id")
+    async def on_request(self, request: RpcRequest) -> None:
+        """Admit ``request`` and start its call, or answer it at once (see the module docstring)."""
+        request_id = request.id
         if not isinstance(request_id, int) or isinstance(request_id, bool) or request_id <= 0:
             return  # no id to answer to; the agent already drops these
         if request_id in self._in_flight:
@@ -162,17 +212,17 @@ class RpcBroker:
                 request_id, error=_error("invalid_params", f"request id {request_id} is in flight")
             )
             return
-        cell = self.cell_of(frame.get("cell"))
+        cell = self.cell_of(request.cell)
         if cell is None:
             self.refused += 1
-            await self._answer(request_id, error=_error("cancelled", _no_cell(frame.get("cell"))))
+            await self._answer(request_id, error=_error("cancelled", _no_cell(request.cell)))
             return
         if len(self._in_flight) >= frames.MAX_RPC_IN_FLIGHT:
             self.refused += 1
             message = f"too many host calls in flight ({frames.MAX_RPC_IN_FLIGHT}); await some first"
             await self._answer(request_id, error=_error("busy", message))
             return
-        size = _json_size(frame.get("params"))
+        size = _json_size(request.params)
         if self._in_flight and self._in_flight_bytes + size > MAX_IN_FLIGHT_BYTES:
             self.refused += 1
             message = (
@@ -184,7 +234,7 @@ class RpcBroker:
         call = _Call(request_id, cell, size)
         self._in_flight[request_id] = call
         self._in_flight_bytes += size
-        self._spawn(self._run, call, frame.get("method"), frame.get("params"))
+        self._spawn(self._run, call, request.method, request.params)
 
     async def _run(self, call: _Call, method: object, params: object) -> None:
         started = time.monotonic()
@@ -229,7 +279,7 @@ class RpcBroker:
             call.scope.cancel()
         return len(calls)
 
-    def take_records(self, cell: str | None) -> list[dict[str, Any]]:
+    def take_records(self, cell: str | None) -> list[ToolCallRecord]:
         """The recorded tool calls of ``cell`` (removed from the broker)."""
         self._held.pop(cell, None)
         return self._records.pop(cell, [])
@@ -259,23 +309,18 @@ class RpcBroker:
         if len(records) >= MAX_CALLS_PER_CELL:
             return
         args = params if isinstance(params, dict) else {}
-        record: dict[str, Any] = {
-            "server": frames.clip(args.get("server"), 200),
-            "tool": frames.clip(args.get("tool"), 200),
-            "ok": error is None and not (isinstance(result, dict) and result.get("isError")),
-            "duration_ms": int(seconds * 1000),
-            "error": f"{error['kind']}: {error['message']}" if error else None,
-        }
+        record = ToolCallRecord(
+            server=frames.clip(args.get("server"), 200),
+            tool=frames.clip(args.get("tool"), 200),
+            ok=error is None and not (isinstance(result, dict) and result.get("isError")),
+            duration_ms=int(seconds * 1000),
+            error=f"{error['kind']}: {error['message']}" if error else None,
+        )
         arguments = args.get("arguments")
         if self._keep(call.cell, _json_size(arguments)):
-            record["arguments"] = arguments
-        else:
-            record["arguments_truncated"] = True
-        if error is None:
-            if self._keep(call.cell, result_size):
-                record["result"] = result
-            else:
-                record["result_truncated"] = True
+            record.arguments = arguments
+        if error is None and self._keep(call.cell, result_size):
+            record.result = result
         records.append(record)
         # Keep the map small: records of cells nobody collects (an attached client's, a forged
         # cell id) must not pile up.

@@ -1,11 +1,11 @@
-"""Run one cell on a Jupyter kernel client and collect its outputs, with bounded memory.
+"""One cell's outputs, collected from a kernel's messages with bounded memory, and its result.
 
 This module owns what one ``execute_request`` produced: a :class:`Cell` gathers the iopub
-messages whose parent is that request (fed by :mod:`kernelbridge.recorder`, which reads every
-message of a session) and its shell reply. It knows nothing about sessions, timeout policy,
-interrupts or MCP; :mod:`kernelbridge.sessions` waits on a :class:`Cell` in slices and decides
-what to do when a deadline passes, and :mod:`kernelbridge.server` turns a :class:`CellResult`
-into MCP content.
+messages whose parent is that request (fed by :mod:`kernelbridge.session.recorder`, which reads
+every message of a session) and its shell reply. It knows nothing about sessions, timeout policy,
+interrupts or MCP; :mod:`kernelbridge.session.runner` waits on a :class:`Cell` in slices and
+decides what to do when a deadline passes, and :mod:`kernelbridge.server.render` turns a
+:class:`CellResult` into MCP content.
 
 Completion follows nbclient: a cell is done only when BOTH the iopub ``status: idle`` for its
 request and its shell ``execute_reply`` have arrived. Either alone is not enough: the reply can
@@ -22,13 +22,17 @@ import json
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-Status = Literal["ok", "error", "timeout", "kernel_died", "cancelled"]
-State = Literal["kept", "lost"]
+from kernelbridge.notebook.journal import CellSource
+from kernelbridge.session.outcome import DisplaysDropped, Note, State, Status
+
+if TYPE_CHECKING:
+    from kernelbridge.session.broker import ToolCallRecord
 
 # Why these bounds: a cell may print gigabytes or display thousands of images; the bridge must
 # not hold them. The text caps come from Settings.output_limit; these cover rich outputs.
@@ -125,6 +129,8 @@ class BoundedText:
 
 @dataclass(slots=True)
 class CellError:
+    """A cell's exception, as a model reads it."""
+
     ename: str
     evalue: str
     traceback: str
@@ -205,7 +211,7 @@ def bounded_reply(content: dict[str, Any], limit: int) -> dict[str, Any]:
     return reply
 
 
-@dataclass
+@dataclass(slots=True)
 class CellOutputs:
     """The outputs of one cell, gathered from its iopub messages, in bounded memory."""
 
@@ -305,27 +311,46 @@ class CellOutputs:
         return self.stdout.last_lines(n) or self.stderr.last_lines(n)
 
 
+@dataclass(frozen=True, slots=True)
+class CellClient:
+    """Who sent another client's cell, as its verified execute request said."""
+
+    username: str
+    session: str
+
+
 class Cell:
     """One execute request as seen on iopub, whichever client sent it, with its shell reply when
-    the bridge sent it. Fed by :class:`kernelbridge.recorder.Recorder`; awaited by the session.
+    the bridge sent it. Fed by :class:`kernelbridge.session.recorder.Recorder`; awaited by the
+    session's :class:`~kernelbridge.session.runner.CellRunner`.
 
-    Times are monotonic: ``queued`` when the request was sent (or first seen), ``started`` when
-    the kernel began it (``status: busy``), ``finished`` at ``status: idle``. A call's timeout
-    counts from ``started``: time spent queued behind another client's cell is not the cell's.
+    Times come from ``clock`` (monotonic seconds, the runner's clock): ``queued`` when the request
+    was sent (or first seen), ``started`` when the kernel began it (``status: busy``),
+    ``finished`` at ``status: idle``. A call's timeout counts from ``started``: time spent queued
+    behind another client's cell is not the cell's.
     """
 
-    def __init__(self, msg_id: str, limit: int, source: str = "mcp", code: str | None = None) -> None:
+    def __init__(
+        self,
+        msg_id: str,
+        limit: int,
+        source: CellSource = "mcp",
+        code: str | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.msg_id = msg_id
-        self.source = source
+        self.source: CellSource = source
         self.code = code
         self.outputs = CellOutputs(limit)
-        self.queued = time.monotonic()
+        self._clock = clock
+        self.queued = clock()
         self.queued_wall = time.time()
         self.started: float | None = None
         self.finished: float | None = None
         self.reply: dict[str, Any] | None = None
-        self.client: dict[str, str] = {}
-        """Who sent it (``username``, ``session``) when it was not the bridge."""
+        self.client: CellClient | None = None
+        """Who sent it, when it was not the bridge."""
         self._changed = anyio.Event()
 
     def __repr__(self) -> str:
@@ -342,13 +367,14 @@ class Cell:
         return self.idle and (self.source != "mcp" or self.reply is not None)
 
     def on_iopub(self, msg_type: str, content: dict[str, Any]) -> None:
+        """Fold one iopub message whose parent is this cell's request."""
         if msg_type == "status":
             state = content.get("execution_state")
             if state == "busy" and self.started is None:
-                self.started = time.monotonic()
+                self.started = self._clock()
             elif state == "idle":
-                self.started = self.started or time.monotonic()
-                self.finished = time.monotonic()
+                self.started = self.started or self._clock()
+                self.finished = self._clock()
         else:
             if msg_type == "execute_input" and self.code is None:
                 self.code = str(content.get("code", ""))[:MAX_CODE_CHARS]
@@ -356,6 +382,7 @@ class Cell:
         self.notify()
 
     def on_reply(self, content: dict[str, Any]) -> None:
+        """The shell reply to this cell's request (the bridge's own cells)."""
         self.reply = bounded_reply(content, self.outputs.limit)
         count = content.get("execution_count")
         if isinstance(count, int):
@@ -363,24 +390,30 @@ class Cell:
         self.notify()
 
     def notify(self) -> None:
+        """Wake whoever waits on :attr:`change_event`."""
         self._changed.set()
         self._changed = anyio.Event()
 
+    @property
+    def change_event(self) -> anyio.Event:
+        """Set at the next change of the cell (a message, the reply, the sandbox ending)."""
+        return self._changed
+
     async def changed(self, deadline: float) -> None:
-        """Wait until something about the cell changes or ``deadline`` (monotonic) passes."""
+        """Wait until something about the cell changes or ``deadline`` (of the clock) passes."""
         event = self._changed
-        with anyio.move_on_after(max(deadline - time.monotonic(), 0)):
+        with anyio.move_on_after(max(deadline - self._clock(), 0)):
             await event.wait()
 
     def elapsed_ms(self) -> int:
         """Milliseconds the kernel has spent on the cell (0 while it waits in the queue)."""
         if self.started is None:
             return 0
-        return int(((self.finished or time.monotonic()) - self.started) * 1000)
+        return int(((self.finished or self._clock()) - self.started) * 1000)
 
     def waited_ms(self) -> int:
         """Milliseconds the cell waited behind other work before the kernel began it."""
-        return int(((self.started or time.monotonic()) - self.queued) * 1000)
+        return int(((self.started or self._clock()) - self.queued) * 1000)
 
 
 @dataclass(slots=True)
@@ -398,44 +431,26 @@ class CellResult:
     duration_ms: int
     state: State
     images: list[str] = field(default_factory=list)
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    """Host MCP calls the cell made (server, tool, duration_ms, ok, error; arguments and result
-    bounded), for the journal and the notebook."""
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    """Host MCP calls the cell made, for the journal and the notebook."""
     waited_ms: int = 0
     """Time the cell waited behind another client's cell before it started."""
-    notes: list[str] = field(default_factory=list)
-    """Plain sentences about the session itself (a restart, a fresh kernel, dropped outputs)."""
+    notes: list[Note] = field(default_factory=list)
+    """What to tell about the session itself (a restart, a fresh kernel, dropped outputs)."""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     """nbformat outputs for the journal."""
 
-    def structured(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "session": self.session,
-            "execution_count": self.execution_count,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-            "result": self.result,
-            "error": self.error.as_dict() if self.error else None,
-            "truncated": self.truncated,
-            "duration_ms": self.duration_ms,
-            "state": self.state,
-            "notes": self.notes,
-            "tool_calls": [
-                {k: call.get(k) for k in ("server", "tool", "ok", "duration_ms", "error")}
-                for call in self.tool_calls
-            ],
-        }
 
-
-def finish_cell(run: Cell, *, session: str, status: Status, state: State, notes: list[str]) -> CellResult:
+def finish_cell(
+    run: Cell, *, session: str, status: Status, state: State, notes: list[Note] | None = None
+) -> CellResult:
     """Freeze a cell (complete or not) into a CellResult."""
     out = run.outputs
     error = out.error
     if out.execution_count is None and run.reply is not None:
         out.execution_count = run.reply.get("execution_count")
-    if status == "ok" and run.reply is not None and run.reply.get("status") in ("error", "aborted"):
-        status = "error"
+    if status is Status.OK and run.reply is not None and run.reply.get("status") in ("error", "aborted"):
+        status = Status.ERROR
         if error is None:
             reply = run.reply
             error = CellError(
@@ -443,11 +458,11 @@ def finish_cell(run: Cell, *, session: str, status: Status, state: State, notes:
                 str(reply.get("evalue", "")),
                 compact_traceback([str(t) for t in reply.get("traceback") or []]),
             )
-    if status == "ok" and error is not None:
-        status = "error"
-    notes = list(notes)
+    if status is Status.OK and error is not None:
+        status = Status.ERROR
+    notes = list(notes or [])
     if out.dropped_displays:
-        notes.append(f"{out.dropped_displays} further rich outputs were not kept (limit {MAX_DISPLAYS}).")
+        notes.append(DisplaysDropped(out.dropped_displays, MAX_DISPLAYS))
     return CellResult(
         status=status,
         session=session,

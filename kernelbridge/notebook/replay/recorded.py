@@ -2,7 +2,7 @@
 
 A session that called host MCP servers records every ``call_tool`` in its cells' metadata
 (``kernelbridge.tool_calls``: server, tool, arguments, result or error; see
-:mod:`kernelbridge.broker`). :class:`RecordedTools` is an :class:`~kernelbridge.hub.RpcHandler`
+:mod:`kernelbridge.session.broker`). :class:`RecordedTools` is an :class:`~kernelbridge.hub.RpcHandler`
 that answers a replay's rpc requests from that recording instead of starting the servers:
 
 - ``call_tool`` is answered with the recorded result (or the recorded error) of the first unused
@@ -26,11 +26,11 @@ from typing import Any
 
 import mcp_types as types
 
-from kernelbridge.broker import MAX_CALLS_PER_CELL
 from kernelbridge.errors import HubError, RpcError
 from kernelbridge.hub import docs
 from kernelbridge.hub.aliases import assign_aliases, resolve
 from kernelbridge.hub.rpc import KINDS, RpcCall, RpcHandler, check_result_size, parse_request
+from kernelbridge.session.broker import MAX_CALLS_PER_CELL
 
 DESCRIPTION = "Recorded by kernelbridge: answered from the notebook's recording, not a live server."
 _JSON_TYPES: dict[type, str] = {str: "string", bool: "boolean", int: "integer", float: "number",

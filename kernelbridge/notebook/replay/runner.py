@@ -1,10 +1,11 @@
 """Running a notebook's code cells through the bridge's own machinery, judging each one.
 
-Cells run in a session of a :class:`~kernelbridge.sessions.SessionRegistry` (``Sandbox`` and
-all), exactly as ``run_python`` calls would: the servers recorded in each cell are granted, host
-tool calls go to whatever rpc handler the registry was given (the live hub for a restore;
-:class:`~kernelbridge.replay.recorded.ReplayTools` for ``kernelbridge replay``), and a cell that
-fails does not stop the replay: a reader wants to see every divergence.
+Cells run in a session of a :class:`~kernelbridge.session.registry.SessionRegistry` (``Sandbox``
+and all), exactly as ``run_python`` calls would: the servers recorded in each cell are granted,
+host tool calls go to whatever rpc handler the registry was given (the live hub for a restore;
+:class:`~kernelbridge.notebook.replay.tools.ReplayTools` for ``kernelbridge replay``), and a cell
+that fails does not stop the replay: a reader wants to see every divergence. Notebook files are
+read by :mod:`kernelbridge.notebook.convert`.
 
 Bounded in time, since a notebook may come from anywhere and its metadata says anything: each cell
 gets the timeout it was recorded with (at most the bridge's maximum) or, with none recorded, the
@@ -17,9 +18,8 @@ sandbox) and the MCP server's restore (:func:`replay_cells` into the bridge's re
 
 from __future__ import annotations
 
-import contextlib
-import json
 import secrets
+import shutil
 import time
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -29,59 +29,22 @@ from typing import Any
 import nbformat
 
 from kernelbridge.config import Settings
-from kernelbridge.errors import ConfigError, HubError, SessionError
-from kernelbridge.notebook import journal_path, notebook_outputs, valid_cell
-from kernelbridge.notebook_export import strip_images
-from kernelbridge.replay.judge import CellVerdict, ReplayReport, behaviour, judge
-from kernelbridge.replay.recorded import cell_meta
-from kernelbridge.replay.tools import ReplayTools, live_settings
-from kernelbridge.sessions import SessionRegistry
-
-MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
-"""A notebook bigger than this is not read (a journal's outputs are capped far below it)."""
-
-
-def read_notebook(path: str | Path) -> nbformat.NotebookNode:
-    """Read and validate a v4 notebook. Raises ConfigError with one line (missing file, not JSON,
-    not a notebook)."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise ConfigError(f"no such notebook: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    if size > MAX_NOTEBOOK_BYTES:
-        raise ConfigError(f"{path} is {size:,} bytes; notebooks over {MAX_NOTEBOOK_BYTES:,} are not replayed")
-    try:
-        return parse_notebook(path.read_text(encoding="utf-8"), str(path))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
-
-
-def read_restorable(path: str | Path) -> nbformat.NotebookNode:
-    """:func:`read_notebook` without its images' bytes (all a restore judges of them is their
-    size): what a worker process hands back to the bridge."""
-    return strip_images(read_notebook(path))
-
-
-def parse_notebook(text: str, name: str) -> nbformat.NotebookNode:
-    """Parse and validate notebook JSON. Raises ConfigError naming ``name``."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(
-            f"{name} is not a valid notebook: not JSON ({exc.msg} at line {exc.lineno})"
-        ) from None
-    if not isinstance(data, dict) or "cells" not in data or "nbformat" not in data:
-        raise ConfigError(f"{name} is not a valid notebook: no 'cells' and 'nbformat' in it")
-    try:
-        nb = nbformat.reads(text, as_version=4)
-        nbformat.validate(nb)
-    except (ValueError, TypeError, KeyError, nbformat.ValidationError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise ConfigError(f"{name} is not a valid notebook: {first}") from None
-    return nb
+from kernelbridge.errors import HubError, SessionError
+from kernelbridge.notebook.convert import notebook_outputs, read_notebook, valid_cell, write_notebook_file
+from kernelbridge.notebook.replay.judge import (
+    CellVerdict,
+    ReplayReport,
+    behaviour,
+    judge,
+    skipped_empty,
+    skipped_out_of_time,
+    skipped_refused,
+    skipped_unrecorded,
+)
+from kernelbridge.notebook.replay.recorded import cell_meta
+from kernelbridge.notebook.replay.tools import ReplayTools, live_settings
+from kernelbridge.session.registry import SessionRegistry
+from kernelbridge.session.store import SessionStore
 
 
 def cell_timeout(cell: Any, default: float, maximum: float) -> float:
@@ -111,7 +74,7 @@ async def replay_cells(
     budget: float | None = None,
 ) -> ReplayReport:
     """Run every code cell of ``nb`` in ``session`` of ``registry``, judge it, and put the new
-    outputs (and the verdict, in ``metadata.kernelbridge.replay``) into ``nb``.
+    outputs (and the verdict, in ``metadata.kernelbridge.notebook.replay``) into ``nb``.
 
     Each cell runs for its recorded timeout (at most the registry's ``max_timeout``) or its
     ``default_timeout``;
@@ -127,7 +90,7 @@ async def replay_cells(
         timeout = cell_timeout(cell, registry.settings.default_timeout, registry.settings.max_timeout)
         left = None if budget is None else budget - (time.monotonic() - started)
         if left is not None and left < 1:
-            verdict = CellVerdict(index, "skipped", f"the restore's time budget of {budget:g} s ran out")
+            verdict = skipped_out_of_time(index, budget or 0)
         else:
             timeout = timeout if left is None else max(1.0, min(timeout, left))
             verdict = await _replay_one(registry, session, index, cell, timeout, recorded)
@@ -147,16 +110,16 @@ async def _replay_one(
     recorded: ReplayTools | None,
 ) -> CellVerdict:
     if not cell.source.strip():
-        return CellVerdict(index, "skipped", "empty cell")
+        return skipped_empty(index)
     if recorded is not None:
-        if (why := recorded.cannot_answer(cell)) is not None:
-            return CellVerdict(index, "skipped", why)
+        if (servers := recorded.unrecorded(cell)) is not None:
+            return skipped_unrecorded(index, servers)
         recorded.begin(cell)
     original = behaviour(cell.outputs, cell_meta(cell).get("status"))
     try:
         result = await registry.run(session, cell.source, timeout=timeout, servers=_servers(cell))
     except (HubError, SessionError) as exc:
-        return CellVerdict(index, "skipped", str(exc).splitlines()[0])
+        return skipped_refused(index, str(exc))
     cell.outputs = notebook_outputs(result.outputs, result.execution_count)
     cell.execution_count = result.execution_count
     valid_cell(cell)
@@ -182,37 +145,36 @@ async def replay_notebook(
     nb = read_notebook(path)
     settings = replace(settings, warm_pool=0)
     session = f"replay-{secrets.token_hex(4)}"
-    async with AsyncExitStack() as stack:
-        hub, live = None, []
-        if grant:  # a hub that sees the named servers only
-            hub_settings, live = live_settings(settings, grant)
-            hub = await stack.enter_async_context(Hub(hub_settings))
-        handler = ReplayTools((c for c in nb.cells if c.cell_type == "code"), settings, hub, live)
-        runtime = await stack.enter_async_context(open_runtime(settings))
-        image, agent_hash = expected_image(settings)
-        registry = await stack.enter_async_context(
-            SessionRegistry(
-                settings,
-                runtime,
-                image=image,
-                agent_hash=agent_hash,
-                dispatch=handler,
-                check_grants=handler.validate_grants,
+    try:
+        async with AsyncExitStack() as stack:
+            hub: Hub | None = None
+            live: list[str] = []
+            if grant:  # a hub that sees the named servers only
+                hub_settings, live = live_settings(settings, grant)
+                hub = await stack.enter_async_context(Hub(hub_settings))
+            handler = ReplayTools((c for c in nb.cells if c.cell_type == "code"), settings, hub, live)
+            runtime = await stack.enter_async_context(open_runtime(settings))
+            image, agent_hash = expected_image(settings)
+            registry = await stack.enter_async_context(
+                SessionRegistry(
+                    settings,
+                    runtime,
+                    image=image,
+                    agent_hash=agent_hash,
+                    dispatch=handler,
+                    check_grants=handler.validate_grants,
+                )
             )
-        )
-        try:
             report = await replay_cells(registry, session, nb, recorded=handler)
-        finally:
-            # The replayed notebook (-o) is this run's record; the scratch session's journal is not.
-            journal = journal_path(settings.sessions_dir, session)
-            for leftover in (journal, journal.with_name(journal.name + ".prev")):
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
+    finally:
+        # The replayed notebook (-o) is this run's record; the scratch session's is not (removed
+        # once its registry closed: its record's last write is done).
+        shutil.rmtree(SessionStore.of(settings).session_dir(session), ignore_errors=True)
     report.where = "a fresh sandbox"
     if handler.live:
         report.where += f" (host tools: {', '.join(handler.live)} live, others recorded)"
     elif handler.recording.servers:
         report.where += " (host tools answered from the recording)"
     if output is not None:
-        nbformat.write(nb, str(output), version=4)
+        write_notebook_file(nb, output)
     return report

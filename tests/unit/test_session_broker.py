@@ -11,9 +11,10 @@ import anyio.abc
 import pytest
 
 from kernelbridge import frames
-from kernelbridge.broker import MAX_HELD_BYTES, MAX_RECORDED_BYTES, RpcBroker
 from kernelbridge.errors import RpcError
 from kernelbridge.hub.rpc import RpcCall
+from kernelbridge.session.broker import MAX_HELD_BYTES, MAX_RECORDED_BYTES, RpcBroker
+from kernelbridge.tunnel import RpcRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -76,9 +77,9 @@ def broker_for(
     return broker
 
 
-def request(request_id: int, tool: str = "echo", cell: str = "cell-1", **arguments: Any) -> frames.Frame:
+def request(request_id: int, tool: str = "echo", cell: str | None = "cell-1", **arguments: Any) -> RpcRequest:
     params = {"server": "edge", "tool": tool, "arguments": arguments}
-    return {"type": "rpc_request", "id": request_id, "method": "call_tool", "params": params, "cell": cell}
+    return RpcRequest(request_id, "call_tool", params, cell)
 
 
 async def test_a_burst_is_answered_or_refused_at_once(task_group: anyio.abc.TaskGroup) -> None:
@@ -111,7 +112,7 @@ async def test_a_cells_calls_are_cancelled_and_answered_cancelled(task_group: an
     assert cancelled["error"]["kind"] == "cancelled" and host.cancelled == 1
     assert 2 not in host.answers and broker.in_flight == 1
     records = broker.take_records("slow")
-    outcomes = [(r["ok"], (r["error"] or "").split(":")[0]) for r in records]
+    outcomes = [(r.ok, (r.error or "").split(":")[0]) for r in records]
     assert outcomes == [(True, ""), (False, "cancelled")]
     broker.cancel()
     with anyio.fail_after(TIMEOUT):
@@ -130,9 +131,10 @@ async def test_recorded_data_is_bounded_in_all(task_group: anyio.abc.TaskGroup) 
             await host.answer_of(i)
     assert broker.held_bytes <= MAX_HELD_BYTES
     records = broker.take_records("cell-1")
-    assert len(records) == calls and all(r["ok"] for r in records)  # every call is still recorded
-    kept = sum("result" in r for r in records) + sum("arguments" in r for r in records)
-    assert 0 < kept < 2 * calls and records[-1].get("result_truncated") is True
+    assert len(records) == calls and all(r.ok for r in records)  # every call is still recorded
+    kept = sum(not r.result_truncated for r in records) + sum(not r.arguments_truncated for r in records)
+    assert 0 < kept < 2 * calls and records[-1].result_truncated
+    assert records[-1].to_json()["result_truncated"] is True and "result" not in records[-1].to_json()
     assert broker.held_bytes == 0  # collected
 
 
@@ -188,7 +190,7 @@ async def test_a_call_belongs_to_a_running_cell_or_is_refused(task_group: anyio.
         refused = await host.answer_of(1)
         assert refused["error"]["kind"] == "cancelled"
         assert "not running" in refused["error"]["message"] and "\n" not in refused["error"]["message"]
-        await broker.on_request({**request(2), "cell": None})
+        await broker.on_request(request(2, cell=None))
         assert (await host.answer_of(2))["error"]["kind"] == "cancelled"
 
         broker.open_cell("real")
@@ -199,9 +201,7 @@ async def test_a_call_belongs_to_a_running_cell_or_is_refused(task_group: anyio.
         assert broker.cancel("real") == 2  # the forged claim is cancelled with the cell it ran in
         assert (await host.answer_of(3))["error"]["kind"] == "cancelled"
         assert (await host.answer_of(4))["error"]["kind"] == "cancelled"
-        assert {r["ok"] for r in broker.take_records("real")} == {False} and not broker.take_records(
-            "made-up"
-        )
+        assert {r.ok for r in broker.take_records("real")} == {False} and not broker.take_records("made-up")
 
         broker.close_cell("real")
         clock.now += 1.0  # a task created by the cell's last line: still its call

@@ -1,12 +1,13 @@
 """The session registry over the local test-double runtime (the agent as a plain subprocess, no
 podman): fast checks of the policy: ordering within a session, parallelism across sessions,
-timeouts, cancellation, death, limits, idle reaping, the warm pool and session records. The same
-behaviours are checked end to end through real sandboxes in tests/integration/test_server*.py.
+timeouts, cancellation, death, limits, idle reaping, the warm pool, the session's state and its
+records by generation. The timeout policy itself is tested with a fake clock in
+test_session_runner.py; the same behaviours end to end through real sandboxes in
+tests/integration/test_server*.py.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,9 +20,11 @@ import pytest
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
-from kernelbridge.notebook import read_journal
+from kernelbridge.notebook.journal import JournalCell, JournalHeader, read_journal
 from kernelbridge.runtime import ContainerSpec
-from kernelbridge.sessions import SessionRegistry, validate_session_name
+from kernelbridge.session import SessionRegistry, SessionState, Status, validate_session_name
+from kernelbridge.session.outcome import FreshSandbox, SandboxDied, State
+from kernelbridge.session.store import SessionStore, live_sessions
 from kernelbridge.testing import LocalProcessRuntime
 
 pytestmark = pytest.mark.anyio
@@ -119,7 +122,7 @@ async def test_timeout_interrupts_and_keeps_state(registry: SessionRegistry) -> 
             "a", "print('before', flush=True)\nimport time; time.sleep(60)", timeout=1
         )
         assert time.monotonic() - start < 4
-        assert (result.status, result.state, result.stdout) == ("timeout", "kept", "before\n")
+        assert (result.status, result.state, result.stdout) == (Status.TIMEOUT, State.KEPT, "before\n")
         assert (await registry.run("a", "x", timeout=10)).result == "7"
 
 
@@ -133,18 +136,27 @@ async def test_cancelled_call_interrupts_the_cell_so_the_next_call_does_not_wait
         start = time.monotonic()
         result = await registry.run("a", "x", timeout=10)
     assert result.result == "1" and time.monotonic() - start < 1
-    statuses = [e.get("status") for e in read_journal(registry.journal_file("a")) if e["type"] == "cell"]
+    statuses = [e.status for e in read_journal(registry.journal_file("a")) if isinstance(e, JournalCell)]
     assert statuses == ["ok", "cancelled", "ok"]
 
 
 async def test_dead_kernel_is_reported_and_replaced(registry: SessionRegistry) -> None:
     with anyio.fail_after(30):
         await registry.run("a", "x = 1", timeout=10)
+        session = registry.session("a")
+        assert session is not None and session.state is SessionState.IDLE
         died = await registry.run("a", "import os; os._exit(1)", timeout=10)
-        assert (died.status, died.state) == ("kernel_died", "lost")
+        assert (died.status, died.state) == (Status.KERNEL_DIED, State.LOST)
+        (note,) = died.notes
+        assert isinstance(note, SandboxDied) and note.reason
+        assert session.state is SessionState.DEAD and repr(session) == "<Session 'a' dead>"
+        assert registry.describe()[0]["state"] == "dead"
         fresh = await registry.run("a", "'x' in globals()", timeout=10)
-    assert fresh.result == "False"
-    assert any("started a fresh one" in note for note in fresh.notes)
+    assert fresh.result == "False" and session.state is SessionState.IDLE
+    assert fresh.notes == [FreshSandbox(died=note.reason)]
+    # One generation: the fresh sandbox's cells go on in the same journal.
+    entries = read_journal(registry.journal_file("a"))
+    assert [type(e) for e in entries] == [JournalHeader, JournalCell, JournalCell, JournalCell]
 
 
 async def test_max_sessions_and_bad_names(registry: SessionRegistry) -> None:
@@ -166,12 +178,36 @@ async def test_session_record_lives_while_the_session_does(
 ) -> None:
     with anyio.fail_after(30):
         await registry.run("rec", "1", timeout=10)
-        record_file = settings.sessions_dir / "rec.session.json"
-        record = json.loads(record_file.read_text())
-        assert record["name"] == "rec" and await anyio.Path(record["connection_file"]).exists()
-        assert set(record) == {"name", "connection_file", "container", "owner_pid", "created"}
+        store = SessionStore(settings.state_dir)
+        record = store.current("rec")
+        assert record is not None and record.connection_file is not None
+        assert (record.session, record.generation, record.namespace, record.ended) == ("rec", 1, "", None)
+        assert await anyio.Path(record.connection_file).exists() and record.container and record.container_id
+        assert (settings.sessions_dir / "rec" / "1.json").is_file() and record.live
+        assert [r.listing()["name"] for r in live_sessions(settings.state_dir)] == ["rec"]
         await registry.close("rec")
-    assert not record_file.exists()
+    ended = store.current("rec")
+    assert ended is not None and ended.ended is not None and ended.connection_file is None and not ended.live
+    assert live_sessions(settings.state_dir) == []
+
+
+async def test_a_reused_name_is_a_new_generation_and_no_journal_is_overwritten(
+    registry: SessionRegistry, settings: Settings
+) -> None:
+    with anyio.fail_after(30):
+        await registry.run("again", "first = 1", timeout=10)
+        await registry.close("again")
+        await registry.run("again", "second = 2", timeout=10)
+        store = SessionStore(settings.state_dir)
+        assert store.generations("again") == [1, 2]
+        current = store.current("again")
+        assert current is not None and current.generation == 2 and current.ended is None
+        assert registry.journal_file("again") == settings.sessions_dir / "again" / "2.journal.jsonl"
+    older = read_journal(settings.sessions_dir / "again" / "1.journal.jsonl")
+    newer = read_journal(registry.journal_file("again"))
+    assert [e.code for e in older if isinstance(e, JournalCell)] == ["first = 1"]
+    assert [e.code for e in newer if isinstance(e, JournalCell)] == ["second = 2"]
+    assert [e.generation for e in newer if isinstance(e, JournalHeader)] == [2]
 
 
 async def test_idle_sessions_are_closed(settings: Settings) -> None:
@@ -179,9 +215,10 @@ async def test_idle_sessions_are_closed(settings: Settings) -> None:
     async with open_registry(replace(settings, idle_timeout=0.5), kernels) as registry:
         with anyio.fail_after(30):
             await registry.run("a", "1", timeout=10)
-            assert registry.describe()
+            session = registry.session("a")
+            assert registry.describe() and session is not None
             await kernels.wait_until(stopped=1)
-            assert registry.describe() == []
+            assert registry.describe() == [] and session.state is SessionState.CLOSED
 
 
 async def test_warm_pool_serves_the_first_call(settings: Settings) -> None:

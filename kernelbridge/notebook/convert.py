@@ -1,0 +1,227 @@
+"""Journal entries <-> nbformat v4 notebooks, and notebook files read as untrusted input.
+
+- :func:`entry_cell` / :func:`journal_to_notebook`: a journal's records (see
+  :mod:`kernelbridge.notebook.journal`) as notebook cells, valid under ``nbformat.validate`` (an
+  output nbformat refuses is replaced by a note, never the whole notebook lost);
+- :func:`read_notebook` / :func:`parse_notebook`: a notebook file a person or a model names (for
+  a replay or a restore), validated, within :data:`MAX_NOTEBOOK_BYTES`;
+- :func:`strip_images`: a notebook without its images' bytes (all that judging reads of them is
+  their size), what a worker process hands back to the bridge.
+
+No I/O beyond reading the notebook file it is given; no sessions, no kernels, no MCP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, cast
+
+import nbformat
+from nbformat import v4
+
+from kernelbridge.errors import ConfigError
+from kernelbridge.notebook.journal import BUDGET_SETTING, JournalCell, JournalEntry, JournalTruncated
+
+KERNELSPEC: dict[str, str] = {
+    "name": "kernelbridge",
+    "display_name": "Python 3 (kernelbridge sandbox)",
+    "language": "python",
+}
+LANGUAGE_INFO: dict[str, str] = {"name": "python", "file_extension": ".py", "mimetype": "text/x-python"}
+MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
+"""A notebook bigger than this is not read (a journal's outputs are capped far below it)."""
+KEPT_PNG_CHARS = 64
+"""Base64 characters of a PNG a restore keeps: its header, all that judging reads (its size)."""
+
+# -- nbformat, typed ----------------------------------------------------------------------------
+# nbformat ships no type hints. Its constructors are called here, once, through an Any-typed
+# handle, and what they return is declared a NotebookNode (a dict with attribute access), so that
+# the rest of the package stays checked.
+Node = nbformat.NotebookNode
+_v4: Any = v4
+_nbformat: Any = nbformat
+
+
+def code_cell(**fields: Any) -> Node:
+    """``nbformat.v4.new_code_cell``."""
+    return cast(Node, _v4.new_code_cell(**fields))
+
+
+def markdown_cell(text: str, **fields: Any) -> Node:
+    return cast(Node, _v4.new_markdown_cell(text, **fields))
+
+
+def stream_output(name: str, text: str) -> Node:
+    return cast(Node, _v4.new_output("stream", name=name, text=text))
+
+
+def blank_notebook(**fields: Any) -> Node:
+    """``nbformat.v4.new_notebook``."""
+    return cast(Node, _v4.new_notebook(**fields))
+
+
+def to_node(value: dict[str, Any]) -> Node:
+    return cast(Node, _nbformat.from_dict(value))
+
+
+def write_notebook_file(nb: Node, path: str | Path) -> None:
+    """``nbformat.write`` as v4."""
+    _nbformat.write(nb, str(path), version=4)
+
+
+def _valid_count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _clean_output(output: dict[str, Any], count: int | None) -> Node:
+    """Fix up one output so nbformat accepts it (execute_result needs an int or null count)."""
+    out = dict(output)
+    if out.get("output_type") == "execute_result":
+        out["execution_count"] = _valid_count(out.get("execution_count")) or count
+    return to_node(out)
+
+
+def notebook_outputs(outputs: Iterable[Any], count: int | None) -> list[Node]:
+    """nbformat output nodes from journal (or :class:`~kernelbridge.session.cell.CellResult`) outputs."""
+    return [_clean_output(o, count) for o in outputs if isinstance(o, dict)]
+
+
+def new_notebook(session: str) -> Node:
+    """An empty notebook of ``session`` with kernelbridge's kernelspec."""
+    nb = blank_notebook()
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata["language_info"] = dict(LANGUAGE_INFO)
+    nb.metadata["kernelbridge"] = {"session": session}
+    return nb
+
+
+def entry_cell(entry: JournalEntry) -> Node | None:
+    """The notebook cell of one journal entry (valid under nbformat), or None (not a cell)."""
+    if isinstance(entry, JournalTruncated):
+        return _truncated_cell(entry)
+    if not isinstance(entry, JournalCell):
+        return None
+    cell = code_cell(
+        source=entry.code,
+        execution_count=entry.execution_count,
+        outputs=notebook_outputs(entry.outputs, entry.execution_count),
+    )
+    meta: dict[str, Any] = {
+        "source": entry.source,
+        "servers": list(entry.servers),
+        "status": entry.status,
+        "duration_ms": entry.duration_ms,
+        "state": entry.state,
+    }
+    if entry.client:
+        meta["client"] = entry.client
+    if entry.tool_calls:
+        meta["tool_calls"] = entry.tool_calls
+    if entry.timeout is not None:
+        meta["timeout"] = entry.timeout
+    cell.metadata["kernelbridge"] = meta
+    return valid_cell(cell)
+
+
+def _truncated_cell(entry: JournalTruncated) -> Node:
+    """The notebook's own word that cells are missing after this point (a markdown cell)."""
+    if entry.read_limit is not None:
+        what = f"the journal continues past {entry.read_limit:,} bytes, which is all that is read"
+    else:
+        what = f"the session's journal reached its budget of {entry.budget} bytes"
+    setting = (entry.setting or BUDGET_SETTING)[:60]
+    text = (
+        f"*kernelbridge: {what} (`{setting}`); the cells that ran after this point are not in this notebook.*"
+    )
+    return markdown_cell(text, metadata={"kernelbridge": {"truncated": True}})
+
+
+def journal_to_notebook(entries: Iterable[JournalEntry], session: str) -> Node:
+    """Build a notebook with one code cell per executed request, valid under nbformat.validate."""
+    nb = new_notebook(session)
+    nb.cells = [cell for cell in map(entry_cell, entries) if cell is not None]
+    nbformat.validate(nb)
+    return nb
+
+
+def valid_cell(cell: Node) -> Node:
+    """``cell`` if nbformat accepts it; else the same cell with each unacceptable output replaced
+    by a note, so one odd output (e.g. metadata nested too deeply) never makes a whole session
+    unexportable."""
+    probe = blank_notebook(cells=[cell])
+    try:
+        nbformat.validate(probe)
+        return cell
+    except (nbformat.ValidationError, RecursionError):
+        pass
+    kept = []
+    for output in cell.outputs:
+        try:
+            nbformat.validate(blank_notebook(cells=[code_cell(outputs=[output])]))
+            kept.append(output)
+        except (nbformat.ValidationError, RecursionError, ValueError, TypeError):
+            kind = output.get("output_type", "unknown")
+            note = f"[kernelbridge: a {kind} output could not be kept in the notebook]"
+            kept.append(stream_output("stderr", note + "\n"))
+    cell.outputs = kept
+    try:
+        nbformat.validate(blank_notebook(cells=[cell]))
+    except (nbformat.ValidationError, RecursionError):
+        cell.metadata = {"kernelbridge": {"note": "metadata dropped: not valid in a notebook"}}
+    return cell
+
+
+def strip_images(node: Node) -> Node:
+    """A cell (or every cell of a notebook) with its images cut to their headers, in place."""
+    for cell in node.cells if "cells" in node else [node]:
+        for output in cell.get("outputs", []):
+            data = output.get("data")
+            for mime, value in list(data.items()) if isinstance(data, dict) else []:
+                if mime.startswith("image/") and not mime.endswith("svg+xml") and isinstance(value, str):
+                    data[mime] = value[:KEPT_PNG_CHARS] if mime == "image/png" else ""
+    return node
+
+
+def read_notebook(path: str | Path) -> Node:
+    """Read and validate a v4 notebook. Raises ConfigError with one line (missing file, not JSON,
+    not a notebook)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ConfigError(f"no such notebook: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    if size > MAX_NOTEBOOK_BYTES:
+        raise ConfigError(f"{path} is {size:,} bytes; notebooks over {MAX_NOTEBOOK_BYTES:,} are not replayed")
+    try:
+        return parse_notebook(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def read_restorable(path: str | Path) -> Node:
+    """:func:`read_notebook` without its images' bytes (all a restore judges of them is their
+    size): what a worker process hands back to the bridge."""
+    return strip_images(read_notebook(path))
+
+
+def parse_notebook(text: str, name: str) -> Node:
+    """Parse and validate notebook JSON. Raises ConfigError naming ``name``."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{name} is not a valid notebook: not JSON ({exc.msg} at line {exc.lineno})"
+        ) from None
+    if not isinstance(data, dict) or "cells" not in data or "nbformat" not in data:
+        raise ConfigError(f"{name} is not a valid notebook: no 'cells' and 'nbformat' in it")
+    try:
+        nb = cast(Node, _nbformat.reads(text, as_version=4))
+        nbformat.validate(nb)
+    except (ValueError, TypeError, KeyError, nbformat.ValidationError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError(f"{name} is not a valid notebook: {first}") from None
+    return nb

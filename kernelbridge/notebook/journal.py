@@ -1,0 +1,307 @@
+"""A session's journal: the append-only record of what ran, one JSON object per line.
+
+The journal is the durable record of one generation of a session (see
+:mod:`kernelbridge.session.store` for where it lives): a header line, then one line per cell as
+soon as the cell ends. Living on disk (not only in the bridge's memory) lets ``kernelbridge
+export`` turn the session of another, still running bridge process into a notebook. Cells hold
+already-capped outputs (see :mod:`kernelbridge.session.cell`), so a line stays bounded whatever
+the cell printed.
+
+Line kinds, each decoded once into a record (:data:`JournalEntry`)::
+
+    {"type": "session", "session": ..., "generation": ..., "created": ..., "owner_pid": ...}
+        JournalHeader: the first line
+    {"type": "cell", "source": "mcp", "code": ..., "execution_count": ..., "outputs": [...],
+     "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ...,
+     "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "arguments", "result"}],
+     "timeout": ...}
+    {"type": "cell", "source": "client", "client": {"username", "session"}, "code": ..., ...}
+        JournalCell: the bridge's own ``run_python`` cell (``mcp``), or one another Jupyter client
+        ran in the same kernel (``client``: a person in ``kernelbridge attach``, nbclient)
+    {"type": "truncated", "budget": ..., "setting": ..., "at": ...}
+        JournalTruncated: the byte budget was reached; nothing follows
+
+Each line is written with one ``write`` as soon as its cell ends, so a bridge killed with SIGKILL
+loses at most the cell in flight, and a reader in another process sees whole lines or a torn last
+one. ``timeout`` is the seconds the call allowed (a replay gives the cell the same);
+``tool_calls`` are what :mod:`kernelbridge.notebook.replay` answers from. A journal holds at most
+its budget (``KERNELBRIDGE_JOURNAL_BUDGET``, or what is left of an HTTP token's disk quota): the
+first line that would pass it is replaced by one ``truncated`` line, and nothing is written after
+that, whatever the session does. A journal file is created once and never overwritten (a new
+generation of the session gets a new file).
+
+Reading is bounded and untrusted (:class:`JournalReader`): at most a given number of bytes, one
+line at a time; a line that is not JSON, not an object of a known type, or a cell without its
+code is skipped and counted (a torn last line, a hand edit), never a crash; fields of the wrong
+type are read as absent.
+
+This module knows no sessions, kernels or MCP; :mod:`kernelbridge.notebook.convert` turns entries
+into notebook cells.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kernelbridge.config import Settings
+
+log = logging.getLogger(__name__)
+
+READ_SLACK = 64 * 1024
+"""Bytes a reader takes past the budget: the ``truncated`` line (and a header) are written beyond it."""
+BUDGET_SETTING = "KERNELBRIDGE_JOURNAL_BUDGET"
+
+CellSource = Literal["mcp", "client"]
+"""Who sent a cell: the bridge's own ``run_python`` or another Jupyter client of the kernel."""
+
+
+@dataclass(slots=True)
+class JournalHeader:
+    """The first line of a journal."""
+
+    session: str
+    created: float
+    owner_pid: int
+    generation: int | None = None
+    """Which generation of the session name this journal records (None: written before
+    generations existed)."""
+
+    def to_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"type": "session", "session": self.session}
+        if self.generation is not None:
+            entry["generation"] = self.generation
+        entry.update(created=self.created, owner_pid=self.owner_pid)
+        return entry
+
+
+@dataclass(slots=True)
+class JournalCell:
+    """One executed request and its (already bounded) outputs."""
+
+    code: str
+    source: CellSource = "mcp"
+    execution_count: int | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """nbformat v4 output dicts (from the sandbox: checked again when they become a notebook)."""
+    servers: list[str] = field(default_factory=list)
+    """Host MCP servers granted to the session when the cell ran."""
+    status: str | None = None
+    """A :class:`~kernelbridge.session.outcome.Status` value (any string, when read back)."""
+    duration_ms: int | None = None
+    state: str | None = None
+    started: float | None = None
+    """Wall-clock time the cell began."""
+    timeout: float | None = None
+    """Seconds the call allowed (the bridge's own cells)."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """Host MCP calls the cell made, as :meth:`~kernelbridge.session.broker.ToolCallRecord.to_json`
+    wrote them (read back as JSON objects: the replay checks each field it uses)."""
+    client: dict[str, str] | None = None
+    """``username`` and ``session`` of the Jupyter client that sent it (``source == "client"``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"type": "cell", "source": self.source}
+        if self.client is not None:
+            entry["client"] = self.client
+        entry.update(
+            code=self.code,
+            execution_count=self.execution_count,
+            outputs=self.outputs,
+            servers=self.servers,
+            status=self.status,
+            duration_ms=self.duration_ms,
+            state=self.state,
+            started=self.started,
+        )
+        if self.source == "mcp" or self.tool_calls:
+            entry["tool_calls"] = self.tool_calls
+        if self.timeout is not None:
+            entry["timeout"] = self.timeout
+        return entry
+
+
+@dataclass(slots=True)
+class JournalTruncated:
+    """Nothing of the session after this point is in the journal (or was read)."""
+
+    budget: int | None = None
+    """The writer reached its byte budget ..."""
+    setting: str | None = None
+    """... given by this setting."""
+    at: float | None = None
+    read_limit: int | None = None
+    """The reader stopped after this many bytes (the file goes on)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "truncated", "budget": self.budget, "setting": self.setting, "at": self.at}
+
+
+JournalEntry = JournalHeader | JournalCell | JournalTruncated
+
+
+class Journal:
+    """Appends one session generation's entries to its JSON-lines file, within a byte budget.
+
+    ``start`` creates the file (never an existing one: a journal is never overwritten) and
+    writes the header; ``append`` writes one cell. Blocking: the session layer calls both in a
+    worker thread. Raises OSError (the state directory is full or gone).
+    """
+
+    def __init__(self, path: Path, budget: int = 64 * 1024 * 1024, setting: str = BUDGET_SETTING) -> None:
+        self.path = path
+        self.budget = budget
+        """Bytes this journal may hold (``KERNELBRIDGE_JOURNAL_BUDGET``, or what is left of the
+        namespace's disk quota when that is less)."""
+        self.setting = setting
+        """The setting that gave the budget (said in the ``truncated`` record)."""
+        self.cells = 0
+        self.written = 0
+        self.truncated = False
+        """The budget was reached: one ``truncated`` line was written, and nothing will follow."""
+
+    def start(self, header: JournalHeader) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write(header.to_json(), mode="x")
+
+    def append(self, cell: JournalCell) -> bool:
+        """Journal one cell; False when it did not fit (past the budget: nothing is written,
+        except the one ``truncated`` line the first time)."""
+        written = self._write(cell.to_json(), mode="a")
+        self.cells += written
+        return written
+
+    def _write(self, entry: dict[str, Any], mode: Literal["x", "a"]) -> bool:
+        if self.truncated:
+            return False
+        data = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
+        fits = mode == "x" or self.written + len(data) <= self.budget
+        if not fits:
+            self.truncated = True
+            record = JournalTruncated(budget=self.budget, setting=self.setting, at=time.time())
+            data = (json.dumps(record.to_json()) + "\n").encode()
+        with open(self.path, mode + "b") as f:
+            f.write(data)
+        self.written += len(data)
+        return fits
+
+
+class JournalReader:
+    """The entries of a journal file, one line in memory at a time (iterate it once).
+
+    Past ``max_bytes`` it stops with a :class:`JournalTruncated` saying so (a journal of an older
+    bridge, or of one with a bigger budget). Lines that cannot be read are skipped and counted in
+    :attr:`skipped`. Raises OSError (opening the file)."""
+
+    def __init__(self, path: Path, max_bytes: int | None = None) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.skipped = 0
+        """Lines that were not a journal entry."""
+
+    def __iter__(self) -> Iterator[JournalEntry]:
+        limit = self.max_bytes if self.max_bytes is not None else -1
+        read = 0
+        try:
+            with open(self.path, "rb") as f:
+                while True:
+                    line = f.readline(limit - read + 1 if limit >= 0 else -1)
+                    read += len(line)
+                    if limit >= 0 and read > limit:
+                        yield JournalTruncated(read_limit=limit)
+                        return
+                    if not line:
+                        return
+                    entry = decode_entry(line)
+                    if entry is None:
+                        self.skipped += 1
+                    else:
+                        yield entry
+        finally:
+            if self.skipped:
+                log.warning(
+                    "journal %s: skipped %d line(s) that were not entries", self.path.name, self.skipped
+                )
+
+
+def iter_journal(path: Path, max_bytes: int | None = None) -> Iterator[JournalEntry]:
+    """The entries of a journal file (see :class:`JournalReader`). Raises OSError."""
+    return iter(JournalReader(path, max_bytes))
+
+
+def read_journal(path: Path, max_bytes: int | None = None) -> list[JournalEntry]:
+    """Every entry of a journal file (see :class:`JournalReader`). Raises OSError."""
+    return list(JournalReader(path, max_bytes))
+
+
+def decode_entry(line: bytes | str) -> JournalEntry | None:
+    """One journal line as its record, or None if it is not one (see the module docstring)."""
+    try:
+        raw = json.loads(line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    kind = raw.get("type")
+    if kind == "cell":
+        return _decode_cell(raw)
+    if kind == "session":
+        return JournalHeader(
+            session=_str(raw.get("session")) or "",
+            created=_number(raw.get("created")) or 0.0,
+            owner_pid=_count(raw.get("owner_pid")) or 0,
+            generation=_count(raw.get("generation")),
+        )
+    if kind == "truncated":
+        return JournalTruncated(
+            budget=_count(raw.get("budget")),
+            setting=_str(raw.get("setting")),
+            at=_number(raw.get("at")),
+            read_limit=_count(raw.get("read_limit")),
+        )
+    return None
+
+
+def _decode_cell(raw: dict[str, Any]) -> JournalCell | None:
+    code = raw.get("code", "")
+    if not isinstance(code, str):
+        return None
+    client = raw.get("client")
+    outputs, servers, calls = raw.get("outputs"), raw.get("servers"), raw.get("tool_calls")
+    return JournalCell(
+        code=code,
+        source="client" if raw.get("source") == "client" else "mcp",
+        execution_count=_count(raw.get("execution_count")),
+        outputs=[o for o in outputs if isinstance(o, dict)] if isinstance(outputs, list) else [],
+        servers=[s for s in servers if isinstance(s, str)] if isinstance(servers, list) else [],
+        status=_str(raw.get("status")),
+        duration_ms=_count(raw.get("duration_ms")),
+        state=_str(raw.get("state")),
+        started=_number(raw.get("started")),
+        timeout=_number(raw.get("timeout")),
+        tool_calls=[c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else [],
+        client={str(k): str(v) for k, v in client.items()} if isinstance(client, dict) and client else None,
+    )
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value: object) -> float | None:
+    """A JSON number as it was written (an int stays an int: ``timeout: 2`` is read back as 2)."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def journal_read_limit(settings: Settings) -> int:
+    """Bytes of one journal that readers (export, restore, outputs) take at most."""
+    return settings.journal_budget + READ_SLACK

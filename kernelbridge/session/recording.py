@@ -1,0 +1,189 @@
+"""What a session writes down as it runs: its generation's journal, and what it says about it.
+
+:class:`SessionJournal` turns the session's cells into journal records
+(:class:`~kernelbridge.notebook.journal.JournalCell`: the bridge's own from their
+:class:`~kernelbridge.session.cell.CellResult`, another client's from its
+:class:`~kernelbridge.session.cell.Cell`) and writes them in a worker thread, one line each as
+the cell ends. Its budget is ``KERNELBRIDGE_JOURNAL_BUDGET``, or what is left of an HTTP token's
+disk quota when that is less (:func:`journal_budget`, computed before the session's sandbox is
+taken, so that nothing needs undoing if it fails). Writing never stops a call: a failed write (the
+state directory is full, or went away) is logged and said once (:class:`JournalFailed`, with the
+next result), and the journal reaching its budget is said once (:class:`JournalFull`, with the
+result of the cell that did not fit, or the next one for another client's cell).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import anyio
+
+from kernelbridge.config import Settings
+from kernelbridge.notebook.journal import BUDGET_SETTING, Journal, JournalCell, JournalHeader
+from kernelbridge.session.broker import ToolCallRecord
+from kernelbridge.session.cell import Cell, CellResult
+from kernelbridge.session.outcome import JournalFailed, JournalFull, Note, State, Status
+from kernelbridge.session.store import SessionRecord, SessionStore, disk_use
+
+log = logging.getLogger(__name__)
+
+QUOTA_SETTING = "KERNELBRIDGE_HTTP_DISK_QUOTA"
+
+
+async def journal_budget(settings: Settings) -> tuple[int, str]:
+    """A new journal's budget in bytes and the setting that gives it: ``KERNELBRIDGE_JOURNAL_BUDGET``,
+    or what is left of the namespace's disk quota (HTTP tokens) when that is less."""
+    budget, setting = settings.journal_budget, BUDGET_SETTING
+    if settings.disk_quota is not None:
+        left = settings.disk_quota - await anyio.to_thread.run_sync(disk_use, settings)
+        if left < budget:
+            budget, setting = max(left, 0), QUOTA_SETTING
+    return budget, setting
+
+
+def result_entry(code: str, result: CellResult, servers: list[str], timeout: float | None) -> JournalCell:
+    """The journal record of one of the bridge's own cells."""
+    return JournalCell(
+        code=code,
+        source="mcp",
+        execution_count=result.execution_count,
+        outputs=result.outputs,
+        servers=list(servers),
+        status=result.status.value,
+        duration_ms=result.duration_ms,
+        state=result.state.value,
+        started=time.time() - result.duration_ms / 1000,
+        timeout=timeout,
+        tool_calls=[call.to_json() for call in result.tool_calls],
+    )
+
+
+def client_entry(cell: Cell, tool_calls: list[ToolCallRecord]) -> JournalCell | None:
+    """The journal record of a cell another Jupyter client ran, or None for a silent request (no
+    ``execute_input``: a client's own bookkeeping, e.g. a completer's setup)."""
+    if cell.code is None:
+        return None
+    outputs = cell.outputs
+    client = cell.client
+    return JournalCell(
+        code=cell.code,
+        source="client",
+        client={"username": client.username, "session": client.session} if client is not None else {},
+        execution_count=outputs.execution_count,
+        outputs=outputs.notebook_outputs(),
+        status=(Status.ERROR if outputs.error is not None else Status.OK).value,
+        duration_ms=cell.elapsed_ms(),
+        state=State.KEPT.value,
+        started=cell.queued_wall,
+        tool_calls=[call.to_json() for call in tool_calls],
+    )
+
+
+class SessionJournal:
+    """One session generation's journal (see the module docstring). ``later`` is the session's
+    list of notes for its next result."""
+
+    def __init__(
+        self, journal: Journal | None, session: str, *, quota: int | None, later: list[Note]
+    ) -> None:
+        self._journal = journal
+        """None: the generation could not be begun (said once); nothing is written."""
+        self.session = session
+        self._quota = quota
+        self._later = later
+        self._failed = False
+        self._full = False
+
+    @classmethod
+    async def begin(
+        cls,
+        store: SessionStore,
+        session: str,
+        budget: tuple[int, str],
+        where: dict[str, str | None],
+        *,
+        quota: int | None,
+        later: list[Note],
+    ) -> tuple[SessionJournal, SessionRecord | None]:
+        """Begin a new generation of ``session`` in ``store`` (its record, saying ``where`` its
+        sandbox is, then its journal's header) in a worker thread. A failure is logged and said
+        once: the session goes on."""
+
+        def begin() -> tuple[SessionRecord, Journal]:
+            record = store.begin(session, **where)
+            journal = Journal(store.journal_path(record), budget=budget[0], setting=budget[1])
+            header = JournalHeader(session, record.created, os.getpid(), record.generation)
+            try:
+                journal.start(header)
+            except OSError as exc:
+                raise _Begun(record, exc) from None
+            return record, journal
+
+        recording = cls(None, session, quota=quota, later=later)
+        try:
+            record, recording._journal = await anyio.to_thread.run_sync(begin)
+        except _Begun as begun:
+            recording._failed_write(begun.error)
+            return recording, begun.record
+        except OSError as exc:
+            recording._failed_write(exc)
+            return recording, None
+        return recording, record
+
+    @property
+    def cells(self) -> int:
+        """Cells written so far."""
+        return self._journal.cells if self._journal is not None else 0
+
+    async def append_result(
+        self, code: str, result: CellResult, servers: list[str], timeout: float | None
+    ) -> list[Note]:
+        """Journal one of the bridge's own cells; returns the notes for its result."""
+        await self._append(result_entry(code, result, servers, timeout))
+        full = self._full_note()
+        return [full] if full is not None else []
+
+    async def append_client(self, cell: Cell, tool_calls: list[ToolCallRecord]) -> None:
+        """Journal another client's cell (its notes go with the session's next result)."""
+        entry = client_entry(cell, tool_calls)
+        if entry is None:
+            return
+        await self._append(entry)
+        if (full := self._full_note()) is not None:
+            self._later.append(full)
+
+    async def _append(self, entry: JournalCell) -> None:
+        if self._journal is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(self._journal.append, entry)
+        except OSError as exc:
+            self._failed_write(exc)
+
+    def _full_note(self) -> JournalFull | None:
+        """The note that the journal reached its budget, the first time only."""
+        journal = self._journal
+        if journal is None or not journal.truncated or self._full:
+            return None
+        self._full = True
+        log.warning("session %s: its journal reached its budget of %d bytes", self.session, journal.budget)
+        quota = self._quota if journal.setting == QUOTA_SETTING else None
+        return JournalFull(journal.budget, journal.setting, quota)
+
+    def _failed_write(self, exc: OSError) -> None:
+        reason = exc.strerror or str(exc)
+        log.warning("writing the journal of session %s failed: %s", self.session, reason)
+        if not self._failed:
+            self._failed = True
+            self._later.append(JournalFailed(reason))
+
+
+class _Begun(Exception):
+    """The generation's record was written but its journal could not be started."""
+
+    def __init__(self, record: SessionRecord, error: OSError) -> None:
+        super().__init__(str(error))
+        self.record = record
+        self.error = error

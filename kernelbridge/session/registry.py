@@ -1,0 +1,499 @@
+"""The session registry: named, stateful sandboxes of one bridge, with ordered calls and a warm pool.
+
+It owns the map of sessions and its limits: create on first use (from the warm pool when one is
+ready), one call at a time per session (an ``anyio.Lock``; different sessions run in parallel),
+host MCP grants per session, idle reaping, closing and teardown. Each session's life is one state
+machine (:mod:`kernelbridge.session.state`); a call's cell runs under the timeout policy of the
+:class:`~kernelbridge.session.runner.CellRunner`; what a session writes down goes to the
+:class:`~kernelbridge.session.store.SessionStore` (its generation's record and journal,
+:mod:`kernelbridge.session.recording`). It knows nothing about MCP: :mod:`kernelbridge.server`
+calls :meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.session.cell.CellResult`,
+whose notes are values (:mod:`kernelbridge.session.outcome`).
+
+Each sandbox this registry starts sits in a :class:`~kernelbridge.session.seat.Seat` with the
+handlers it was started with: its iopub goes to the session's
+:class:`~kernelbridge.session.recorder.Recorder` (so cells sent by any Jupyter client, e.g. a
+person in ``kernelbridge attach``, are journalled too), its rpc requests to the session's
+:class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an
+injected :class:`~kernelbridge.runtime.RuntimeBackend`: the product uses a container engine;
+tests may use the local test double.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from kernelbridge.config import Settings
+from kernelbridge.errors import NO_SERVERS_CONFIGURED, SessionError
+from kernelbridge.host import Death, Sandbox, WarmPool, close_sandbox
+from kernelbridge.hub.rpc import RpcHandler
+from kernelbridge.runtime import RuntimeBackend
+from kernelbridge.session.broker import RpcBroker
+from kernelbridge.session.cell import Cell, CellResult, finish_cell
+from kernelbridge.session.outcome import FreshSandbox, Note, ProxiesNotRefreshed
+from kernelbridge.session.recorder import Recorder
+from kernelbridge.session.recording import SessionJournal, journal_budget
+from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback, Run
+from kernelbridge.session.seat import NO_HUB, Seat, SeatTarget
+from kernelbridge.session.state import Change, Loss, SessionState, next_state
+from kernelbridge.session.store import SessionRecord, SessionStore, validate_session_name
+
+log = logging.getLogger(__name__)
+
+GrantCheck = Callable[[list[str]], list[str]]
+"""Validates server names for ``servers=[...]`` (the hub); returns canonical names or raises."""
+
+TEARDOWN_TIMEOUT = 25.0
+"""Bound on stopping every sandbox at exit; they stop in parallel."""
+REFRESH_TIMEOUT = 30.0
+"""Bound on rebinding the host-MCP proxies in the kernel after a grant or a restart (the call's
+own timeout when less: a wedged sandbox must not add this to it)."""
+
+__all__ = ["GrantCheck", "Session", "SessionRegistry", "validate_session_name"]
+
+
+class Session:
+    """One named session of a registry: its state, its sandbox's seat, its grants and journal.
+
+    Its state changes only through :meth:`change` (the table of :mod:`kernelbridge.session.state`).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = anyio.Lock()
+        """Held by the call that has taken the session."""
+        self._state = SessionState.NEW
+        self.loss: Loss | None = None
+        """Why it lost its sandbox (DEAD), until the next call says so."""
+        self.seat: Seat | None = None
+        self.grants: frozenset[str] = frozenset()
+        self.bound: frozenset[str] = frozenset()
+        """The grants the kernel's ``mcp_<server>`` proxies were last bound to (a fresh kernel:
+        none); the proxies are refreshed before a call when they differ from ``grants``."""
+        self.record: SessionRecord | None = None
+        """Its generation's record in the store (None until its first sandbox, or if it could not
+        be written)."""
+        self.journal: SessionJournal | None = None
+        self.last_used = time.monotonic()
+        self.pending: list[Note] = []
+        """Notes for its next result (e.g. that a fresh sandbox was started)."""
+
+    def __repr__(self) -> str:
+        return f"<Session {self.name!r} {self._state.value}>"
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        return self.seat.sandbox if self.seat is not None else None
+
+    def change(self, change: Change, loss: Loss | None = None) -> SessionState:
+        """Apply ``change`` (see :func:`~kernelbridge.session.state.next_state`, which raises
+        IllegalTransition for a change the table forbids); a LOSE records its ``loss``."""
+        previous, self._state = self._state, next_state(self._state, change)
+        if change is Change.LOSE and previous is not SessionState.DEAD and self._state is SessionState.DEAD:
+            self.loss = loss or Loss.discarded()
+        return previous
+
+
+class SessionRegistry:
+    """All sessions of one bridge (one namespace). Use as ``async with SessionRegistry(...) as r``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        runtime: RuntimeBackend,
+        *,
+        image: str,
+        agent_hash: str | None,
+        dispatch: RpcHandler | None = None,
+        check_grants: GrantCheck | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.image = image
+        self.agent_hash = agent_hash
+        self.store = SessionStore.of(settings)
+        self._dispatch = dispatch
+        self._check_grants = check_grants
+        self._runner = CellRunner(max_timeout=settings.max_timeout, clock=clock)
+        self._sessions: dict[str, Session] = {}
+        self._pool: WarmPool[Seat] = WarmPool(
+            settings.warm_pool, self._start_sandbox, settings.kernel_start_timeout
+        )
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> SessionRegistry:
+        self.store.open()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._pool.run)
+        self._tg.start_soon(self._reap_idle)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+
+    async def aclose(self) -> None:
+        """Stop every sandbox and pooled sandbox, in parallel, shielded and bounded."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        pool = self._pool.drain()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(TEARDOWN_TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for session in sessions:
+                    tg.start_soon(self._close_session, session)
+                for seat in pool:
+                    tg.start_soon(close_sandbox, seat.sandbox)
+
+    async def _start_sandbox(self, name: str) -> Seat:
+        assert self._tg is not None
+        sandbox = Sandbox.create(
+            self.settings, self.runtime, name, image=self.image, agent_hash=self.agent_hash
+        )
+        seat = Seat(sandbox)
+        await self._tg.start(partial(sandbox.run, seat.handlers()))
+        return seat
+
+    # -- queries -------------------------------------------------------------------------------
+    def describe(self) -> list[dict[str, Any]]:
+        """``list_sessions``: one entry per open session."""
+        now = time.monotonic()
+        busy = (SessionState.STARTING, SessionState.BUSY)
+        return [
+            {
+                "session": s.name,
+                "state": s.state.listed,
+                "cells": s.journal.cells if s.journal is not None else 0,
+                "idle_seconds": 0 if s.state in busy else round(now - s.last_used),
+                "container": s.sandbox.container_name if s.sandbox is not None else None,
+                "servers": sorted(s.grants),
+            }
+            for s in self._sessions.values()
+        ]
+
+    @property
+    def warm_kernels(self) -> int:
+        """Started sandboxes waiting in the pool for a new session."""
+        return len(self._pool)
+
+    def journal_file(self, name: str) -> Path:
+        """The journal of ``name``'s current generation. Raises SessionError if it has none."""
+        return self.store.journal(validate_session_name(name))
+
+    def session(self, name: str) -> Session | None:
+        return self._sessions.get(name)
+
+    # -- running code --------------------------------------------------------------------------
+    async def run(
+        self,
+        name: str,
+        code: str,
+        *,
+        timeout: float,
+        servers: list[str] | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> CellResult:
+        """Run ``code`` in session ``name`` (created on first use); calls to one session queue.
+
+        ``servers`` are granted to the session for its lifetime (host MCP servers its code may
+        call). Raises SessionError (bad name, too many sessions, unknown server) and
+        SandboxError/ImageError when a sandbox cannot be started. A user's Python error is a
+        normal result.
+        """
+        validate_session_name(name)
+        granted = self._grants_for(servers or [])
+        while True:
+            session = self._session_for(name)
+            async with session.lock:
+                if session.state is SessionState.CLOSED:
+                    continue  # closed while we queued: the next loop creates a fresh one
+                with self._taken(session) as first:
+                    seat = await self._ensure_sandbox(session, first)
+                    began = self._runner.clock.now()  # waits from here on count against the timeout
+                    session.grants |= granted
+                    if session.grants != session.bound:
+                        grants = session.grants
+                        refreshed = await seat.refresh_proxies(session.name, min(REFRESH_TIMEOUT, timeout))
+                        if refreshed:
+                            session.bound = grants
+                        elif refreshed is not None:
+                            session.pending.append(ProxiesNotRefreshed())
+                    return await self._execute(session, seat, code, timeout, on_progress, began)
+
+    async def sandbox(self, name: str) -> Sandbox:
+        """The live sandbox of session ``name`` (created on first use, replaced if it died), e.g.
+        to place files before a call. Raises as :meth:`run` does."""
+        validate_session_name(name)
+        while True:
+            session = self._session_for(name)
+            async with session.lock:
+                if session.state is SessionState.CLOSED:
+                    continue
+                with self._taken(session) as first:
+                    return (await self._ensure_sandbox(session, first)).sandbox
+
+    def _grants_for(self, servers: list[str]) -> frozenset[str]:
+        if not servers:
+            return frozenset()
+        if self._check_grants is None:
+            raise SessionError(f"unknown server {servers[0]!r}: {NO_SERVERS_CONFIGURED} for this bridge")
+        return frozenset(self._check_grants(servers))
+
+    def _session_for(self, name: str) -> Session:
+        # Synchronous: checking the limit and publishing the session cannot interleave.
+        session = self._sessions.get(name)
+        if session is None:
+            if len(self._sessions) >= self.settings.max_sessions:
+                names = ", ".join(sorted(self._sessions))
+                raise SessionError(
+                    f"too many sessions: {len(self._sessions)} open ({names}), the maximum is "
+                    f"{self.settings.max_sessions}; close one with close_session or reuse a session"
+                )
+            session = self._sessions[name] = Session(name)
+        return session
+
+    @contextlib.contextmanager
+    def _taken(self, session: Session) -> Iterator[bool]:
+        """Hold ``session`` for one call (its lock is held): TAKE, then RELEASE whatever happens.
+        Yields whether this is its first call (it never had a sandbox)."""
+        first = session.change(Change.TAKE) is SessionState.NEW
+        try:
+            yield first
+        finally:
+            sandbox = session.sandbox
+            if session.state is SessionState.BUSY and (sandbox is None or not sandbox.alive):
+                session.change(Change.LOSE, _died(sandbox.death if sandbox else None))
+            session.change(Change.RELEASE)
+            session.last_used = time.monotonic()
+
+    async def _ensure_sandbox(self, session: Session, first: bool) -> Seat:
+        """Give the taken ``session`` a live sandbox: its first, or a fresh one after it lost one."""
+        if session.state is SessionState.BUSY:
+            seat = session.seat
+            if seat is not None and seat.sandbox.alive:
+                return seat
+            session.change(Change.LOSE, _died(seat.sandbox.death if seat else None))
+            session.change(Change.TAKE)  # DEAD -> STARTING: a fresh one, below
+        if first:
+            return await self._first_sandbox(session)
+        return await self._fresh_sandbox(session)
+
+    async def _first_sandbox(self, session: Session) -> Seat:
+        try:
+            budget = await journal_budget(self.settings)  # before the sandbox: nothing to undo
+            seat = await self._pool.take(session.name)
+            self._attach(session, seat)
+        except BaseException:
+            if self._sessions.get(session.name) is session:
+                del self._sessions[session.name]
+            session.change(Change.CLOSE)
+            raise
+        session.change(Change.STARTED)
+        session.journal, session.record = await SessionJournal.begin(
+            self.store,
+            session.name,
+            budget,
+            _where(seat.sandbox),
+            quota=self.settings.disk_quota,
+            later=session.pending,
+        )
+        return seat
+
+    async def _fresh_sandbox(self, session: Session) -> Seat:
+        loss, session.loss = session.loss, None
+        old, session.seat = session.seat, None
+        if old is not None:
+            if old.broker is not None:
+                # The old kernel's calls would hold this session's slots in the hub until they end.
+                old.broker.cancel()
+            await close_sandbox(old.sandbox)
+        try:
+            seat = await self._pool.take(session.name)
+            self._attach(session, seat)
+        except BaseException:
+            session.seat = old  # keep something to report and to close later
+            session.change(Change.LOSE, Loss("no sandbox could be started"))
+            raise
+        session.change(Change.STARTED)
+        self._write_record(session)
+        session.pending.append(FreshSandbox(loss.died if loss is not None else None))
+        return seat
+
+    def _attach(self, session: Session, seat: Seat) -> None:
+        """Make the seat's sandbox the session's: its recorder, rpc broker and journal hooks."""
+        assert self._tg is not None
+        sandbox = seat.sandbox
+        broker = RpcBroker(
+            session.name,
+            self._dispatch or NO_HUB,
+            sandbox.agent.answer_rpc,
+            self._tg.start_soon,
+            lambda: session.grants,
+            namespace=self.settings.namespace,
+        )
+
+        def running(msg_id: str, running: bool) -> None:  # host calls are a running cell's only
+            (broker.open_cell if running else broker.close_cell)(msg_id)
+
+        async def client_cell(cell: Cell) -> None:
+            if session.journal is not None:
+                await session.journal.append_client(cell, broker.take_records(cell.msg_id))
+
+        recorder = Recorder(
+            self.settings.output_limit,
+            on_client_cell=client_cell,
+            client_execute=sandbox.client_execute,
+            on_running=running,
+            clock=self._runner.clock.now,
+        )
+        seat.recorder, seat.broker = recorder, broker
+        seat.on_end = partial(self._seat_ended, session)
+        session.seat = seat
+        session.bound = frozenset()
+
+    def _seat_ended(self, session: Session, seat: Seat) -> None:
+        """A sandbox of ``session`` ended: if it died while the session was idle, say so now
+        (``list_sessions``); a call in progress finds out by itself."""
+        if session.seat is seat and session.state is SessionState.IDLE:
+            session.change(Change.LOSE, _died(seat.sandbox.death))
+
+    async def _execute(
+        self,
+        session: Session,
+        seat: Seat,
+        code: str,
+        timeout: float,
+        on_progress: ProgressCallback | None,
+        began: float,
+    ) -> CellResult:
+        recorder = seat.recorder
+        assert recorder is not None
+        notes, session.pending = session.pending, []
+        if (background := recorder.take_background()) is not None:
+            notes.append(background)
+        cell = recorder.expect(uuid.uuid4().hex, code)
+
+        async def finish(run: Run) -> CellResult:
+            result = finish_cell(
+                cell, session=session.name, status=run.status, state=run.state, notes=notes + run.notes
+            )
+            if seat.broker is not None:
+                result.tool_calls = seat.broker.take_records(cell.msg_id)
+            result.waited_ms = cell.waited_ms() if cell.started is not None else 0
+            if session.journal is not None:
+                result.notes += await session.journal.append_result(
+                    code, result, sorted(session.grants), timeout
+                )
+            return result
+
+        target = SeatTarget(
+            seat,
+            closed=lambda: session.state is SessionState.CLOSED,
+            discard=partial(self._discard, session, seat),
+            restarted=partial(self._restarted, session),
+        )
+        try:
+            run = await self._runner.run(
+                target, cell, code, timeout, began=began, on_progress=on_progress, on_cancel=finish
+            )
+        finally:
+            recorder.forget(cell)
+        return await finish(run)
+
+    def _restarted(self, session: Session) -> None:
+        """The session's kernel was restarted in place: its proxies are gone."""
+        session.bound = frozenset()
+        self._write_record(session)
+
+    def _discard(self, session: Session, seat: Seat) -> None:
+        """Drop the session's sandbox now; it is closed in the background (bounded)."""
+        if session.seat is seat:
+            session.seat = None
+            session.bound = frozenset()
+            if session.state is not SessionState.CLOSED:
+                session.change(Change.LOSE, Loss.discarded())
+        if seat.broker is not None:  # its calls answer a kernel that is gone: end them now
+            seat.broker.cancel()
+        if self._tg is not None:
+            self._tg.start_soon(close_sandbox, seat.sandbox)
+
+    # -- closing -------------------------------------------------------------------------------
+    async def close(self, name: str) -> bool:
+        """Close session ``name`` (stopping its sandbox, even mid-cell); False if it is not open."""
+        session = self._sessions.pop(validate_session_name(name), None)
+        if session is None:
+            return False
+        await self._close_session(session)
+        return True
+
+    async def _close_session(self, session: Session) -> None:
+        session.change(Change.CLOSE)
+        seat, session.seat = session.seat, None
+        if seat is not None:
+            if seat.broker is not None:
+                seat.broker.cancel()
+            if seat.recorder is not None:
+                seat.recorder.wake_all()
+            await close_sandbox(seat.sandbox)
+        if session.record is not None:
+            record, session.record = session.record, None
+            self._save(session, lambda: self.store.end(record))
+
+    async def _reap_idle(self) -> None:
+        every = max(min(self.settings.idle_timeout / 4, 30.0), 0.25)
+        while True:
+            await anyio.sleep(every)
+            cutoff = time.monotonic() - self.settings.idle_timeout
+            for session in list(self._sessions.values()):
+                if not session.lock.locked() and session.last_used < cutoff:
+                    log.info("closing idle session %s", session.name)
+                    if self._sessions.get(session.name) is session:
+                        del self._sessions[session.name]
+                    await self._close_session(session)
+
+    # -- records -------------------------------------------------------------------------------
+    def _write_record(self, session: Session) -> None:
+        """The session's record names its current sandbox (after a replacement or a restart)."""
+        record, sandbox = session.record, session.sandbox
+        if record is not None and sandbox is not None:
+            self._save(session, lambda: self.store.update(record, **_where(sandbox)))
+
+    def _save(self, session: Session, write: Callable[[], SessionRecord]) -> None:
+        # A few hundred bytes, written in place as before: only `kernelbridge sessions` and
+        # `attach` miss a record that could not be written.
+        try:
+            new = write()
+        except OSError as exc:
+            log.warning("writing the record of session %s failed: %s", session.name, exc.strerror or exc)
+            return
+        if session.state is not SessionState.CLOSED:
+            session.record = new
+
+
+def _where(sandbox: Sandbox) -> dict[str, str | None]:
+    """What a session's record says of its sandbox."""
+    return {
+        "connection_file": str(sandbox.connection_file),
+        "container": sandbox.container_name,
+        "container_id": sandbox.container_id,
+    }
+
+
+def _died(death: Death | None) -> Loss:
+    return Loss(death.reason if death is not None else "the sandbox ended while idle")

@@ -1,0 +1,103 @@
+"""The life of one session as a state machine: its states, what changes them, and the one table.
+
+::
+
+    NEW --take--> STARTING --started--> BUSY --release--> IDLE --take--> BUSY
+                     |                   |                  |
+                     |                 lose               lose (its sandbox died while idle)
+                     |                   v                  v
+                     +------lose------> DEAD --take--> STARTING (a fresh sandbox)
+                                         |
+    any state --close--> CLOSED          +--release--> DEAD (the call that lost it ends)
+
+A call *takes* the session (it holds the session's lock from here on) and *releases* it when it
+returns. A session without a live sandbox (NEW, DEAD) gets one while STARTING; a failed first
+start closes the session, a failed replacement leaves it DEAD. *lose* is the sandbox dying
+(noticed during a call, or reported by the sandbox's end while idle) or being discarded (a
+timeout it did not survive, a cell it could not take); what was lost and why travels with the
+change (:class:`Loss`) and is said by the next call, which starts a fresh sandbox.
+
+Every change goes through :func:`next_state`; a pair that is not in its table raises
+IllegalTransition (a bug: e.g. releasing a session nobody took). Events a sandbox or a closing
+registry can cause at any moment are legal and change nothing: a sandbox ending after its session
+was closed, a call returning after ``close_session`` ended its session.
+
+The public names (``list_sessions``' ``state``) are :attr:`SessionState.listed`. Pure (no I/O,
+no event loop): tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from kernelbridge.errors import IllegalTransition
+
+
+class SessionState(enum.Enum):
+    NEW = "new"
+    """In the registry, never had a sandbox (the first call is on its way)."""
+    STARTING = "starting"
+    """A call is getting it a sandbox: its first one, or a fresh one after it lost one."""
+    IDLE = "idle"
+    """A live sandbox, no call running."""
+    BUSY = "busy"
+    """A call runs on its live sandbox."""
+    DEAD = "dead"
+    """It lost its sandbox (see its :class:`Loss`); the next call starts a fresh one."""
+    CLOSED = "closed"
+    """Closed (``close_session``, idle, the bridge stopping, a failed first start); gone."""
+
+    @property
+    def listed(self) -> str:
+        """The state ``list_sessions`` shows (``starting`` | ``idle`` | ``busy`` | ``dead``)."""
+        return "starting" if self in (SessionState.NEW, SessionState.STARTING) else self.value
+
+
+class Change(enum.Enum):
+    TAKE = "take"
+    """A call holds the session (its lock) from now on."""
+    STARTED = "started"
+    """The call gave it a live sandbox."""
+    RELEASE = "release"
+    """The call that held it returned."""
+    LOSE = "lose"
+    """Its sandbox died, was discarded, or could not be started."""
+    CLOSE = "close"
+
+
+_S, _C = SessionState, Change
+_TABLE: dict[tuple[SessionState, Change], SessionState] = {
+    (_S.NEW, _C.TAKE): _S.STARTING,
+    (_S.DEAD, _C.TAKE): _S.STARTING,
+    (_S.IDLE, _C.TAKE): _S.BUSY,
+    (_S.STARTING, _C.STARTED): _S.BUSY,
+    (_S.BUSY, _C.RELEASE): _S.IDLE,
+    (_S.DEAD, _C.RELEASE): _S.DEAD,  # the call that lost the sandbox returns
+    (_S.CLOSED, _C.RELEASE): _S.CLOSED,  # a call returns after close_session ended its session
+    **{(state, _C.LOSE): _S.DEAD for state in (_S.STARTING, _S.BUSY, _S.IDLE)},
+    (_S.DEAD, _C.LOSE): _S.DEAD,  # a sandbox the session had already lost ends
+    (_S.CLOSED, _C.LOSE): _S.CLOSED,  # the sandbox of a closed session ends
+    **{(state, _C.CLOSE): _S.CLOSED for state in SessionState},
+}
+
+
+def next_state(state: SessionState, change: Change) -> SessionState:
+    """The state after ``change``. Raises IllegalTransition for a pair the table does not have
+    (e.g. ``take`` while BUSY: the session's lock makes that impossible)."""
+    try:
+        return _TABLE[(state, change)]
+    except KeyError:
+        raise IllegalTransition(f"a session that is {state.value} cannot take {change.value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """Why a session lost its sandbox, said by the next call (a :class:`FreshSandbox` note)."""
+
+    died: str | None
+    """How it died (the sandbox's one line); None: it was discarded by the bridge."""
+
+    @classmethod
+    def discarded(cls) -> Loss:
+        return cls(None)

@@ -1,0 +1,229 @@
+"""The one place outcomes become prose: every note's sentence, word for word (the model reads
+them, so the wording is pinned here and nowhere else), and a result's text and structuredContent."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from kernelbridge.errors import ExitKind
+from kernelbridge.notebook.replay import CellVerdict, ReplayReport
+from kernelbridge.server.notes import (
+    FilesPlaced,
+    ImageDownscaled,
+    ImageNotDownscaled,
+    ImagesNotSent,
+    LimitsNotEnforced,
+    Restored,
+    ServerNote,
+)
+from kernelbridge.server.render import render_note, render_text, structured, to_tool_result
+from kernelbridge.session.broker import ToolCallRecord
+from kernelbridge.session.cell import CellError, CellResult
+from kernelbridge.session.outcome import (
+    BackgroundOutput,
+    ClosedWhileRunning,
+    DisplaysDropped,
+    FreshSandbox,
+    JournalFailed,
+    JournalFull,
+    NeverStarted,
+    Note,
+    NotSent,
+    ProxiesNotRefreshed,
+    SandboxDied,
+    SessionNote,
+    State,
+    Status,
+    Stop,
+    TimedOut,
+    Unresponsive,
+    Waited,
+)
+
+MiB = 2**20
+SENTENCES: list[tuple[Note, str]] = [
+    (
+        FreshSandbox("out of memory"),
+        "The previous sandbox died (out of memory); this call started a fresh one: earlier variables, "
+        "imports and files in /workspace are gone.",
+    ),
+    (
+        FreshSandbox(None),
+        "The previous sandbox was discarded; this call started a fresh one: earlier variables, imports "
+        "and files in /workspace are gone.",
+    ),
+    (
+        SandboxDied("the kernel was killed (SIGKILL)", ExitKind.KERNEL_DIED),
+        "The sandbox died: the kernel was killed (SIGKILL). Its variables and its files in /workspace are"
+        " lost; the next call on this session starts a fresh sandbox.",
+    ),
+    (
+        NotSent("its stdin is not drained"),
+        "The cell could not be sent: its stdin is not drained. The sandbox was discarded: its variables "
+        "and its files in /workspace are lost; the next call on this session starts a fresh sandbox.",
+    ),
+    (
+        ClosedWhileRunning(),
+        "The session was closed while this cell ran.",
+    ),
+    (
+        TimedOut(8, Stop.INTERRUPTED),
+        "Timed out after 8 s and was interrupted; the session's variables are kept.",
+    ),
+    (
+        TimedOut(8, Stop.RESTARTED),
+        "Timed out after 8 s and ignored the interrupt, so the kernel was restarted: all variables and "
+        "imports are lost. Files in /workspace are kept (same sandbox).",
+    ),
+    (
+        TimedOut(2.5, Stop.DISCARDED),
+        "Timed out after 2.5 s and ignored the interrupt, so the kernel was restarted: all variables and "
+        "imports are lost. The sandbox did not restart in time and was discarded: files in /workspace are"
+        " gone too.",
+    ),
+    (
+        Unresponsive(8, Stop.INTERRUPTED),
+        "The kernel did not begin this cell within 8 s; it was interrupted and the session's variables "
+        "are kept.",
+    ),
+    (
+        Unresponsive(8, Stop.RESTARTED),
+        "The sandbox did not respond: the kernel did not begin this cell within 8 s, so it was replaced; "
+        "all variables and imports are lost. Files in /workspace are kept (same sandbox).",
+    ),
+    (
+        Unresponsive(8, Stop.DISCARDED),
+        "The sandbox did not respond: the kernel did not begin this cell within 8 s, so it was replaced; "
+        "all variables and imports are lost. It was discarded: files in /workspace are gone too; the next"
+        " call starts a fresh sandbox.",
+    ),
+    (
+        NeverStarted(600),
+        "The kernel was busy with another client's cell for 600 s; this cell never started (it will run "
+        "when the kernel is free).",
+    ),
+    (
+        Waited(2.345),
+        "This cell waited 2.3 s behind another client's cell.",
+    ),
+    (
+        ProxiesNotRefreshed(),
+        "The host MCP proxies (mcp_<server>) could not be refreshed in the kernel; `await "
+        "runtime.call_tool(server, tool, arguments)` still works.",
+    ),
+    (
+        BackgroundOutput("late 1\nlate 2", 2),
+        "Output that arrived between calls (e.g. from a background thread) and 2 display(s):\nlate 1\nlate 2",
+    ),
+    (
+        BackgroundOutput("", 0),
+        "Output that arrived between calls (e.g. from a background thread).",
+    ),
+    (
+        DisplaysDropped(7, 50),
+        "7 further rich outputs were not kept (limit 50).",
+    ),
+    (
+        JournalFull(8 * MiB, "KERNELBRIDGE_JOURNAL_BUDGET"),
+        "The session's journal reached its budget of 8 MiB (KERNELBRIDGE_JOURNAL_BUDGET, set by the "
+        "bridge's operator): this cell and later ones are not recorded, so the session's notebook "
+        "(export_notebook) ends before them. The session itself goes on.",
+    ),
+    (
+        JournalFull(MiB // 2, "KERNELBRIDGE_HTTP_DISK_QUOTA", 3 * MiB),
+        "This client's files on the host reached their quota of 3 MiB (KERNELBRIDGE_HTTP_DISK_QUOTA, set "
+        "by the bridge's operator): this cell and later ones are not recorded, so the session's notebook "
+        "(export_notebook) ends before them. The session itself goes on.",
+    ),
+    (
+        JournalFailed("No space left on device"),
+        "The session's journal could not be written (No space left on device): its notebook "
+        "(export_notebook) misses cells from here on.",
+    ),
+    (
+        FilesPlaced((("in/a.txt", 16), ("b.bin", 1024))),
+        "Placed in /workspace: in/a.txt (16 bytes), b.bin (1,024 bytes).",
+    ),
+    (
+        LimitsNotEnforced(),
+        "Note: this host's container runtime does not enforce memory or process limits; the operator "
+        "allowed that (KERNELBRIDGE_ALLOW_UNLIMITED), so keep memory use and process counts modest.",
+    ),
+    (
+        ImagesNotSent(3, 10),
+        "3 more image(s) were not sent (limit 10).",
+    ),
+    (
+        ImageNotDownscaled(2, 1500, 50_000, "kernelbridge://sessions/s/outputs/ab.png"),
+        "Image 2 (1,500 KB) is over the 50,000-character image budget and could not be downscaled; the "
+        "original is the resource kernelbridge://sessions/s/outputs/ab.png.",
+    ),
+    (
+        ImageDownscaled(1, 80, (400, 300), (200, 150), "kernelbridge://sessions/s/outputs/ab.png"),
+        "Image 1 was 400x300 (80 KB): sent downscaled to 200x150 to fit the image budget; the full-size "
+        "original is the resource kernelbridge://sessions/s/outputs/ab.png.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("note", "sentence"), SENTENCES, ids=lambda value: getattr(value, "code", ""))
+def test_each_note_reads_so(note: Note, sentence: str) -> None:
+    assert render_note(note) == sentence
+
+
+def test_every_kind_of_note_has_its_wording_and_a_code() -> None:
+    kinds = {*typing.get_args(SessionNote), *typing.get_args(ServerNote)}
+    pinned = {type(note) for note, _ in SENTENCES} | {Restored}
+    assert kinds == pinned
+    codes = [kind.code for kind in kinds]
+    assert len(set(codes)) == len(codes) and all(code.islower() and " " not in code for code in codes)
+
+
+def test_a_restore_says_its_report_and_its_budget() -> None:
+    report = ReplayReport([CellVerdict(1, "same"), CellVerdict(2, "skipped", "empty cell")], "session 'copy'")
+    report.budget, report.seconds = 30.0, 1.25
+    assert render_note(Restored("copy", report)) == (
+        "cell   1  same\ncell   2  skipped    empty cell\n"
+        "replayed 2 code cells in session 'copy': 1 same, 0 different, 0 error, 1 skipped\n"
+        "Session 'copy' now holds the state the notebook built.\n"
+        "The restore took 1.2 s of its 30 s budget (run_python's timeout; a cell that overran gets up "
+        "to 12 s more to be interrupted)."
+    )
+
+
+def result(**changes: object) -> CellResult:
+    base: dict[str, object] = dict(
+        status=Status.TIMEOUT, session="s", execution_count=3, stdout="partial", stderr="warn", result=None,
+        error=None, truncated=True, duration_ms=8012, state=State.KEPT,
+        notes=[TimedOut(8, Stop.INTERRUPTED)],
+        tool_calls=[ToolCallRecord("edge", "echo", True, 4, None, {"text": "a"}, {"ok": 1})],
+    )  # fmt: skip
+    base.update(changes)
+    return CellResult(**base)  # type: ignore[arg-type]
+
+
+def test_a_result_reads_outputs_then_notes_then_one_status_line() -> None:
+    assert render_text(result()) == (
+        "partial\n[stderr]\nwarn\n"
+        "Timed out after 8 s and was interrupted; the session's variables are kept.\n"
+        "-- timeout [3] in session 's', 8012 ms, state kept, output truncated"
+    )
+    error = CellError("KeyError", "'x'", "KeyError: 'x'")
+    ok = result(
+        status=Status.ERROR, stdout="", stderr="", error=error, truncated=False, notes=[], result=None
+    )
+    assert render_text(ok) == "KeyError: 'x'\n-- error [3] in session 's', 8012 ms, state kept"
+
+
+def test_structured_content_keeps_the_contract_and_adds_the_codes() -> None:
+    done = result(notes=[TimedOut(8, Stop.INTERRUPTED), DisplaysDropped(2, 50)])
+    content = structured(done)
+    assert content == {
+        "status": "timeout", "session": "s", "execution_count": 3, "stdout": "partial", "stderr": "warn",
+        "result": None, "error": None, "truncated": True, "duration_ms": 8012, "state": "kept",
+        "notes": [render_note(note) for note in done.notes], "note_codes": ["timed_out", "displays_dropped"],
+        "tool_calls": [{"server": "edge", "tool": "echo", "ok": True, "duration_ms": 4, "error": None}],
+    }  # fmt: skip
+    assert to_tool_result(done).is_error and not to_tool_result(result(status=Status.OK)).is_error
