@@ -15,9 +15,12 @@ so a reader never sees half a wheel; every process on the state directory can re
 adds or prunes. The cache is bounded (:attr:`WheelCache.max_bytes`): past it the least recently
 used wheels go (their mtime is touched on use).
 
-Resolutions are kept for :data:`FRESH_FOR` seconds: within that an identical install (same
-requirements, same constraints) needs no pip at all, which is how a cached install is "well under a
-second"; an older one is used only when the index cannot be reached ("offline when cached").
+Resolutions are kept per set of requirements (a few each, newest first) for :data:`FRESH_FOR`
+seconds: within that the same install needs no pip at all, which is how a cached install is "well
+under a second"; an older one is used only when the index cannot be reached ("offline when
+cached"). A stored resolution fits a sandbox when none of its wheels is a distribution the sandbox
+has at another version (unless it was asked for): it was closed under its dependencies, so what
+the sandbox has of other names does not matter.
 Blocking I/O: callers run these methods in a worker thread.
 """
 
@@ -61,10 +64,20 @@ class CachedWheel:
     """Bytes it unpacks to (the sum of its members' sizes)."""
 
 
-def resolution_key(requirements: list[str], constraints: dict[str, str], target: tuple[str, ...]) -> str:
-    """A name for one resolution's inputs (requirements in order do not matter)."""
-    text = json.dumps({"r": sorted(requirements), "c": sorted(constraints.items()), "t": list(target)})
+KEEP_RESOLUTIONS = 8
+"""Resolutions kept per set of requirements (sandboxes with different packages get different ones)."""
+
+
+def resolution_key(requirements: list[str], target: tuple[str, ...]) -> str:
+    """A name for one set of requirements on one platform (their order does not matter)."""
+    text = json.dumps({"r": sorted(requirements), "t": list(target)})
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def fits(wheels: list[Resolved], constraints: dict[str, str], asked: set[str]) -> bool:
+    """Whether a resolution fits a sandbox with ``constraints`` (its distributions): no wheel is
+    one of them at another version, but the names ``asked`` for."""
+    return all(w.name in asked or constraints.get(w.name, w.version) == w.version for w in wheels)
 
 
 class WheelCache:
@@ -180,20 +193,36 @@ class WheelCache:
         return total
 
     # -- resolutions -------------------------------------------------------------------------------
-    def resolution(self, key: str, *, fresh: bool) -> list[Resolved] | None:
-        """A stored resolution (``fresh``: only one younger than FRESH_FOR), or None."""
-        path = self.resolutions / f"{key}.json"
+    def resolution(
+        self, key: str, constraints: dict[str, str], asked: set[str], *, fresh: bool
+    ) -> list[Resolved] | None:
+        """The newest stored resolution of ``key`` that :func:`fits` (``fresh``: only one younger
+        than FRESH_FOR), or None."""
+        for created, wheels in self._resolutions(key):
+            if fresh and time.time() - created > FRESH_FOR:
+                continue
+            if fits(wheels, constraints, asked):
+                return wheels
+        return None
+
+    def _resolutions(self, key: str) -> list[tuple[float, list[Resolved]]]:
         try:
-            data = json.loads(path.read_text())
-            if fresh and time.time() - float(data["created"]) > FRESH_FOR:
-                return None
-            return [Resolved(**item) for item in data["wheels"]]
+            data = json.loads((self.resolutions / f"{key}.json").read_text())
+            return [
+                (float(entry["created"]), [Resolved(**item) for item in entry["wheels"]])
+                for entry in data["entries"]
+            ]
         except (OSError, ValueError, TypeError, KeyError):
-            return None
+            return []
 
     def store_resolution(self, key: str, wheels: list[Resolved]) -> None:
+        """Keep a resolution of ``key``, newest first (at most KEEP_RESOLUTIONS; an identical one
+        moves to the front)."""
         self._prepare()
-        _write_json(self.resolutions / f"{key}.json", {"created": time.time(), "wheels": [asdict(w) for w in wheels]})
+        kept = [(created, old) for created, old in self._resolutions(key) if old != wheels]
+        entries = [(time.time(), wheels), *kept][:KEEP_RESOLUTIONS]
+        data = {"entries": [{"created": c, "wheels": [asdict(w) for w in ws]} for c, ws in entries]}
+        _write_json(self.resolutions / f"{key}.json", data)
 
 
 def installed_size(file: Path) -> int:

@@ -35,7 +35,6 @@ the index unreachable). Messages never name a host path.
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import re
 import secrets
@@ -54,6 +53,7 @@ from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.image.target import DESCRIPTION, PIP_TARGET_FLAGS
 from kernelbridge.packages import pip
 from kernelbridge.packages.cache import CacheError, CachedWheel, WheelCache, resolution_key
+from kernelbridge.packages.record import InstallRecord, WheelRecord
 from kernelbridge.packages.requirements import PackagePolicy, Wanted, parse_environment, parse_requirements
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class SandboxPackages:
     plan: Plan | None = None
     planning: bool = False
     fetching: bool = False
-    preferred: list[dict[str, Any]] = field(default_factory=list)
+    preferred: list[InstallRecord] = field(default_factory=list)
     """Install records of a notebook being restored or replayed into this session."""
 
 
@@ -120,14 +120,14 @@ class PackageService(RpcHandler):
         self.cache = WheelCache(settings.packages_dir, packages.cache_bytes)
         self._env = pip.pip_env(env)
         self._sandboxes: dict[Key, SandboxPackages] = {}
-        self._preferred: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._preferred: dict[tuple[str, str], list[InstallRecord]] = {}
         self._pip = anyio.CapacityLimiter(1)
 
     def __repr__(self) -> str:
         return f"<PackageService {self.policy.mode} sandboxes={len(self._sandboxes)}>"
 
     # -- for the session layer --------------------------------------------------------------------
-    def prefer(self, namespace: str, session: str, records: list[dict[str, Any]]) -> None:
+    def prefer(self, namespace: str, session: str, records: list[InstallRecord]) -> None:
         """Install what ``records`` (a notebook's ``kernelbridge.packages`` records) name, exactly,
         when the same requirements are asked for again in ``session`` (a restore, a replay)."""
         for key, state in self._sandboxes.items():
@@ -233,9 +233,11 @@ class PackageService(RpcHandler):
             return recorded, "recorded"
         asked = {w.name for w in todo}
         constraints = {name: version for name, version in environment.items() if name not in asked}
-        key = resolution_key(requirements, constraints, PIP_TARGET_FLAGS)
+        key = resolution_key(requirements, PIP_TARGET_FLAGS)
         if not upgrade:
-            cached = await anyio.to_thread.run_sync(lambda: self.cache.resolution(key, fresh=True))
+            cached = await anyio.to_thread.run_sync(
+                lambda: self.cache.resolution(key, constraints, asked, fresh=True)
+            )
             if cached is not None:
                 return cached, "cache"
         work = await anyio.to_thread.run_sync(self.cache.download_dir)
@@ -244,7 +246,9 @@ class PackageService(RpcHandler):
                 resolved = await pip.resolve(requirements, constraints, work, env=self._env)
         except pip.PipFailure as failure:
             if failure.kind is pip.Failure.INDEX_DOWN:
-                stale = await anyio.to_thread.run_sync(lambda: self.cache.resolution(key, fresh=False))
+                stale = await anyio.to_thread.run_sync(
+                    lambda: self.cache.resolution(key, constraints, asked, fresh=False)
+                )
                 if stale is not None:
                     return stale, "cache (the index could not be reached)"
             raise await self._explain(failure, todo) from None
@@ -356,19 +360,15 @@ class PackageService(RpcHandler):
         plan = self._plan(state, params.get("plan"))
         ok = params.get("ok") is True
         state.plan = None
-        record: dict[str, Any] = {
-            "requirements": plan.requirements,
-            "installed": [_wheel_record(w) for w in plan.wheels.values()] if ok else [],
-            "ok": ok,
-        }
         if ok:
             for wheel in plan.wheels.values():
                 state.installed[wheel.name] = wheel
             state.installed_bytes += plan.installed_bytes
-        else:
-            error = params.get("error")
-            record["error"] = str(error)[:MAX_ERROR_CHARS] if error else "the sandbox did not install it"
-        return record
+            wheels = tuple(WheelRecord(**_wheel_record(w)) for w in plan.wheels.values())
+            return InstallRecord(tuple(plan.requirements), wheels).to_json()
+        error = params.get("error")
+        why = str(error)[:MAX_ERROR_CHARS] if error else "the sandbox did not install it"
+        return InstallRecord(tuple(plan.requirements), ok=False, error=why).to_json()
 
 
 def _only(params: dict[str, Any], allowed: set[str], method: str) -> None:
@@ -388,27 +388,14 @@ def _wheel_record(wheel: CachedWheel) -> dict[str, Any]:
     }
 
 
-def _recorded(records: list[dict[str, Any]], requirements: list[str]) -> list[pip.Resolved] | None:
-    """The wheels a recorded install of the same requirements installed (a restore or replay)."""
+def _recorded(records: list[InstallRecord], requirements: list[str]) -> list[pip.Resolved] | None:
+    """The wheels a recorded install of the same requirements brought in (a restore or replay)."""
     for record in records:
-        if not isinstance(record, dict) or not record.get("ok"):
-            continue
-        if sorted(map(str, record.get("requirements") or [])) != sorted(requirements):
-            continue
-        wheels = []
-        with contextlib.suppress(KeyError, TypeError, AttributeError):
-            for item in record.get("installed") or []:
-                wheels.append(
-                    pip.Resolved(
-                        name=str(item["name"]),
-                        version=str(item["version"]),
-                        filename=str(item["filename"]),
-                        url="",
-                        sha256=str(item["sha256"]),
-                        requested=False,
-                    )
-                )
-            return wheels
+        if record.ok and record.installed and sorted(record.requirements) == sorted(requirements):
+            return [
+                pip.Resolved(wheel.name, wheel.version, wheel.filename, "", wheel.sha256, requested=False)
+                for wheel in record.installed
+            ]
     return None
 
 

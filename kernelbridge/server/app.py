@@ -66,6 +66,8 @@ class BridgeContext:
     hub: Hub
     gate: SandboxGate | None = None
     """What sandboxes this bridge may start (None: an injected test runtime, anything goes)."""
+    packages: PackageService | None = None
+    """``%pip install`` through the host, for every namespace (None: a test runtime without one)."""
     exports: ExportLimiters = dataclasses.field(default_factory=ExportLimiters)
     """One journal reader (export, notebook and outputs resources) at a time per namespace."""
 
@@ -144,7 +146,8 @@ def build_server(
             hubs.append(hub)
             stack.callback(hubs.remove, hub)
             # %pip install through the host: one service (and wheel cache) for every namespace.
-            rpc = WithPackages(PackageService(settings), hub)
+            packages = PackageService(settings)
+            rpc = WithPackages(packages, hub)
 
             def make_registry(registry_settings: Settings) -> SessionRegistry:
                 if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
@@ -165,7 +168,7 @@ def build_server(
                 max_calls=settings.http.max_calls if namespaces is not None else None,
             )
             await stack.enter_async_context(spaces)
-            yield BridgeContext(settings, spaces, hub, gate)
+            yield BridgeContext(settings, spaces, hub, gate, packages)
 
     async def run_python(
         code: str,
@@ -201,7 +204,7 @@ def build_server(
                 if restore:
                     reader = bridge.exports.of(namespace)
                     restored = await restore_session(
-                        own, registry, session, restore, budget=timeout, reader=reader
+                        own, registry, session, restore, budget=timeout, reader=reader, packages=bridge.packages
                     )
                 notes: list[Note] = (
                     [await place_files(await registry.sandbox(session), placed)] if placed else []

@@ -234,13 +234,26 @@ def test_the_cache_prunes_the_least_recently_used(tmp_path: Path) -> None:
 
 def test_resolutions_are_fresh_for_a_day_and_stale_ones_kept_for_an_index_that_is_down(tmp_path: Path) -> None:
     cache = WheelCache(tmp_path / "cache", max_bytes=10**9)
-    item = Resolved("six", "1.17.0", "six-1.17.0-py2.py3-none-any.whl", "https://x/six.whl", "ab" * 32, True)
-    cache.store_resolution("k", [item])
-    assert cache.resolution("k", fresh=True) == [item]
+    six = Resolved("six", "1.17.0", "six-1.17.0-py2.py3-none-any.whl", "https://x/six.whl", "ab" * 32, True)
+    cache.store_resolution("k", [six])
+    assert cache.resolution("k", {}, set(), fresh=True) == [six]
     path = cache.resolutions / "k.json"
     stored = json.loads(path.read_text())
-    stored["created"] = time.time() - FRESH_FOR - 60
+    stored["entries"][0]["created"] = time.time() - FRESH_FOR - 60
     path.write_text(json.dumps(stored))
-    assert cache.resolution("k", fresh=True) is None
-    assert cache.resolution("k", fresh=False) == [item]
-    assert cache.resolution("missing", fresh=False) is None
+    assert cache.resolution("k", {}, set(), fresh=True) is None
+    assert cache.resolution("k", {}, set(), fresh=False) == [six]
+    assert cache.resolution("missing", {}, set(), fresh=False) is None
+
+
+def test_a_stored_resolution_fits_a_sandbox_unless_it_has_one_of_its_wheels_at_another_version(
+    tmp_path: Path,
+) -> None:
+    cache = WheelCache(tmp_path / "cache", max_bytes=10**9)
+    numpy = Resolved("numpy", "2.4.6", "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl", "", "cd" * 32, False)
+    lib = Resolved("lib", "1.0", "lib-1.0-py3-none-any.whl", "", "ef" * 32, True)
+    cache.store_resolution("k", [lib, numpy])
+    assert cache.resolution("k", {"numpy": "2.4.6", "pandas": "3.0"}, {"lib"}, fresh=True) == [lib, numpy]
+    assert cache.resolution("k", {"pandas": "3.0"}, {"lib"}, fresh=True) == [lib, numpy]
+    assert cache.resolution("k", {"numpy": "2.3.0"}, {"lib"}, fresh=True) is None, "no second numpy"
+    assert cache.resolution("k", {"numpy": "2.3.0"}, {"lib", "numpy"}, fresh=True) is not None, "asked"
