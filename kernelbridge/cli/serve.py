@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbridge.config import Settings
+from kernelbridge.config import Settings, check_mount_set, parse_mounts
 from kernelbridge.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -27,6 +27,9 @@ def add_parsers(sub: Subcommands) -> None:
                        help="no bearer tokens (loopback only; any local user may run code)")  # fmt: skip
     serve.add_argument("--servers-config", action="append", default=[], metavar="FILE",
                        help="host MCP servers config file (repeatable)")  # fmt: skip
+    serve.add_argument("--mount", action="append", default=[], metavar="SRC:DST",
+                       help="a host directory every sandbox sees read-only at DST (repeatable;"
+                            " beside KERNELBRIDGE_MOUNTS)")  # fmt: skip
     serve.set_defaults(run=cmd_serve)
 
 
@@ -38,6 +41,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.servers_config:
         extra = tuple(Path(p).expanduser() for p in args.servers_config)
         settings = dataclasses.replace(settings, servers_config=settings.servers_config + extra)
+    if args.mount:
+        mounts = [parse_mounts(item, settings.state_dir, where="--mount")[0] for item in args.mount]
+        combined = check_mount_set([*settings.mounts, *mounts], where="--mount")
+        settings = dataclasses.replace(settings, mounts=combined)
     extras_from_settings(settings)  # a bad package list stops the start, with one line
     http = None
     if args.http:

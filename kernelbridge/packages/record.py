@@ -77,12 +77,17 @@ class InstallRecord:
     ok: bool = True
     error: str | None = None
     """Why the sandbox did not install it (``ok`` false)."""
+    source: str = ""
+    """Where the host found the wheels: ``index`` (resolved now), ``cache`` (a stored resolution),
+    ``recorded`` (a notebook's record, in a restore or replay), or the cache while the index was
+    down."""
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "requirements": list(self.requirements),
             "installed": [wheel.to_json() for wheel in self.installed],
             "ok": self.ok,
+            "source": self.source,
         }
         if self.error is not None:
             entry["error"] = self.error
@@ -98,17 +103,23 @@ class InstallRecord:
         if not isinstance(requirements, list) or not isinstance(installed, list):
             return None
         wheels = [WheelRecord.from_json(item) for item in installed[:MAX_WHEELS]]
-        error = raw.get("error")
+        error, source = raw.get("error"), raw.get("source")
         return cls(
             tuple(str(item)[:200] for item in requirements[:MAX_REQUIREMENTS] if isinstance(item, str)),
             tuple(wheel for wheel in wheels if wheel is not None),
             ok=raw.get("ok") is True,
             error=str(error)[:2000] if error is not None else None,
+            source=source[:60] if isinstance(source, str) else "",
         )
 
-    def summary(self) -> str:
-        """``name==version`` of what came in, for a result's structured content."""
-        return " ".join(f"{wheel.name}=={wheel.version}" for wheel in self.installed)
+    def summary(self) -> dict[str, Any]:
+        """What a ``run_python`` result shows of it (``structuredContent.packages``)."""
+        return {
+            "requirements": list(self.requirements),
+            "installed": [f"{wheel.name}=={wheel.version}" for wheel in self.installed],
+            "ok": self.ok,
+            "source": self.source,
+        }
 
 
 def records_of(raw: object, limit: int = 256) -> list[InstallRecord]:

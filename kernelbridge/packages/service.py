@@ -81,6 +81,7 @@ class Plan:
     requirements: list[str]
     wheels: dict[str, CachedWheel]
     """By sha256."""
+    source: str = ""
     created: float = field(default_factory=time.monotonic)
 
     @property
@@ -202,7 +203,10 @@ class PackageService(RpcHandler):
             wheels = await self._ensure_cached(needed)
         finally:
             state.planning = False
-        plan = Plan(secrets.token_hex(8), [w.text for w in todo], {w.sha256: w for w in wheels})
+        if not wheels:  # the newest fitting versions are the ones the sandbox has
+            have = [f"{r.name} {r.version}" for r in resolved if r.name in {w.name for w in todo}]
+            return {"plan": None, "install": [], "satisfied": already + have, "source": source}
+        plan = Plan(secrets.token_hex(8), [w.text for w in todo], {w.sha256: w for w in wheels}, source)
         left = self.max_bytes - state.installed_bytes
         if plan.installed_bytes > left:
             biggest = max(wheels, key=lambda w: w.installed_size)
@@ -250,7 +254,7 @@ class PackageService(RpcHandler):
                     lambda: self.cache.resolution(key, constraints, asked, fresh=False)
                 )
                 if stale is not None:
-                    return stale, "cache (the index could not be reached)"
+                    return stale, "cache, offline"
             raise await self._explain(failure, todo) from None
         finally:
             await anyio.to_thread.run_sync(lambda: shutil.rmtree(work, ignore_errors=True))
@@ -365,10 +369,10 @@ class PackageService(RpcHandler):
                 state.installed[wheel.name] = wheel
             state.installed_bytes += plan.installed_bytes
             wheels = tuple(WheelRecord(**_wheel_record(w)) for w in plan.wheels.values())
-            return InstallRecord(tuple(plan.requirements), wheels).to_json()
+            return InstallRecord(tuple(plan.requirements), wheels, source=plan.source).to_json()
         error = params.get("error")
         why = str(error)[:MAX_ERROR_CHARS] if error else "the sandbox did not install it"
-        return InstallRecord(tuple(plan.requirements), ok=False, error=why).to_json()
+        return InstallRecord(tuple(plan.requirements), ok=False, error=why, source=plan.source).to_json()
 
 
 def _only(params: dict[str, Any], allowed: set[str], method: str) -> None:
