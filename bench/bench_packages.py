@@ -73,7 +73,9 @@ async def sandbox_times(requirement: str, rounds: int) -> tuple[list[float], lis
                     text = (result.structured_content or {}).get("stdout", "")
                     assert "/packages/site/" in text, result.content
                     (cold if session == "cold" else cached).append(elapsed)
-        print(f"  {requirement} round {index + 1}: cold {cold[-1]:.2f} s, cached {cached[-1]:.2f} s", flush=True)
+        print(
+            f"  {requirement} round {index + 1}: cold {cold[-1]:.2f} s, cached {cached[-1]:.2f} s", flush=True
+        )
     return cold, cached
 
 
@@ -93,7 +95,14 @@ def local_times(requirement: str, rounds: int) -> tuple[list[float], list[float]
             for kind in ("cold", "cached"):
                 venv = Path(tmp) / f"venv-{index}-{kind}"
                 subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-                pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+                pip = [
+                    str(venv / "bin" / "python"),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ]
                 env = {**os.environ, "PIP_CONSTRAINT": ""}
                 if project == "scikit-learn":
                     subprocess.run([*pip, *IMAGE_DEPENDENCIES], check=True, env=env)  # the image's, untimed
@@ -123,7 +132,12 @@ def main() -> None:
         for kind, ours, local in (("cold", sandbox_cold, venv_cold), ("cached", sandbox_cached, venv_cached)):
             a, b = statistics.median(ours), statistics.median(local)
             rows.append((requirement, kind, a, b))
-    print("| time to importable, median | kernelbridge `%pip install` in the sandbox | `pip install` into a local venv | ratio |")
+    header = [
+        "time to importable, median",
+        "`%pip install` in the sandbox",
+        "`pip install` into a local venv",
+    ]
+    print("| " + " | ".join([*header, "ratio"]) + " |")
     print("|---|---|---|---|")
     for requirement, kind, ours, local in rows:
         print(f"| `{requirement}`, {kind} | {ours:.2f} s | {local:.2f} s | {ours / local:.2f}x |")

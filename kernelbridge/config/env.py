@@ -14,6 +14,7 @@ from kernelbridge.errors import ConfigError
 
 _SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
 
+
 def lookup(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
     for prefix in ("KERNELBRIDGE_", "MCP_BRIDGE_"):
         value = env.get(prefix + name)

@@ -33,7 +33,6 @@ import anyio
 from kernelbridge.errors import ImageError
 from kernelbridge.image.containerfile import AGENT_PREFIX
 from kernelbridge.image.labels import HASH_LABEL, PACKAGES_LABEL, packages_label
-from kernelbridge.image.target import PIP_TARGET_FLAGS
 from kernelbridge.image.recipe import (
     EXTRA_REQUIREMENTS,
     ImageExtras,
@@ -42,6 +41,7 @@ from kernelbridge.image.recipe import (
     recipe_path,
     stage_agent,
 )
+from kernelbridge.image.target import PIP_TARGET_FLAGS
 
 Log = Callable[[str], None]
 

@@ -49,8 +49,8 @@ from kernelbridge.errors import ExitKind, KernelBridgeError, NoHostServers, RpcE
 from kernelbridge.host.container import AttachedContainer, started_container
 from kernelbridge.host.owner import AgentEvent, TunnelOwner
 from kernelbridge.host.policy import preflight
-from kernelbridge.jupyter.launch import settings_of, spec_of
 from kernelbridge.hub.rpc import RpcCall
+from kernelbridge.jupyter.launch import settings_of, spec_of
 from kernelbridge.packages import METHODS as PACKAGE_METHODS
 from kernelbridge.packages import PackageService
 from kernelbridge.runtime import ContainerSpec, RuntimeBackend, open_runtime
@@ -168,7 +168,9 @@ async def _answer_rpc(
     tg.start_soon(_answer_package_call, owner, packages, event.id, call)
 
 
-async def _answer_package_call(owner: TunnelOwner, packages: PackageService, request_id: object, call: RpcCall) -> None:
+async def _answer_package_call(
+    owner: TunnelOwner, packages: PackageService, request_id: object, call: RpcCall
+) -> None:
     try:
         result = await packages.dispatch(call)
     except RpcError as exc:
@@ -185,7 +187,9 @@ async def _without_unsupported_notebook_dir(runtime: RuntimeBackend, spec: Conta
     info = await runtime.info()
     if unsupported(info.engine, sandbox_flags(spec)) is None:
         return spec
-    log.warning("the %s engine cannot mount the notebook's directory read-only; it is not mounted", info.engine)
+    log.warning(
+        "the %s engine cannot mount the notebook's directory read-only; it is not mounted", info.engine
+    )
     return dataclasses.replace(spec, mounts=tuple(m for m in spec.mounts if m.target != WORKDIR))
 
 

@@ -178,7 +178,9 @@ def classify(outcome: Outcome) -> PipFailure:
         return PipFailure(Failure.CONFLICT, "version conflict: " + _conflict(outcome.stdout))
     found = _NOT_FOUND.search(text)
     if found is not None:
-        return PipFailure(Failure.NOT_FOUND, f"no distribution found for {found.group(1)}", name=found.group(1))
+        return PipFailure(
+            Failure.NOT_FOUND, f"no distribution found for {found.group(1)}", name=found.group(1)
+        )
     errors = [line for line in outcome.stderr.splitlines() if line.startswith("ERROR:")]
     last = errors[-1][6:].strip() if errors else f"exit status {outcome.returncode}"
     return PipFailure(Failure.FAILED, f"the host's pip failed: {last[:300]}")
@@ -213,10 +215,9 @@ async def resolve(
 ) -> list[Resolved]:
     """What pip would install for ``requirements`` (canonical lines) next to ``constraints`` (the
     sandbox's distributions, ``{name: version}``), for the sandbox's platform. Raises PipFailure."""
-    work.mkdir(parents=True, exist_ok=True)
-    requirements_file, constraints_file = work / "requirements.txt", work / "constraints.txt"
-    requirements_file.write_text("".join(f"{line}\n" for line in requirements))
-    constraints_file.write_text("".join(f"{name}=={version}\n" for name, version in sorted(constraints.items())))
+    requirements_file, constraints_file = await anyio.to_thread.run_sync(
+        _write_inputs, work, requirements, constraints
+    )
     report = work / "report.json"
     argv = pip_argv(
         "install", "--dry-run", "--ignore-installed", "--no-warn-conflicts", "--report", str(report),
@@ -233,6 +234,23 @@ async def resolve(
         raise PipFailure(Failure.FAILED, f"the host's pip wrote no usable report ({exc})") from None
 
 
+def _write_inputs(work: Path, requirements: list[str], constraints: dict[str, str]) -> tuple[Path, Path]:
+    """The requirements and constraints files of a resolution (lines of ours, never the sandbox's)."""
+    work.mkdir(parents=True, exist_ok=True)
+    requirements_file, constraints_file = work / "requirements.txt", work / "constraints.txt"
+    requirements_file.write_text("".join(f"{line}\n" for line in requirements))
+    lines = [f"{name}=={version}\n" for name, version in sorted(constraints.items())]
+    constraints_file.write_text("".join(lines))
+    return requirements_file, constraints_file
+
+
+def _write_pins(dest: Path, pins: list[Resolved]) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    requirements = dest / "pins.txt"
+    requirements.write_text("".join(f"{pin.name}=={pin.version}\n" for pin in pins))
+    return requirements
+
+
 def _resolved(item: dict[str, object]) -> Resolved:
     metadata, info = item["metadata"], item["download_info"]
     assert isinstance(metadata, dict) and isinstance(info, dict)
@@ -244,7 +262,9 @@ def _resolved(item: dict[str, object]) -> Resolved:
     filename = url.rsplit("/", 1)[-1].split("#", 1)[0]
     if not filename.endswith(".whl"):
         raise PipFailure(Failure.FAILED, f"{metadata['name']} resolved to {filename[:80]}, not a wheel")
-    hashes = info.get("archive_info", {}).get("hashes", {}) if isinstance(info.get("archive_info"), dict) else {}
+    hashes = (
+        info.get("archive_info", {}).get("hashes", {}) if isinstance(info.get("archive_info"), dict) else {}
+    )
     sha256 = hashes.get("sha256", "") if isinstance(hashes, dict) else ""
     return Resolved(
         name=canonicalize_name(str(metadata["name"])),
@@ -259,9 +279,7 @@ def _resolved(item: dict[str, object]) -> Resolved:
 async def download(pins: list[Resolved], dest: Path, *, env: Mapping[str, str] | None = None) -> None:
     """Download the wheels of ``pins`` (exact versions, no dependencies) into ``dest``. The caller
     verifies names and hashes. Raises PipFailure."""
-    dest.mkdir(parents=True, exist_ok=True)
-    requirements = dest / "pins.txt"
-    requirements.write_text("".join(f"{pin.name}=={pin.version}\n" for pin in pins))
+    requirements = await anyio.to_thread.run_sync(_write_pins, dest, pins)
     argv = pip_argv(
         "download", "--no-deps", "--dest", str(dest), *PIP_TARGET_FLAGS, *NETWORK_FLAGS,
         "--requirement", str(requirements),
@@ -276,7 +294,9 @@ async def index_versions(name: str, *, env: Mapping[str, str] | None = None) -> 
     does not know the project). ``pip index`` reads file names only: nothing is built."""
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
         return None
-    outcome = await run_pip(pip_argv("index", "versions", *NETWORK_FLAGS, name), timeout=PROBE_TIMEOUT, env=env)
+    outcome = await run_pip(
+        pip_argv("index", "versions", *NETWORK_FLAGS, name), timeout=PROBE_TIMEOUT, env=env
+    )
     if outcome.returncode != 0:
         return None
     match = re.search(r"Available versions: (.*)", outcome.stdout)

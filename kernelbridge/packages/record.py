@@ -63,7 +63,10 @@ class WheelRecord:
             and len(version) <= 64
         ):
             return None
-        sizes = [value if isinstance(value, int) and not isinstance(value, bool) else 0 for value in (size, installed)]
+        sizes = [
+            value if isinstance(value, int) and not isinstance(value, bool) else 0
+            for value in (size, installed)
+        ]
         return cls(name, version, filename, sha256, max(sizes[0], 0), max(sizes[1], 0))
 
 

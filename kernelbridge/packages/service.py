@@ -52,7 +52,7 @@ from kernelbridge.errors import RpcError
 from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.image.target import DESCRIPTION, PIP_TARGET_FLAGS
 from kernelbridge.packages import pip
-from kernelbridge.packages.cache import CacheError, CachedWheel, WheelCache, resolution_key
+from kernelbridge.packages.cache import CachedWheel, CacheError, WheelCache, resolution_key
 from kernelbridge.packages.record import InstallRecord, WheelRecord
 from kernelbridge.packages.requirements import PackagePolicy, Wanted, parse_environment, parse_requirements
 

@@ -204,7 +204,13 @@ def build_server(
                 if restore:
                     reader = bridge.exports.of(namespace)
                     restored = await restore_session(
-                        own, registry, session, restore, budget=timeout, reader=reader, packages=bridge.packages
+                        own,
+                        registry,
+                        session,
+                        restore,
+                        budget=timeout,
+                        reader=reader,
+                        packages=bridge.packages,
                     )
                 notes: list[Note] = (
                     [await place_files(await registry.sandbox(session), placed)] if placed else []

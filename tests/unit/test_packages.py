@@ -90,12 +90,14 @@ def test_the_policy_says_any_none_or_names() -> None:
     assert off.value.kind == "denied"
     allowed = PackagePolicy("names", frozenset({"tabulate"}))
     allowed.check(parse_requirements(["tabulate>=0.9"]))
-    with pytest.raises(RpcError, match="six is not allowed on this host .*allows tabulate"):
+    with pytest.raises(RpcError, match=r"six is not allowed on this host .*allows tabulate"):
         allowed.check(six)
 
 
 def test_package_settings() -> None:
-    settings = load_settings({"KERNELBRIDGE_PACKAGES": "Tabulate, six", "KERNELBRIDGE_PACKAGES_MAX_BYTES": "64m"})
+    settings = load_settings(
+        {"KERNELBRIDGE_PACKAGES": "Tabulate, six", "KERNELBRIDGE_PACKAGES_MAX_BYTES": "64m"}
+    )
     assert settings.packages.policy == "names" and settings.packages.allowed == {"tabulate", "six"}
     assert settings.packages.max_bytes == 64 * 2**20
     assert settings.limits.packages_size == "128m", "the tmpfs holds the cap and one install's wheels"
@@ -232,7 +234,9 @@ def test_the_cache_prunes_the_least_recently_used(tmp_path: Path) -> None:
     assert cache.get(shas[-1]) is not None, "the newest stays"
 
 
-def test_resolutions_are_fresh_for_a_day_and_stale_ones_kept_for_an_index_that_is_down(tmp_path: Path) -> None:
+def test_resolutions_are_fresh_for_a_day_and_stale_ones_kept_for_an_index_that_is_down(
+    tmp_path: Path,
+) -> None:
     cache = WheelCache(tmp_path / "cache", max_bytes=10**9)
     six = Resolved("six", "1.17.0", "six-1.17.0-py2.py3-none-any.whl", "https://x/six.whl", "ab" * 32, True)
     cache.store_resolution("k", [six])
@@ -250,7 +254,9 @@ def test_a_stored_resolution_fits_a_sandbox_unless_it_has_one_of_its_wheels_at_a
     tmp_path: Path,
 ) -> None:
     cache = WheelCache(tmp_path / "cache", max_bytes=10**9)
-    numpy = Resolved("numpy", "2.4.6", "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl", "", "cd" * 32, False)
+    numpy = Resolved(
+        "numpy", "2.4.6", "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl", "", "cd" * 32, False
+    )
     lib = Resolved("lib", "1.0", "lib-1.0-py3-none-any.whl", "", "ef" * 32, True)
     cache.store_resolution("k", [lib, numpy])
     assert cache.resolution("k", {"numpy": "2.4.6", "pandas": "3.0"}, {"lib"}, fresh=True) == [lib, numpy]

@@ -31,12 +31,12 @@ from kernelbridge.runtime.base import (
     RuntimeInfo,
 )
 from kernelbridge.runtime.engine.body import create_body
-from kernelbridge.runtime.flags import sandbox_flags, unsupported
 from kernelbridge.runtime.engine.endpoint import Endpoint
 from kernelbridge.runtime.engine.images import EngineImages, no_such
 from kernelbridge.runtime.engine.service import HelperProcess
 from kernelbridge.runtime.engine.stream import EngineStream
 from kernelbridge.runtime.engine.transport import EngineClient
+from kernelbridge.runtime.flags import sandbox_flags, unsupported
 
 REMOVE_ATTEMPTS = 5
 REMOVE_RETRY_DELAY = 0.2

@@ -50,25 +50,36 @@ MAX_ENVIRONMENT = 2000
 _seen_pth: set[str] = set()
 
 
-def root() -> Path:
-    """Where this kernel's packages go: /packages when it is there and writable (a sandbox),
-    else a directory under the temporary directory (an older image, a kernel outside a sandbox)."""
+_fallback: Path | None = None
+
+
+def root(create: bool = False) -> Path | None:
+    """Where this kernel's packages go: /packages when it is there and writable (a sandbox); else,
+    with ``create``, a private temporary directory of this kernel process (an older image, a
+    kernel outside a sandbox); else None."""
+    global _fallback
     if ROOT.is_dir() and os.access(ROOT, os.W_OK):
         return ROOT
-    import tempfile
+    if _fallback is None and create:
+        import tempfile
 
-    return Path(tempfile.gettempdir()) / "kernelbridge-packages"
+        _fallback = Path(tempfile.mkdtemp(prefix="kernelbridge-packages-"))
+    return _fallback
 
 
-def site_dir() -> Path:
-    return root() / "site"
+def site_dir() -> Path | None:
+    base = root()
+    return None if base is None else base / "site"
 
 
 def activate() -> None:
     """Put the packages directory on ``sys.path`` (ahead of the image's packages), its scripts on
     ``PATH``, and both in the environment of the kernel's child processes. Idempotent; called at
-    kernel start and after each install."""
-    site_path, bin_path = site_dir(), root() / "bin"
+    kernel start and after each install; nothing to do without a packages directory."""
+    base = root()
+    if base is None:
+        return
+    site_path, bin_path = base / "site", base / "bin"
     with contextlib.suppress(OSError):
         site_path.mkdir(parents=True, exist_ok=True)
     entry = str(site_path)
@@ -164,7 +175,9 @@ def install(requirements: list[str], *, upgrade: bool = False, out: Any = None) 
             "upgrade": upgrade,
         },
     )
-    report = InstallReport(satisfied=list(answer.get("satisfied") or []), source=str(answer.get("source", "")))
+    report = InstallReport(
+        satisfied=list(answer.get("satisfied") or []), source=str(answer.get("source", ""))
+    )
     plan = answer.get("plan")
     wheels = answer.get("install") or []
     if not plan or not wheels:
@@ -173,7 +186,8 @@ def install(requirements: list[str], *, upgrade: bool = False, out: Any = None) 
     if out is not None and total > PROGRESS_BYTES:
         names = ", ".join(f"{w['name']}-{w['version']}" for w in wheels)
         print(f"Installing {names} ({_size(total)}) ...", file=out, flush=True)
-    base = root()
+    base = root(create=True)
+    assert base is not None
     staging = base / f".staging-{uuid.uuid4().hex[:12]}"
     try:
         try:
@@ -353,7 +367,8 @@ def _top_level(name: str) -> list[str]:
 
 def installed() -> list[dict[str, str]]:
     """Every importable distribution: name, version, and where (``session`` or ``image``)."""
-    ours = str(site_dir().resolve())
+    site_path = site_dir()
+    ours = str(site_path.resolve()) if site_path is not None else "\0"
     rows: dict[str, dict[str, str]] = {}
     for dist in importlib.metadata.distributions():
         try:
