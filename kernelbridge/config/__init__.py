@@ -33,6 +33,7 @@ from kernelbridge.config.packages import PackageSettings, parse_policy
 from kernelbridge.errors import ConfigError
 
 __all__ = [
+    "CLIENTS",
     "HTTP_DIR",
     "PACKAGES_DIR",
     "RESERVED_TARGETS",
@@ -58,6 +59,10 @@ __all__ = [
 HTTP_DIR = "http"
 """HTTP tokens' namespaces keep their state in ``<state dir>/http/<namespace>/``."""
 _NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
+CLIENTS = ("claude-code", "claude-desktop", "cursor", "vscode")
+"""The MCP clients whose config files the hub reads (``KERNELBRIDGE_CLIENT_CONFIGS``; see
+:mod:`kernelbridge.hub.sources` for where each keeps its servers)."""
 
 RUNTIMES = ("podman", "docker", "podman-api", "docker-api", "podman-cli", "docker-cli")
 """Values of ``KERNELBRIDGE_RUNTIME``: an engine (its API when one answers, else its CLI), or an
@@ -171,6 +176,17 @@ class Settings:
     """``KERNELBRIDGE_DENY_TOOLS``: comma-separated ``server.tool`` patterns (fnmatch wildcards,
     matched against the real names, e.g. ``github.delete_*`` or ``*.shell``). A denied tool is absent
     from every tool list and its calls answer ``denied``."""
+    approve_tools: tuple[str, ...] = ()
+    """``KERNELBRIDGE_APPROVE_TOOLS``: comma-separated ``server.tool`` patterns (as ``deny_tools``;
+    ``*`` alone means every tool). A matching call from sandboxed code waits for a person's answer,
+    asked through MCP elicitation of the client whose ``run_python`` runs the cell."""
+    client_configs: tuple[str, ...] = CLIENTS
+    """``KERNELBRIDGE_CLIENT_CONFIGS``: whose config files are searched for host servers: ``all``
+    (default), ``none``, or some of :data:`CLIENTS` (comma-separated)."""
+    project: Path | None = None
+    """``KERNELBRIDGE_PROJECT`` (or ``--project``): a project directory whose MCP files (``.mcp.json``,
+    ``.cursor/mcp.json``, ``.vscode/mcp.json``, Claude Code's local scope) are read too. Unset: none
+    is, since a project directory is not trusted by default."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     kernel_start_timeout: float = 60.0
     image_budget: int = 50_000
@@ -309,6 +325,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         allow_servers=_env.names(env, "ALLOW_SERVERS"),
         deny_servers=_env.names(env, "DENY_SERVERS"),
         deny_tools=_env.names(env, "DENY_TOOLS", dotted=True),
+        approve_tools=_env.names(env, "APPROVE_TOOLS", dotted=True),
+        client_configs=_clients(env),
+        project=_project(env),
         limits=limits,
         kernel_start_timeout=_env.number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
         labels=_env.labels(env),
@@ -323,6 +342,27 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         packages=packages,
         mounts=parse_mounts(mounts[1], state_dir, where=mounts[0]) if mounts else (),
     )
+
+
+def _clients(env: Mapping[str, str]) -> tuple[str, ...]:
+    found = _env.lookup(env, "CLIENT_CONFIGS")
+    if found is None:
+        return CLIENTS
+    var, raw = found
+    items = [item.strip().lower() for item in raw.split(",") if item.strip()]
+    if items == ["all"]:
+        return CLIENTS
+    if items == ["none"]:
+        return ()
+    for item in items:
+        if item not in CLIENTS:
+            raise ConfigError(f"{var}: {item!r} is not one of all, none, {', '.join(CLIENTS)}")
+    return tuple(c for c in CLIENTS if c in items)
+
+
+def _project(env: Mapping[str, str]) -> Path | None:
+    found = _env.lookup(env, "PROJECT")
+    return Path(found[1]).expanduser().absolute() if found else None
 
 
 def _package_settings(env: Mapping[str, str]) -> PackageSettings:

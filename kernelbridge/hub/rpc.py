@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from kernelbridge.errors import RpcError
 from kernelbridge.frames import MAX_RPC_BYTES
+from kernelbridge.hub.approval import Approver
 from kernelbridge.hub.skills import MAX_DESCRIPTION_CHARS, MAX_SOURCE_BYTES
 
 KINDS = frozenset(
@@ -60,6 +61,9 @@ class RpcCall:
     sandbox: str = ""
     """The container the call came from (set by the bridge): what is kept per sandbox (the
     package service's caps, whose /packages went with the container) starts afresh with a new one."""
+    approve: Approver | None = None
+    """Asks a person about a call that needs approval (``KERNELBRIDGE_APPROVE_TOOLS``): supplied by
+    the session layer for the cell that made the call; None: nobody can be asked, refused."""
 
 
 class RpcHandler(Protocol):

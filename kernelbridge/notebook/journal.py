@@ -13,7 +13,7 @@ Line kinds, each decoded once into a record (:data:`JournalEntry`)::
         JournalHeader: the first line
     {"type": "cell", "source": "mcp", "code": ..., "execution_count": ..., "outputs": [...],
      "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ...,
-     "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "arguments", "result"}],
+     "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "approval"?, "arguments", "result"}],
      "packages": [{"requirements", "installed": [{"name", "version", "filename", "sha256", ...}], "ok"}],
      "timeout": ...}
     {"type": "cell", "source": "client", "client": {"username", "session"}, "code": ..., ...}

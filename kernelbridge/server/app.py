@@ -26,7 +26,7 @@ from typing import cast
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, InputRequiredResult
 
 from kernelbridge import __version__
 from kernelbridge.config import Settings, check_state_dir
@@ -36,6 +36,14 @@ from kernelbridge.hub import Hub
 from kernelbridge.packages import PackageService, WithPackages
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
+from kernelbridge.server.approval import (
+    KEEP_FINISHED,
+    CallRun,
+    RunTable,
+    drive,
+    elicitation_mode,
+    take_answers,
+)
 from kernelbridge.server.exports import ExportLimiters, export_to_file, notebook_for_model
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
@@ -70,6 +78,8 @@ class BridgeContext:
     """``%pip install`` through the host, for every namespace (None: a test runtime without one)."""
     exports: ExportLimiters = dataclasses.field(default_factory=ExportLimiters)
     """One journal reader (export, notebook and outputs resources) at a time per namespace."""
+    runs: RunTable = dataclasses.field(default_factory=RunTable)
+    """The cells of ``run_python`` calls, run as the bridge's tasks (see :mod:`.approval`)."""
 
     @property
     def registry(self) -> SessionRegistry:
@@ -168,7 +178,8 @@ def build_server(
                 max_calls=settings.http.max_calls if namespaces is not None else None,
             )
             await stack.enter_async_context(spaces)
-            yield BridgeContext(settings, spaces, hub, gate, packages)
+            runs = await stack.enter_async_context(RunTable())  # closed first: cells before sessions
+            yield BridgeContext(settings, spaces, hub, gate, runs=runs, packages=packages)
 
     async def run_python(
         code: str,
@@ -179,7 +190,22 @@ def build_server(
         timeout: int = math.ceil(settings.default_timeout),
         files: dict[str, str] | None = None,
         restore: str | None = None,
-    ) -> CallToolResult:
+    ) -> CallToolResult | InputRequiredResult:
+        bridge, namespace = _bridge(ctx), namespace_of(ctx)
+
+        async def progress(elapsed: float, tail: str) -> None:
+            await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
+
+        if ctx.request_state is not None:  # a 2026-07-28 client's retry with its user's answers
+            run = bridge.runs.find(ctx.request_state, namespace)
+            if run is None:
+                raise ToolError(
+                    "this call's approval question is no longer pending (its cell ended over"
+                    f" {KEEP_FINISHED:g} s ago, or the bridge restarted); run the code again if needed"
+                )
+            take_answers(run, ctx.input_responses)
+            run.progress = progress
+            return await _collect(run, ctx, bridge)
         if not code.strip() and not files and not restore:
             raise ToolError("code is empty: pass the Python source to run")
         if len(code) > MAX_CODE_CHARS:
@@ -188,10 +214,6 @@ def build_server(
         if not 1 <= timeout <= settings.max_timeout:
             raise ToolError(f"timeout must be between 1 and {settings.max_timeout:g} seconds, got {timeout}")
 
-        async def progress(elapsed: float, tail: str) -> None:
-            await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
-
-        bridge, namespace = _bridge(ctx), namespace_of(ctx)
         placed = decode_files(files or {})
         try:
             with bridge.namespaces.call(namespace):  # per-token calls in flight (HTTP)
@@ -219,19 +241,27 @@ def build_server(
                     if restored is not None:
                         return restore_result(session, restored, notes)
                     return notes_result(notes)
-                result = await registry.run(
-                    session, code, timeout=timeout, servers=servers, on_progress=progress
-                )
+                run = CallRun(namespace, elicitation_mode(ctx))
+                run.progress = progress
+
+                async def cell() -> CallToolResult:
+                    result = await registry.run(
+                        session, code, timeout=timeout, servers=servers, on_progress=run.report,
+                        approve=run.approve,
+                    )  # fmt: skip
+                    if policy is not None and policy.unlimited and result.execution_count == 1:
+                        notes.append(LimitsNotEnforced())
+                    if restored is not None:
+                        notes.insert(0, Restored(session, restored))
+                    result.notes[:0] = notes
+                    fitted = await fit_images(result.images, session, settings.image_budget)
+                    result.notes.extend(fitted.notes)
+                    return to_tool_result(result, media=fitted.blocks)
+
+                bridge.runs.start(run, cell)
+                return await _collect(run, ctx, bridge)
         except KernelBridgeError as exc:
-            raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
-        if policy is not None and policy.unlimited and result.execution_count == 1:
-            notes.append(LimitsNotEnforced())
-        if restored is not None:
-            notes.insert(0, Restored(session, restored))
-        result.notes[:0] = notes
-        fitted = await fit_images(result.images, session, settings.image_budget)
-        result.notes.extend(fitted.notes)
-        return to_tool_result(result, media=fitted.blocks)
+            raise ToolError(_one_line(exc)) from exc
 
     async def list_sessions(ctx: Context) -> str:
         registry = _registry(ctx)
@@ -289,6 +319,30 @@ RUN_PYTHON_DOC = (
     "Run Python in a persistent sandboxed IPython session (state kept per session). "
     "Manual: kernelbridge://capabilities"
 )
+
+
+async def _collect(run: CallRun, ctx: Context, bridge: BridgeContext) -> CallToolResult | InputRequiredResult:
+    """Wait for ``run``'s cell on this request (asking its questions the client's way); its tool
+    result, or the InputRequiredResult a 2026-07-28 client must answer first. A request cancelled
+    while it waits (and not detached for a retry) cancels the cell, as a call always did."""
+    try:
+        asking = await drive(run, ctx, bridge.runs)
+    except BaseException:
+        if not run.detached:
+            run.scope.cancel()
+        raise
+    if asking is not None:
+        return asking
+    bridge.runs.drop(run)
+    if isinstance(run.error, KernelBridgeError):
+        raise ToolError(_one_line(run.error)) from run.error
+    if run.error is not None:
+        raise run.error
+    return cast(CallToolResult, run.outcome)
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:
@@ -350,6 +404,12 @@ class HostFacts:
             lines.append(
                 f"- Limits: memory {limits.memory}, {limits.pids} processes, {limits.cpus:g} CPU;"
                 f" /workspace {limits.workspace_size}, /tmp {limits.tmp_size}."
+            )
+        if settings.approve_tools:
+            patterns = ", ".join(f"`{p}`" for p in settings.approve_tools[:10])
+            lines.append(
+                f"- Host calls of {patterns} wait for the user's approval (asked by the MCP client);"
+                " a refusal raises `McpToolDenied`: do not retry it, say what you wanted to do."
             )
         packages = settings.packages
         section = packages_section(

@@ -103,7 +103,8 @@ def export_root(settings: Settings) -> Path:
 
 def export_parts(root: Path, path: str) -> list[str]:
     """The components of ``path`` below ``root``. Raises ToolError saying why a path is refused."""
-    if not isinstance(path, str) or not path or len(path) > MAX_EXPORT_PATH or "\0" in path:
+    # Untrusted despite the annotation: a model chose it (and a test double may pass anything).
+    if not isinstance(path, str) or not path or len(path) > MAX_EXPORT_PATH or "\0" in path:  # type: ignore[redundant-expr]
         raise ToolError("path must be a relative file name ending in .ipynb, e.g. 'analysis.ipynb'")
     pure = PurePosixPath(path)
     if pure.is_absolute():

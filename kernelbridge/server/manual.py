@@ -22,9 +22,9 @@ SANDBOX = """\
 `run_python` runs code in a persistent IPython kernel inside a locked-down container.
 
 - State persists per `session` (default "default"): variables, imports, functions and files
-  in /workspace (writable, 256 MB) and /tmp. Sessions are isolated from each other.
+  in /workspace (writable) and /tmp. Sessions are isolated from each other.
 - Top-level `await` works. The last expression's value is returned, like a notebook cell.
-- No network. Limits: memory (512 MB by default), CPU, processes. `input()` is not available.
+- No network. `input()` is not available. (What limits apply here: "This host", below.)
 - `timeout` (seconds) interrupts the cell; if it does not stop, the kernel restarts and the
   result says `state: lost`. Output is truncated (head and tail kept) past a limit.
 - `IPython.display.display(Image(...))` / matplotlib figures come back as images.
@@ -85,8 +85,9 @@ def render_manual(servers: Sequence[ServerLine] = (), problems: Sequence[str] = 
         parts.append("\n".join(lines) + "\n")
     else:
         parts.append(
-            "No host MCP servers are configured. The user adds them in ~/MCPs/*.json,\n"
-            "~/.config/mcp/servers/*.json or with `kernelbridge serve --servers-config FILE`.\n"
+            "No host MCP servers are configured. The user adds them in an MCP client's config\n"
+            "(Claude Code, Claude Desktop, Cursor, VS Code), in ~/MCPs/*.json or with\n"
+            "`kernelbridge serve --servers-config FILE`; `kernelbridge servers` lists what is found.\n"
         )
     if problems:
         lines = ["Config problems (entries skipped; the user can fix them):"]

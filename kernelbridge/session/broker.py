@@ -34,6 +34,12 @@ requests, cells that Jupyter clients really sent), and each request is admitted 
 
 So no call escapes the cancellation of a cell, and none outlives every cell by more than the grace.
 
+Approval: a call the operator wants approved (``KERNELBRIDGE_APPROVE_TOOLS``) is asked about
+through the approver of the cell it belongs to (:meth:`RpcBroker.approving`: the session sets
+the one of the ``run_python`` call running that cell; other cells have none, and such calls are
+refused). The broker hands the hub a wrapper that records the decision in the call's
+:class:`ToolCallRecord` (``approval``), also when the wait ends with the cell (``unanswered``).
+
 It knows nothing of MCP clients or policy: the handler (the hub, or a replay's recording) does
 that, and refuses with :class:`~kernelbridge.errors.RpcError`, whose kind and message go back to
 the sandbox as they are. Anything else a handler raises is a bug: logged at ERROR with its
@@ -43,17 +49,21 @@ traceback, answered ``internal`` with a generic message.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
+import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
 
 from kernelbridge import frames
 from kernelbridge.errors import RpcError
+from kernelbridge.hub.approval import ApprovalRequest, Approver, Decision
 from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.packages.record import InstallRecord
 from kernelbridge.tunnel import RpcRequest
@@ -106,6 +116,8 @@ class ToolCallRecord:
     """The call's arguments (JSON), unless too big to keep."""
     result: Any = _ABSENT
     """The answer (JSON), unless the call failed or it was too big to keep."""
+    approval: Decision | None = None
+    """What a person decided, for a call that needed approval (None: it needed none)."""
 
     @property
     def arguments_truncated(self) -> bool:
@@ -117,8 +129,11 @@ class ToolCallRecord:
 
     def summary(self) -> dict[str, Any]:
         """What a ``run_python`` result shows of the call (``structuredContent.tool_calls``)."""
-        return {"server": self.server, "tool": self.tool, "ok": self.ok, "duration_ms": self.duration_ms,
-                "error": self.error}  # fmt: skip
+        summary = {"server": self.server, "tool": self.tool, "ok": self.ok, "duration_ms": self.duration_ms,
+                   "error": self.error}  # fmt: skip
+        if self.approval is not None:
+            summary["approval"] = self.approval.value
+        return summary
 
     def to_json(self) -> dict[str, Any]:
         """The journal's (and the notebook metadata's) form: the summary, then ``arguments`` or
@@ -143,6 +158,7 @@ class _Call:
     size: int = 0
     """JSON bytes of the request's params (counted against MAX_IN_FLIGHT_BYTES)."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    approval: Decision | None = None
 
 
 class RpcBroker:
@@ -157,12 +173,13 @@ class RpcBroker:
         grants: Callable[[], frozenset[str]],
         *,
         namespace: str = "",
-        sandbox: str = "",
+        sandbox: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
-        self.sandbox = sandbox
-        """The container the session's calls come from (``RpcCall.sandbox``)."""
+        self.sandbox = sandbox or secrets.token_hex(8)
+        """Which sandbox the calls come from (``RpcCall.sandbox``): a session gets a new broker with
+        each sandbox it attaches, so a fresh name per broker tells them apart."""
         self._clock = clock
         self.namespace = namespace
         """The HTTP token's namespace of the session (``""``: shared); every call carries it."""
@@ -180,6 +197,8 @@ class RpcBroker:
         """Cells running now, in the order they began."""
         self._ended: collections.OrderedDict[str, float] = collections.OrderedDict()
         """Cells that ended, with when (monotonic), the latest last."""
+        self._approvers: dict[str, Approver] = {}
+        """Who can approve the calls of a cell (the ``run_python`` call running it), by cell."""
         self.refused = 0
 
     @property
@@ -200,6 +219,17 @@ class RpcBroker:
             self._ended[msg_id] = self._clock()
             while len(self._ended) > MAX_TRACKED_CELLS:
                 self._ended.popitem(last=False)
+
+    @contextlib.contextmanager
+    def approving(self, msg_id: str, approver: Approver | None) -> Iterator[None]:
+        """While in it, calls of cell ``msg_id`` that need approval ask ``approver`` (None, or
+        after it: nobody can be asked, and they are refused)."""
+        if approver is not None:
+            self._approvers[msg_id] = approver
+        try:
+            yield
+        finally:
+            self._approvers.pop(msg_id, None)
 
     def cell_of(self, claimed: object) -> str | None:
         """The running cell a request claiming ``claimed`` belongs to, or None to refuse it."""
@@ -257,6 +287,7 @@ class RpcBroker:
                 params,
                 namespace=self.namespace,
                 sandbox=self.sandbox,
+                approve=partial(self._approve, call),
             )
             with call.scope:
                 result = await self._handler.dispatch(rpc)
@@ -289,6 +320,16 @@ class RpcBroker:
                 await self._answer(call.request_id, error=error)
             else:
                 await self._answer(call.request_id, result=result)
+
+    async def _approve(self, call: _Call, request: ApprovalRequest) -> Decision:
+        """Ask the approver of the call's cell, and note the decision for the call's record."""
+        approver = self._approvers.get(call.cell) if call.cell is not None else None
+        if approver is None:
+            call.approval = Decision.NO_CLIENT
+            return call.approval
+        call.approval = Decision.UNANSWERED  # until an answer comes (the cell may end first)
+        call.approval = await approver(request)
+        return call.approval
 
     def cancel(self, cell: str | None = None) -> int:
         """Cancel the calls made by ``cell`` (every call when None). Returns how many."""
@@ -349,6 +390,7 @@ class RpcBroker:
             ok=error is None and not (isinstance(result, dict) and result.get("isError")),
             duration_ms=int(seconds * 1000),
             error=f"{error['kind']}: {error['message']}" if error else None,
+            approval=call.approval,
         )
         arguments = args.get("arguments")
         if self._keep(call.cell, _json_size(arguments)):
@@ -362,6 +404,13 @@ class RpcBroker:
             oldest = next(iter(self._records))
             self._records.pop(oldest)
             self._held.pop(oldest, None)
+
+
+def approving(
+    broker: RpcBroker | None, msg_id: str, approver: Approver | None
+) -> contextlib.AbstractContextManager[None]:
+    """:meth:`RpcBroker.approving` of ``broker``, or nothing to do when there is no broker."""
+    return broker.approving(msg_id, approver) if broker is not None else contextlib.nullcontext()
 
 
 def _no_cell(claimed: object) -> str:

@@ -30,6 +30,7 @@ import anyio
 
 from kernelbridge.notebook.journal import CellSource
 from kernelbridge.session.outcome import DisplaysDropped, Note, State, Status
+from kernelbridge.session.tracebacks import trim_traceback
 
 if TYPE_CHECKING:
     from kernelbridge.packages.record import InstallRecord
@@ -148,8 +149,10 @@ _NO_STDIN = (
 
 
 def compact_traceback(lines: list[Any]) -> str:
-    """Join IPython's traceback lines without colour codes or the rule line of dashes."""
-    text = "\n".join(strip_ansi(str(line)) for line in lines)
+    """Join IPython's traceback lines without colour codes or the rule line of dashes, and with
+    the library frames before the raising one left out (:mod:`.tracebacks`; the error output the
+    journal keeps is the whole traceback)."""
+    text = "\n".join(trim_traceback([strip_ansi(str(line)) for line in lines]).parts)
     text = "\n".join(line for line in text.splitlines() if not re.fullmatch(r"-{20,}", line.strip()))
     return cut_middle(text.strip("\n"), MAX_TRACEBACK_CHARS, "traceback")[0]
 

@@ -14,9 +14,8 @@ Each sandbox this registry starts sits in a :class:`~kernelbridge.session.seat.S
 handlers it was started with: its iopub goes to the session's
 :class:`~kernelbridge.session.recorder.Recorder` (so cells sent by any Jupyter client, e.g. a
 person in ``kernelbridge attach``, are journalled too), its rpc requests to the session's
-:class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an
-injected :class:`~kernelbridge.runtime.RuntimeBackend`: the product uses a container engine;
-tests may use the local test double.
+:class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an injected
+:class:`~kernelbridge.runtime.RuntimeBackend` (a container engine, or the local test double).
 """
 
 from __future__ import annotations
@@ -36,9 +35,10 @@ import anyio.abc
 from kernelbridge.config import Settings
 from kernelbridge.errors import NO_SERVERS_CONFIGURED, SessionError
 from kernelbridge.host import Death, Sandbox, WarmPool, close_sandbox
+from kernelbridge.hub.approval import Approver
 from kernelbridge.hub.rpc import RpcHandler
 from kernelbridge.runtime import RuntimeBackend
-from kernelbridge.session.broker import RpcBroker
+from kernelbridge.session.broker import RpcBroker, approving
 from kernelbridge.session.cell import Cell, CellResult, finish_cell
 from kernelbridge.session.outcome import FreshSandbox, Note, ProxiesNotRefreshed
 from kernelbridge.session.recorder import Recorder
@@ -208,14 +208,13 @@ class SessionRegistry:
         timeout: float,
         servers: list[str] | None = None,
         on_progress: ProgressCallback | None = None,
+        approve: Approver | None = None,
     ) -> CellResult:
         """Run ``code`` in session ``name`` (created on first use); calls to one session queue.
-
-        ``servers`` are granted to the session for its lifetime (host MCP servers its code may
-        call). Raises SessionError (bad name, too many sessions, unknown server) and
-        SandboxError/ImageError when a sandbox cannot be started. A user's Python error is a
-        normal result.
-        """
+        ``servers`` are granted for the session's lifetime (host MCP servers its code may call);
+        ``approve`` answers for the cell's calls that need a person's approval. Raises SessionError
+        (bad name, too many sessions, unknown server), SandboxError/ImageError (no sandbox could
+        start). A user's Python error is a normal result."""
         validate_session_name(name)
         granted = self._grants_for(servers or [])
         while True:
@@ -234,7 +233,7 @@ class SessionRegistry:
                             session.bound = grants
                         elif refreshed is not None:
                             session.pending.append(ProxiesNotRefreshed())
-                    return await self._execute(session, seat, code, timeout, on_progress, began)
+                    return await self._execute(session, seat, code, timeout, on_progress, began, approve)
 
     async def sandbox(self, name: str) -> Sandbox:
         """The live sandbox of session ``name`` (created on first use, replaced if it died), e.g.
@@ -346,7 +345,6 @@ class SessionRegistry:
             self._tg.start_soon,
             lambda: session.grants,
             namespace=self.settings.namespace,
-            sandbox=sandbox.container_name,
         )
 
         def running(msg_id: str, running: bool) -> None:  # host calls are a running cell's only
@@ -382,6 +380,7 @@ class SessionRegistry:
         timeout: float,
         on_progress: ProgressCallback | None,
         began: float,
+        approve: Approver | None = None,
     ) -> CellResult:
         recorder = seat.recorder
         assert recorder is not None
@@ -410,9 +409,10 @@ class SessionRegistry:
             restarted=partial(self._restarted, session),
         )
         try:
-            run = await self._runner.run(
-                target, cell, code, timeout, began=began, on_progress=on_progress, on_cancel=finish
-            )
+            with approving(seat.broker, cell.msg_id, approve):  # its calls ask this call's client
+                run = await self._runner.run(
+                    target, cell, code, timeout, began=began, on_progress=on_progress, on_cancel=finish
+                )
         finally:
             recorder.forget(cell)
         return await finish(run)

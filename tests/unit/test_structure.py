@@ -42,6 +42,7 @@ TEMPORARY_CYCLES: dict[frozenset[str], str] = {}
 
 PUBLIC_API = frozenset(
     {
+        "DISTRIBUTION",
         "AgentMismatch",
         "ConfigError",
         "EngineRefused",

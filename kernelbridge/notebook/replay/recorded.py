@@ -96,7 +96,8 @@ class RecordedTools(RpcHandler):
         """``check_grants`` of the session layer: only servers the recording knows."""
         canonical: list[str] = []
         for name in names:
-            real = resolve(name, self._aliases) if isinstance(name, str) else None
+            # Untrusted despite the annotation: the names come from a notebook or a model.
+            real = resolve(name, self._aliases) if isinstance(name, str) else None  # type: ignore[redundant-expr]
             if real is None:
                 known = ", ".join(self._aliases) or "none"
                 raise HubError(
