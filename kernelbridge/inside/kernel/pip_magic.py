@@ -19,6 +19,7 @@ nothing installed, every variable kept.
 
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
 import sys
@@ -34,6 +35,12 @@ USAGE = (
 _SHELL_PIP = re.compile(
     r"^(?P<indent>\s*)!\s*(?:pip3?|python3?\s+-m\s+pip|\{sys\.executable\}\s+-m\s+pip)(?P<rest>(?:\s.*)?)$"
 )
+
+
+def _sandbox(module: str) -> Any:
+    """A module of the sandbox's ``mcp`` package (on the kernel's PYTHONPATH; imported by name, as
+    to the host's type checker ``mcp`` is the MCP SDK)."""
+    return importlib.import_module(module)
 
 
 def _usage_error(message: str) -> Exception:
@@ -99,8 +106,7 @@ def read_requirements_file(path: str) -> list[str]:
 
 def pip(line: str) -> None:
     """The ``%pip`` line magic."""
-    from mcp import McpError, _packages
-
+    _packages, mcp_error = _sandbox("mcp._packages"), _sandbox("mcp").McpError
     try:
         words = shlex.split(line)
     except ValueError as exc:
@@ -114,7 +120,7 @@ def pip(line: str) -> None:
             raise _usage_error("%pip install: name at least one package (or -r FILE)")
         try:
             report = _packages.install(requirements, upgrade=upgrade, out=None if quiet else sys.stdout)
-        except McpError as exc:
+        except mcp_error as exc:
             raise _usage_error(f"pip install: {exc.message}") from None
         except KeyboardInterrupt:
             raise _usage_error("pip install: interrupted; nothing was installed") from None
@@ -172,8 +178,6 @@ def rewrite_shell_pip(lines: list[str]) -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Called by IPython once per kernel start (IPKernelApp.extensions)."""
-    from mcp import _packages
-
-    _packages.activate()
+    _sandbox("mcp._packages").activate()
     ipython.register_magic_function(pip, "line", "pip")
     ipython.input_transformers_cleanup.append(rewrite_shell_pip)

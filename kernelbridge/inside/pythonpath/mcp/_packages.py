@@ -105,7 +105,7 @@ def _process_pth(site_path: Path) -> None:
         for name in sorted(os.listdir(site_path)):
             if name.endswith(".pth") and name not in _seen_pth:
                 _seen_pth.add(name)
-                site.addpackage(str(site_path), name, known)  # type: ignore[attr-defined]
+                site.addpackage(str(site_path), name, known)
 
 
 def _normalize(name: str) -> str:
