@@ -29,7 +29,7 @@ from kernelbridge.config.mounts import (
     check_source,
     parse_mounts,
 )
-from kernelbridge.config.packages import PackageSettings, parse_policy
+from kernelbridge.config.packages import PackageSettings, parse_policy, tmpfs_size
 from kernelbridge.errors import ConfigError
 
 __all__ = [
@@ -81,9 +81,10 @@ class SandboxLimits:
     tmp_size: str = "64m"
     """Size of the /tmp tmpfs. Unsized, podman's /tmp is a huge tmpfs counted against memory."""
     workspace_size: str = "256m"
-    packages_size: str = "512m"
-    """Size of the /packages tmpfs where the session's ``%pip install``s go: room for the bytes
-    installed (``PackageSettings.max_bytes``) and, while they unpack, their wheels."""
+    packages_size: str = "192m"
+    """Size of the /packages tmpfs where the session's ``%pip install``s go: the bytes that may be
+    installed (``PackageSettings.max_bytes``) and half as much again for the wheel being unpacked
+    (``config.packages.tmpfs_size``). Like every tmpfs it counts against ``memory``."""
     nofile: int = 1024
     nproc: int = 4096
     """RLIMIT_NPROC is per host uid, shared by every container running as 65534: keep it high
@@ -300,8 +301,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         workspace_size=_env.size(env, "WORKSPACE_SIZE", defaults.workspace_size),
     )
     packages = _package_settings(env)
-    # Room for what may be installed plus the wheels of one install while they unpack.
-    limits = dataclasses.replace(limits, packages_size=f"{max(packages.max_bytes * 2 // 1024**2, 16)}m")
+    limits = dataclasses.replace(limits, packages_size=tmpfs_size(packages.max_bytes))
     # The predecessor called it MCP_BRIDGE_TIMEOUT; both of its spellings are honoured.
     default_timeout = _env.number(
         env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False, aliases=("TIMEOUT",)
@@ -371,7 +371,7 @@ def _package_settings(env: Mapping[str, str]) -> PackageSettings:
     return PackageSettings(
         policy=policy,
         allowed=allowed,
-        max_bytes=_env.byte_size(env, "PACKAGES_MAX_BYTES", 256 * 1024**2, minimum=1024**2),
+        max_bytes=_env.byte_size(env, "PACKAGES_MAX_BYTES", 128 * 1024**2, minimum=1024**2),
         max_installs=int(_env.number(env, "PACKAGES_MAX_INSTALLS", 32, minimum=0, integer=True)),
         cache_bytes=_env.byte_size(env, "PACKAGES_CACHE", 4 * 1024**3, minimum=16 * 1024**2),
     )

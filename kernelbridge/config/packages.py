@@ -20,9 +20,9 @@ class PackageSettings:
     normalized: the names the sandbox may ask for; their dependencies come with them)."""
     allowed: frozenset[str] = frozenset()
     """The allowed names when ``policy`` is ``names``."""
-    max_bytes: int = 256 * 1024**2
+    max_bytes: int = 128 * 1024**2
     """``KERNELBRIDGE_PACKAGES_MAX_BYTES``: bytes one sandbox may install (unpacked); the /packages
-    tmpfs is sized for it plus one install's wheels."""
+    tmpfs is sized for it plus the wheel being unpacked (:func:`tmpfs_size`)."""
     max_installs: int = 32
     """``KERNELBRIDGE_PACKAGES_MAX_INSTALLS``: ``%pip install`` commands that install something, per
     sandbox."""
@@ -33,6 +33,13 @@ class PackageSettings:
     @property
     def enabled(self) -> bool:
         return self.policy != "none"
+
+
+def tmpfs_size(max_bytes: int) -> str:
+    """The /packages tmpfs for a cap of ``max_bytes``: the cap and half as much again, for the one
+    wheel the kernel holds while it unpacks it (each is removed once unpacked). An install whose
+    wheel is bigger than that fails cleanly (no space left), nothing installed."""
+    return f"{max(max_bytes * 3 // 2 // 1024**2, 16)}m"
 
 
 def parse_policy(var: str, raw: str) -> tuple[str, frozenset[str]]:

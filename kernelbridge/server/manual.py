@@ -124,7 +124,7 @@ def packages_section(
             f"- More: `%pip install NAME` ({which}; also `!pip install`, `%pip install -r FILE`):"
             " the host's pip fetches binary wheels for the sandbox (which itself has no network) and"
             " they import in the next line, no restart. A package without a wheel (source only) cannot"
-            f" come this way. Per session at most {max_bytes / 2**20:.0f} MB installed and"
+            f" come this way. Per session at most {max_bytes / 2**20:.0f} MiB installed and"
             f" {max_installs} installs; `%pip list`, `%pip show NAME`."
         )
     if mounts:

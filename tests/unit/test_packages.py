@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbridge.config import ConfigError, load_settings
+from kernelbridge.config import ConfigError, SandboxLimits, load_settings
 from kernelbridge.errors import RpcError
 from kernelbridge.image.target import PIP_TARGET_FLAGS, platforms
 from kernelbridge.packages.cache import FRESH_FOR, CacheError, WheelCache, installed_size
@@ -100,7 +100,8 @@ def test_package_settings() -> None:
     )
     assert settings.packages.policy == "names" and settings.packages.allowed == {"tabulate", "six"}
     assert settings.packages.max_bytes == 64 * 2**20
-    assert settings.limits.packages_size == "128m", "the tmpfs holds the cap and one install's wheels"
+    assert settings.limits.packages_size == "96m", "the tmpfs holds the cap and a wheel being unpacked"
+    assert load_settings({}).limits.packages_size == "192m" == SandboxLimits().packages_size
     assert load_settings({"KERNELBRIDGE_PACKAGES": "none"}).packages.enabled is False
     assert load_settings({}).packages.policy == "any"
     with pytest.raises(ConfigError, match="KERNELBRIDGE_PACKAGES: '--index-url' is not a package name"):
@@ -263,3 +264,15 @@ def test_a_stored_resolution_fits_a_sandbox_unless_it_has_one_of_its_wheels_at_a
     assert cache.resolution("k", {"pandas": "3.0"}, {"lib"}, fresh=True) == [lib, numpy]
     assert cache.resolution("k", {"numpy": "2.3.0"}, {"lib"}, fresh=True) is None, "no second numpy"
     assert cache.resolution("k", {"numpy": "2.3.0"}, {"lib", "numpy"}, fresh=True) is not None, "asked"
+
+
+def test_the_capabilities_list_the_image_the_policy_the_caps_and_the_mount_targets() -> None:
+    from kernelbridge.server.manual import packages_section
+
+    text = packages_section(["numpy==2.4.6", "scipy==1.17.1"], "any", [], 256 * 2**20, 32, ["/data"])
+    assert "Python packages in the sandbox image: numpy==2.4.6, scipy==1.17.1." in text
+    assert "`%pip install NAME` (any package;" in text and "at most 256 MiB installed and 32 installs" in text
+    assert "read-only: `/data`." in text
+    only = packages_section([], "names", ["tabulate"], 2**20, 1, [])
+    assert "(only tabulate (with their dependencies);" in only and "read-only" not in only
+    assert "turned off" in packages_section([], "none", [], 2**20, 1, [])

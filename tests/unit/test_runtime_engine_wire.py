@@ -88,7 +88,7 @@ def test_create_body_carries_every_sandbox_flag() -> None:
     assert host["Tmpfs"] == {
         "/tmp": "rw,size=64m,mode=1777,nosuid,nodev",
         "/workspace": "rw,size=256m,mode=1777,nosuid,nodev",
-        "/packages": "rw,size=512m,mode=1777,nosuid,nodev",
+        "/packages": "rw,size=192m,mode=1777,nosuid,nodev",
         # Read-only and empty: podman's read-only root would put unsized writable tmpfs there.
         "/var/tmp": READ_ONLY_TMPFS,
         "/run": READ_ONLY_TMPFS,

@@ -8,12 +8,12 @@ docs/rpc.md "Packages") and this module brings them in over the rpc channel and 
    second numpy comes unless asked); the host answers a plan (wheels, sha256, sizes) or one line
    saying why not;
 2. ``packages_fetch``: each wheel in chunks, one at a time, into a staging directory on the
-   packages tmpfs, its sha256 checked;
-3. every wheel unpacked with ``installer`` (baked into the image) into the staging directory,
-   then moved into :func:`site_dir` (on ``sys.path`` from the kernel's start, ahead of the
-   image's own packages), so it imports in the next line without a restart; on any failure
-   before that move, the staging directory is removed and nothing is installed; a failing move
-   is undone;
+   packages tmpfs, its sha256 checked, unpacked with ``installer`` (baked into the image) into the
+   staging tree, and removed;
+3. the staged tree moved into :func:`site_dir` (on ``sys.path`` from the kernel's start, ahead of
+   the image's own packages), so it imports in the next line without a restart; on any failure
+   before that move, the staging directory is removed and nothing is installed; a failing move is
+   undone;
 4. ``packages_done``: the host records the install (the session's journal keeps it, so a restore
    reinstalls exactly these wheels).
 
@@ -191,10 +191,10 @@ def install(requirements: list[str], *, upgrade: bool = False, out: Any = None) 
     staging = base / f".staging-{uuid.uuid4().hex[:12]}"
     try:
         try:
-            for wheel in wheels:
-                _fetch(plan, wheel, staging / "wheels")
-            for wheel in wheels:
-                _unpack(staging / "wheels" / _safe_filename(wheel["filename"]), staging)
+            for wheel in wheels:  # one wheel at a time on the tmpfs: it goes once it is unpacked
+                wheel_file = _fetch(plan, wheel, staging / "wheels")
+                _unpack(wheel_file, staging)
+                wheel_file.unlink()
             replaced = _commit(staging, base, [str(w["name"]) for w in wheels])
         except BaseException as exc:
             why = _why(exc)
@@ -232,8 +232,8 @@ def _safe_filename(name: object) -> str:
     return text
 
 
-def _fetch(plan: str, wheel: dict[str, Any], directory: Path) -> None:
-    """Pull one wheel from the host, chunk by chunk, and check its size and sha256."""
+def _fetch(plan: str, wheel: dict[str, Any], directory: Path) -> Path:
+    """Pull one wheel from the host, chunk by chunk, and check its size and sha256; its file."""
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / _safe_filename(wheel["filename"])
     expected, size = str(wheel["sha256"]), int(wheel["size"])
@@ -250,6 +250,7 @@ def _fetch(plan: str, wheel: dict[str, Any], directory: Path) -> None:
             offset += len(data)
     if digest.hexdigest() != expected:
         raise PackageError(f"{wheel['filename']} arrived with another sha256 than the host's; not installed")
+    return target
 
 
 def _unpack(wheel_file: Path, staging: Path) -> None:
