@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING
 
 from kernelbridge.cli.servers import add_discovery_arguments, with_discovery
-from kernelbridge.config import Settings
+from kernelbridge.config import Settings, check_mount_set, parse_mounts
 from kernelbridge.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,6 +26,9 @@ def add_parsers(sub: Subcommands) -> None:
     serve.add_argument("--no-auth", action="store_true",
                        help="no bearer tokens (loopback only; any local user may run code)")  # fmt: skip
     add_discovery_arguments(serve)
+    serve.add_argument("--mount", action="append", default=[], metavar="SRC:DST",
+                       help="a host directory every sandbox sees read-only at DST (repeatable;"
+                            " beside KERNELBRIDGE_MOUNTS)")  # fmt: skip
     serve.set_defaults(run=cmd_serve)
 
 
@@ -34,6 +38,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from kernelbridge.server.http import HttpOptions
 
     settings = with_discovery(args, settings)
+    if args.mount:
+        mounts = [parse_mounts(item, settings.state_dir, where="--mount")[0] for item in args.mount]
+        combined = check_mount_set([*settings.mounts, *mounts], where="--mount")
+        settings = dataclasses.replace(settings, mounts=combined)
     extras_from_settings(settings)  # a bad package list stops the start, with one line
     http = None
     if args.http:

@@ -59,6 +59,7 @@ def container_spec(settings: Settings, session: str, image: str) -> ContainerSpe
         owner_host=socket.gethostname(),
         limits=settings.limits,
         labels=labels,
+        mounts=settings.mounts,
     )
 
 

@@ -119,6 +119,8 @@ def entry_cell(entry: JournalEntry) -> Node | None:
         meta["client"] = entry.client
     if entry.tool_calls:
         meta["tool_calls"] = entry.tool_calls
+    if entry.packages:
+        meta["packages"] = entry.packages
     if entry.timeout is not None:
         meta["timeout"] = entry.timeout
     cell.metadata["kernelbridge"] = meta

@@ -14,6 +14,7 @@ Line kinds, each decoded once into a record (:data:`JournalEntry`)::
     {"type": "cell", "source": "mcp", "code": ..., "execution_count": ..., "outputs": [...],
      "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ...,
      "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "approval"?, "arguments", "result"}],
+     "packages": [{"requirements", "installed": [{"name", "version", "filename", "sha256", ...}], "ok"}],
      "timeout": ...}
     {"type": "cell", "source": "client", "client": {"username", "session"}, "code": ..., ...}
         JournalCell: the bridge's own ``run_python`` cell (``mcp``), or one another Jupyter client
@@ -24,7 +25,9 @@ Line kinds, each decoded once into a record (:data:`JournalEntry`)::
 Each line is written with one ``write`` as soon as its cell ends, so a bridge killed with SIGKILL
 loses at most the cell in flight, and a reader in another process sees whole lines or a torn last
 one. ``timeout`` is the seconds the call allowed (a replay gives the cell the same);
-``tool_calls`` are what :mod:`kernelbridge.notebook.replay` answers from. A journal holds at most
+``tool_calls`` are what :mod:`kernelbridge.notebook.replay` answers from; ``packages`` (only when
+the cell ran ``%pip install``) are the installs a restore repeats exactly
+(:mod:`kernelbridge.packages.record`). A journal holds at most
 its budget (``KERNELBRIDGE_JOURNAL_BUDGET``, or what is left of an HTTP token's disk quota): the
 first line that would pass it is replaced by one ``truncated`` line, and nothing is written after
 that, whatever the session does. A journal file is created once and never overwritten (a new
@@ -104,6 +107,9 @@ class JournalCell:
     wrote them (read back as JSON objects: the replay checks each field it uses)."""
     client: dict[str, str] | None = None
     """``username`` and ``session`` of the Jupyter client that sent it (``source == "client"``)."""
+    packages: list[dict[str, Any]] = field(default_factory=list)
+    """``%pip install``s the cell made, as :meth:`~kernelbridge.packages.record.InstallRecord.to_json`
+    wrote them (read back as JSON objects: ``records_of`` checks each field)."""
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"type": "cell", "source": self.source}
@@ -121,6 +127,8 @@ class JournalCell:
         )
         if self.source == "mcp" or self.tool_calls:
             entry["tool_calls"] = self.tool_calls
+        if self.packages:
+            entry["packages"] = self.packages
         if self.timeout is not None:
             entry["timeout"] = self.timeout
         return entry
@@ -273,6 +281,7 @@ def _decode_cell(raw: dict[str, Any]) -> JournalCell | None:
         return None
     client = raw.get("client")
     outputs, servers, calls = raw.get("outputs"), raw.get("servers"), raw.get("tool_calls")
+    packages = raw.get("packages")
     return JournalCell(
         code=code,
         source="client" if raw.get("source") == "client" else "mcp",
@@ -286,6 +295,7 @@ def _decode_cell(raw: dict[str, Any]) -> JournalCell | None:
         timeout=_number(raw.get("timeout")),
         tool_calls=[c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else [],
         client={str(k): str(v) for k, v in client.items()} if isinstance(client, dict) and client else None,
+        packages=[p for p in packages if isinstance(p, dict)] if isinstance(packages, list) else [],
     )
 
 

@@ -42,7 +42,7 @@ from typing import Protocol
 
 from anyio.abc import ByteStream
 
-from kernelbridge.config import SandboxLimits
+from kernelbridge.config import Mount, SandboxLimits
 
 SESSION_LABEL = "kernelbridge.session"
 OWNER_LABEL = "kernelbridge.owner"
@@ -69,6 +69,9 @@ class ContainerSpec:
     """Overrides the image's CMD (the agent) when not empty."""
     labels: tuple[tuple[str, str], ...] = ()
     """Labels beyond the session/owner/host ones."""
+    mounts: tuple[Mount, ...] = ()
+    """Host directories bound read-only into the sandbox (checked by ``config.check_mount``); one
+    on ``/workspace`` (a notebook's own directory, for a plain Jupyter client) replaces its tmpfs."""
     reattachable: bool = False
     """Keep the container's stdin open when the attached client goes away, so that another
     client can ``attach`` to the running container later (a sandbox that outlives its bridge).

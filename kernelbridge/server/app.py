@@ -33,6 +33,7 @@ from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.host import SandboxGate, SandboxPolicy, expected_image
 from kernelbridge.hub import Hub
+from kernelbridge.packages import PackageService, WithPackages
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
 from kernelbridge.server.approval import (
@@ -47,7 +48,7 @@ from kernelbridge.server.exports import ExportLimiters, export_to_file, notebook
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
 from kernelbridge.server.images import fit_images, register_output_resources
-from kernelbridge.server.manual import ServerLine, render_manual
+from kernelbridge.server.manual import ServerLine, packages_section, render_manual
 from kernelbridge.server.namespaces import Namespaces
 from kernelbridge.server.notes import LimitsNotEnforced, Restored
 from kernelbridge.server.render import notes_result, restore_result, to_tool_result
@@ -73,6 +74,8 @@ class BridgeContext:
     hub: Hub
     gate: SandboxGate | None = None
     """What sandboxes this bridge may start (None: an injected test runtime, anything goes)."""
+    packages: PackageService | None = None
+    """``%pip install`` through the host, for every namespace (None: a test runtime without one)."""
     exports: ExportLimiters = dataclasses.field(default_factory=ExportLimiters)
     """One journal reader (export, notebook and outputs resources) at a time per namespace."""
     runs: RunTable = dataclasses.field(default_factory=RunTable)
@@ -152,6 +155,9 @@ def build_server(
             hub = await stack.enter_async_context(Hub(settings))
             hubs.append(hub)
             stack.callback(hubs.remove, hub)
+            # %pip install through the host: one service (and wheel cache) for every namespace.
+            packages = PackageService(settings)
+            rpc = WithPackages(packages, hub)
 
             def make_registry(registry_settings: Settings) -> SessionRegistry:
                 if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
@@ -161,7 +167,7 @@ def build_server(
                     backend,
                     image=policy.image,
                     agent_hash=policy.agent_hash,
-                    dispatch=hub,
+                    dispatch=rpc,
                     check_grants=hub.validate_grants,
                 )
 
@@ -173,7 +179,7 @@ def build_server(
             )
             await stack.enter_async_context(spaces)
             runs = await stack.enter_async_context(RunTable())  # closed first: cells before sessions
-            yield BridgeContext(settings, spaces, hub, gate, runs=runs)
+            yield BridgeContext(settings, spaces, hub, gate, runs=runs, packages=packages)
 
     async def run_python(
         code: str,
@@ -220,7 +226,13 @@ def build_server(
                 if restore:
                     reader = bridge.exports.of(namespace)
                     restored = await restore_session(
-                        own, registry, session, restore, budget=timeout, reader=reader
+                        own,
+                        registry,
+                        session,
+                        restore,
+                        budget=timeout,
+                        reader=reader,
+                        packages=bridge.packages,
                     )
                 notes: list[Note] = (
                     [await place_files(await registry.sandbox(session), placed)] if placed else []
@@ -381,8 +393,6 @@ class HostFacts:
             return ""
         limits = settings.limits
         lines = ["", "## This host", ""]
-        if policy.packages:
-            lines.append(f"- Python packages in the sandbox image: {', '.join(policy.packages)}.")
         if policy.refusal:
             lines.append(f"- Sandboxes cannot start right now: {policy.refusal}.")
         elif policy.unlimited:
@@ -401,4 +411,13 @@ class HostFacts:
                 f"- Host calls of {patterns} wait for the user's approval (asked by the MCP client);"
                 " a refusal raises `McpToolDenied`: do not retry it, say what you wanted to do."
             )
-        return "\n".join(lines) + "\n"
+        packages = settings.packages
+        section = packages_section(
+            policy.packages,
+            packages.policy,
+            sorted(packages.allowed),
+            packages.max_bytes,
+            packages.max_installs,
+            [mount.target for mount in settings.mounts],
+        )
+        return "\n".join(lines) + "\n\n" + section

@@ -98,5 +98,43 @@ def render_manual(servers: Sequence[ServerLine] = (), problems: Sequence[str] = 
     return "\n".join(parts)
 
 
+def packages_section(
+    installed: Sequence[str],
+    policy: str,
+    allowed: Sequence[str],
+    max_bytes: int,
+    max_installs: int,
+    mounts: Sequence[str],
+) -> str:
+    """What the sandbox has and how more gets in: the image's packages (``name==version``), the
+    ``%pip install`` policy and caps, and the read-only host directories (their sandbox paths only:
+    the host's paths are not the model's business)."""
+    lines = ["## Packages and data", ""]
+    if installed:
+        lines.append(f"- Python packages in the sandbox image: {', '.join(installed)}.")
+    if policy == "none":
+        lines.append("- Installing more packages is turned off on this host.")
+    else:
+        which = (
+            "only " + ", ".join(allowed) + " (with their dependencies)"
+            if policy == "names"
+            else "any package"
+        )
+        lines.append(
+            f"- More: `%pip install NAME` ({which}; also `!pip install`, `%pip install -r FILE`):"
+            " the host's pip fetches binary wheels for the sandbox (which itself has no network) and"
+            " they import in the next line, no restart. A package without a wheel (source only) cannot"
+            f" come this way. Per session at most {max_bytes / 2**20:.0f} MiB installed and"
+            f" {max_installs} installs; `%pip list`, `%pip show NAME`."
+        )
+    if mounts:
+        lines.append(
+            "- Data from the user's machine, read-only: "
+            + ", ".join(f"`{target}`" for target in mounts)
+            + "."
+        )
+    return "\n".join(lines) + "\n"
+
+
 CAPABILITIES = render_manual()
 """The manual of a bridge without host servers (for callers that have no hub)."""

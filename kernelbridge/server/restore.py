@@ -42,6 +42,7 @@ from kernelbridge.notebook.convert import read_restorable
 from kernelbridge.notebook.export import restorable_notebook
 from kernelbridge.notebook.journal import journal_read_limit
 from kernelbridge.notebook.replay import ReplayReport, replay_cells
+from kernelbridge.packages import PackageService
 from kernelbridge.server.exports import in_worker
 from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import SessionStore, validate_session_name
@@ -90,6 +91,7 @@ async def restore_session(
     *,
     budget: float,
     reader: anyio.CapacityLimiter,
+    packages: PackageService | None = None,
 ) -> ReplayReport:
     """Run the notebook's code cells into ``session`` within ``budget`` seconds (the calling
     ``run_python``'s timeout); returns the per-cell report. Raises ToolError (a bad source, an
@@ -103,7 +105,7 @@ async def restore_session(
     nb = await load_source(settings, notebook, reader)
     started = time.monotonic()
     try:
-        report = await replay_cells(registry, session, nb, budget=budget)
+        report = await replay_cells(registry, session, nb, budget=budget, packages=packages)
     except KernelBridgeError as exc:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     report.budget = budget

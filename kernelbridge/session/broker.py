@@ -12,7 +12,9 @@ at once (it runs on the sandbox's event pump):
   cancelled on the host and answered ``cancelled``;
 - every ``call_tool`` is recorded as a :class:`ToolCallRecord` (server, tool, duration, ok/error,
   arguments and result within :data:`MAX_RECORDED_BYTES`) under the cell that made it, for the
-  journal and for replaying a notebook offline with the recorded results.
+  journal and for replaying a notebook offline with the recorded results; every finished
+  ``%pip install`` (the package service's answer to ``packages_done``) as an
+  :class:`~kernelbridge.packages.record.InstallRecord`, so that a restore installs the same wheels.
 
 Which cell a call belongs to
 ----------------------------
@@ -50,6 +52,7 @@ import collections
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,6 +65,7 @@ from kernelbridge import frames
 from kernelbridge.errors import RpcError
 from kernelbridge.hub.approval import ApprovalRequest, Approver, Decision
 from kernelbridge.hub.rpc import RpcCall, RpcHandler
+from kernelbridge.packages.record import InstallRecord
 from kernelbridge.tunnel import RpcRequest
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,8 @@ LATE_CALL_GRACE = 2.0
 """Seconds after its cell ended during which a call claiming that cell is still admitted as its own."""
 MAX_TRACKED_CELLS = 64
 """Running and recently ended cells remembered (a session runs one at a time, plus a few clients')."""
+MAX_INSTALLS_PER_CELL = 64
+"""``%pip install`` records kept per cell (each is small: names, versions, hashes)."""
 MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
 """Request bytes held by the calls of one session in flight: two maximal requests. A burst of
 64 maximal requests would otherwise pin 2 GiB in the bridge; past it a request is answered ``busy``."""
@@ -167,9 +173,13 @@ class RpcBroker:
         grants: Callable[[], frozenset[str]],
         *,
         namespace: str = "",
+        sandbox: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
+        self.sandbox = sandbox or secrets.token_hex(8)
+        """Which sandbox the calls come from (``RpcCall.sandbox``): a session gets a new broker with
+        each sandbox it attaches, so a fresh name per broker tells them apart."""
         self._clock = clock
         self.namespace = namespace
         """The HTTP token's namespace of the session (``""``: shared); every call carries it."""
@@ -180,6 +190,7 @@ class RpcBroker:
         self._in_flight: dict[int, _Call] = {}
         self._in_flight_bytes = 0
         self._records: dict[str | None, list[ToolCallRecord]] = {}
+        self._installs: dict[str | None, list[InstallRecord]] = {}
         self._held: dict[str | None, int] = {}
         """Bytes of arguments and results kept in ``_records``, per cell."""
         self._running: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -275,6 +286,7 @@ class RpcBroker:
                 str(method)[:100],
                 params,
                 namespace=self.namespace,
+                sandbox=self.sandbox,
                 approve=partial(self._approve, call),
             )
             with call.scope:
@@ -301,6 +313,8 @@ class RpcBroker:
         if method == "call_tool":
             elapsed = time.monotonic() - started
             self._record(call, params, result if error is None else None, size, error, elapsed)
+        elif method == "packages_done" and error is None:
+            self._record_install(call.cell, result)
         with anyio.CancelScope(shield=True):
             if error is not None:
                 await self._answer(call.request_id, error=error)
@@ -328,6 +342,22 @@ class RpcBroker:
         """The recorded tool calls of ``cell`` (removed from the broker)."""
         self._held.pop(cell, None)
         return self._records.pop(cell, [])
+
+    def take_installs(self, cell: str | None) -> list[InstallRecord]:
+        """The ``%pip install`` records of ``cell`` (removed from the broker)."""
+        return self._installs.pop(cell, [])
+
+    def take_cell(self, cell: str | None) -> tuple[list[ToolCallRecord], list[InstallRecord]]:
+        """Everything recorded of ``cell``: its tool calls and its installs (removed)."""
+        return self.take_records(cell), self.take_installs(cell)
+
+    def _record_install(self, cell: str | None, result: object) -> None:
+        record = InstallRecord.from_json(result)
+        installs = self._installs.setdefault(cell, [])
+        if record is not None and len(installs) < MAX_INSTALLS_PER_CELL:
+            installs.append(record)
+        while len(self._installs) > MAX_RECORDED_CELLS:
+            self._installs.pop(next(iter(self._installs)))
 
     @property
     def held_bytes(self) -> int:

@@ -33,6 +33,7 @@ from kernelbridge.session.outcome import DisplaysDropped, Note, State, Status
 from kernelbridge.session.tracebacks import trim_traceback
 
 if TYPE_CHECKING:
+    from kernelbridge.packages.record import InstallRecord
     from kernelbridge.session.broker import ToolCallRecord
 
 # Why these bounds: a cell may print gigabytes or display thousands of images; the bridge must
@@ -436,6 +437,8 @@ class CellResult:
     images: list[str] = field(default_factory=list)
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     """Host MCP calls the cell made, for the journal and the notebook."""
+    packages: list[InstallRecord] = field(default_factory=list)
+    """``%pip install``s the cell made through the host, for the journal and a restore."""
     waited_ms: int = 0
     """Time the cell waited behind another client's cell before it started."""
     notes: list[Note] = field(default_factory=list)

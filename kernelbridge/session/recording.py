@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 
 import anyio
 
 from kernelbridge.config import Settings
 from kernelbridge.notebook.journal import BUDGET_SETTING, Journal, JournalCell, JournalHeader
+from kernelbridge.packages.record import InstallRecord
 from kernelbridge.session.broker import ToolCallRecord
 from kernelbridge.session.cell import Cell, CellResult
 from kernelbridge.session.outcome import JournalFailed, JournalFull, Note, State, Status
@@ -57,10 +59,13 @@ def result_entry(code: str, result: CellResult, servers: list[str], timeout: flo
         started=time.time() - result.duration_ms / 1000,
         timeout=timeout,
         tool_calls=[call.to_json() for call in result.tool_calls],
+        packages=[record.to_json() for record in result.packages],
     )
 
 
-def client_entry(cell: Cell, tool_calls: list[ToolCallRecord]) -> JournalCell | None:
+def client_entry(
+    cell: Cell, tool_calls: list[ToolCallRecord], installs: Sequence[InstallRecord] = ()
+) -> JournalCell | None:
     """The journal record of a cell another Jupyter client ran, or None for a silent request (no
     ``execute_input``: a client's own bookkeeping, e.g. a completer's setup)."""
     if cell.code is None:
@@ -78,6 +83,7 @@ def client_entry(cell: Cell, tool_calls: list[ToolCallRecord]) -> JournalCell | 
         state=State.KEPT.value,
         started=cell.queued_wall,
         tool_calls=[call.to_json() for call in tool_calls],
+        packages=[record.to_json() for record in installs],
     )
 
 
@@ -145,9 +151,11 @@ class SessionJournal:
         full = self._full_note()
         return [full] if full is not None else []
 
-    async def append_client(self, cell: Cell, tool_calls: list[ToolCallRecord]) -> None:
+    async def append_client(
+        self, cell: Cell, tool_calls: list[ToolCallRecord], installs: Sequence[InstallRecord] = ()
+    ) -> None:
         """Journal another client's cell (its notes go with the session's next result)."""
-        entry = client_entry(cell, tool_calls)
+        entry = client_entry(cell, tool_calls, installs)
         if entry is None:
             return
         await self._append(entry)

@@ -352,7 +352,7 @@ class SessionRegistry:
 
         async def client_cell(cell: Cell) -> None:
             if session.journal is not None:
-                await session.journal.append_client(cell, broker.take_records(cell.msg_id))
+                await session.journal.append_client(cell, *broker.take_cell(cell.msg_id))
 
         recorder = Recorder(
             self.settings.output_limit,
@@ -394,7 +394,7 @@ class SessionRegistry:
                 cell, session=session.name, status=run.status, state=run.state, notes=notes + run.notes
             )
             if seat.broker is not None:
-                result.tool_calls = seat.broker.take_records(cell.msg_id)
+                result.tool_calls, result.packages = seat.broker.take_cell(cell.msg_id)
             result.waited_ms = cell.waited_ms() if cell.started is not None else 0
             if session.journal is not None:
                 result.notes += await session.journal.append_result(

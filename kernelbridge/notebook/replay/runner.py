@@ -43,6 +43,8 @@ from kernelbridge.notebook.replay.judge import (
 )
 from kernelbridge.notebook.replay.recorded import cell_meta
 from kernelbridge.notebook.replay.tools import ReplayTools, live_settings
+from kernelbridge.packages import PackageService, WithPackages
+from kernelbridge.packages.record import records_of
 from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import SessionStore
 
@@ -72,6 +74,7 @@ async def replay_cells(
     *,
     recorded: ReplayTools | None = None,
     budget: float | None = None,
+    packages: PackageService | None = None,
 ) -> ReplayReport:
     """Run every code cell of ``nb`` in ``session`` of ``registry``, judge it, and put the new
     outputs (and the verdict, in ``metadata.kernelbridge.notebook.replay``) into ``nb``.
@@ -82,9 +85,33 @@ async def replay_cells(
     cell's timeout), and the cells left after it are skipped. Raises SandboxError/ImageError when
     no sandbox can be started; everything about a single cell (it raised, a server is not
     configured here) is a verdict, not an exception.
+
+    ``packages``: the package service behind the registry's rpc handler; the ``%pip install``s
+    recorded in the cells' metadata are handed to it for the replay, so that the same requirements
+    install the same wheels again (from the host's cache when they are there).
     """
     report = ReplayReport(where=f"session {session!r}")
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    namespace = registry.settings.namespace
+    if packages is not None:
+        installs = [record for cell in code_cells for record in records_of(cell_meta(cell).get("packages"))]
+        packages.prefer(namespace, session, installs)
+    try:
+        await _replay_all(registry, session, code_cells, report, recorded, budget)
+    finally:
+        if packages is not None:  # later installs of the session resolve afresh
+            packages.prefer(namespace, session, [])
+    return report
+
+
+async def _replay_all(
+    registry: SessionRegistry,
+    session: str,
+    code_cells: list[Any],
+    report: ReplayReport,
+    recorded: ReplayTools | None,
+    budget: float | None,
+) -> None:
     started = time.monotonic()
     for index, cell in enumerate(code_cells, 1):
         timeout = cell_timeout(cell, registry.settings.default_timeout, registry.settings.max_timeout)
@@ -98,7 +125,6 @@ async def replay_cells(
         if isinstance(meta, dict):
             meta["replay"] = {"verdict": verdict.verdict, "why": verdict.why}
         report.cells.append(verdict)
-    return report
 
 
 async def _replay_one(
@@ -153,6 +179,7 @@ async def replay_notebook(
                 hub_settings, live = live_settings(settings, grant)
                 hub = await stack.enter_async_context(Hub(hub_settings))
             handler = ReplayTools((c for c in nb.cells if c.cell_type == "code"), settings, hub, live)
+            packages = PackageService(settings)  # %pip cells install the recorded wheels again
             runtime = await stack.enter_async_context(open_runtime(settings))
             image, agent_hash = expected_image(settings)
             registry = await stack.enter_async_context(
@@ -161,11 +188,11 @@ async def replay_notebook(
                     runtime,
                     image=image,
                     agent_hash=agent_hash,
-                    dispatch=handler,
+                    dispatch=WithPackages(packages, handler),
                     check_grants=handler.validate_grants,
                 )
             )
-            report = await replay_cells(registry, session, nb, recorded=handler)
+            report = await replay_cells(registry, session, nb, recorded=handler, packages=packages)
     finally:
         # The replayed notebook (-o) is this run's record; the scratch session's is not (removed
         # once its registry closed: its record's last write is done).

@@ -36,6 +36,7 @@ from kernelbridge.runtime.engine.images import EngineImages, no_such
 from kernelbridge.runtime.engine.service import HelperProcess
 from kernelbridge.runtime.engine.stream import EngineStream
 from kernelbridge.runtime.engine.transport import EngineClient
+from kernelbridge.runtime.flags import sandbox_flags, unsupported
 
 REMOVE_ATTEMPTS = 5
 REMOVE_RETRY_DELAY = 0.2
@@ -109,6 +110,8 @@ class EngineRuntime(RuntimeBackend):
                 f"the {self.engine} engine at {self.endpoint.url} cannot keep a sandbox's stdin open"
                 " for a later attachment (podman closes it when the attached client goes away)"
             )
+        if (why := unsupported(self.engine, sandbox_flags(spec))) is not None:
+            raise RuntimeUnavailable(why)
         try:
             answer = await self.client.request(
                 "POST",
