@@ -22,6 +22,7 @@ import nbformat
 from nbformat import v4
 
 from kernelbridge.errors import ConfigError
+from kernelbridge.notebook.displays import updated_entries
 from kernelbridge.notebook.journal import BUDGET_SETTING, JournalCell, JournalEntry, JournalTruncated
 
 KERNELSPEC: dict[str, str] = {
@@ -103,11 +104,10 @@ def entry_cell(entry: JournalEntry) -> Node | None:
         return _truncated_cell(entry)
     if not isinstance(entry, JournalCell):
         return None
-    cell = code_cell(
-        source=entry.code,
-        execution_count=entry.execution_count,
-        outputs=notebook_outputs(entry.outputs, entry.execution_count),
-    )
+    # The outputs go in after the cell is made: nbformat's constructor validates what it is given,
+    # and one odd output (a hand-edited journal) must cost a note, not the cell (valid_cell below).
+    cell = code_cell(source=entry.code, execution_count=entry.execution_count)
+    cell.outputs = notebook_outputs(entry.outputs, entry.execution_count)
     meta: dict[str, Any] = {
         "source": entry.source,
         "servers": list(entry.servers),
@@ -139,38 +139,46 @@ def _truncated_cell(entry: JournalTruncated) -> Node:
 
 
 def journal_to_notebook(entries: Iterable[JournalEntry], session: str) -> Node:
-    """Build a notebook with one code cell per executed request, valid under nbformat.validate."""
+    """Build a notebook with one code cell per executed request (display updates applied to the
+    earlier cells they reach), valid under nbformat.validate."""
     nb = new_notebook(session)
-    nb.cells = [cell for cell in map(entry_cell, entries) if cell is not None]
+    nb.cells = [cell for cell in map(entry_cell, updated_entries(entries)) if cell is not None]
     nbformat.validate(nb)
     return nb
 
 
 def valid_cell(cell: Node) -> Node:
     """``cell`` if nbformat accepts it; else the same cell with each unacceptable output replaced
-    by a note, so one odd output (e.g. metadata nested too deeply) never makes a whole session
-    unexportable."""
-    probe = blank_notebook(cells=[cell])
-    try:
-        nbformat.validate(probe)
+    by a note (one line saying what it was), so one odd output (metadata nested too deeply, an
+    output type nbformat does not know) never makes a whole session unexportable."""
+    if _accepted(cell):
         return cell
-    except (nbformat.ValidationError, RecursionError):
-        pass
     kept = []
     for output in cell.outputs:
-        try:
-            nbformat.validate(blank_notebook(cells=[code_cell(outputs=[output])]))
+        probe = code_cell()
+        probe.outputs = [output]
+        if _accepted(probe):
             kept.append(output)
-        except (nbformat.ValidationError, RecursionError, ValueError, TypeError):
-            kind = output.get("output_type", "unknown")
-            note = f"[kernelbridge: a {kind} output could not be kept in the notebook]"
+        else:
+            kind = str(output.get("output_type", "unknown") if isinstance(output, dict) else "unknown")[:40]
+            note = f"[kernelbridge: a {kind!r} output could not be kept in the notebook]"
             kept.append(stream_output("stderr", note + "\n"))
     cell.outputs = kept
-    try:
-        nbformat.validate(blank_notebook(cells=[cell]))
-    except (nbformat.ValidationError, RecursionError):
+    if not _accepted(cell):
         cell.metadata = {"kernelbridge": {"note": "metadata dropped: not valid in a notebook"}}
     return cell
+
+
+def _accepted(cell: Node) -> bool:
+    """Whether nbformat accepts ``cell`` in a notebook (its constructors validate what they are
+    given: the cell goes in after the notebook is made)."""
+    probe = blank_notebook()
+    probe.cells = [cell]
+    try:
+        nbformat.validate(probe)
+    except (nbformat.ValidationError, RecursionError, ValueError, TypeError):
+        return False
+    return True
 
 
 def strip_images(node: Node) -> Node:

@@ -14,9 +14,8 @@ Each sandbox this registry starts sits in a :class:`~kernelbridge.session.seat.S
 handlers it was started with: its iopub goes to the session's
 :class:`~kernelbridge.session.recorder.Recorder` (so cells sent by any Jupyter client, e.g. a
 person in ``kernelbridge attach``, are journalled too), its rpc requests to the session's
-:class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an
-injected :class:`~kernelbridge.runtime.RuntimeBackend`: the product uses a container engine;
-tests may use the local test double.
+:class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an injected
+:class:`~kernelbridge.runtime.RuntimeBackend`: a container engine, or a test double.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from kernelbridge.session.broker import RpcBroker
 from kernelbridge.session.cell import Cell, CellResult, finish_cell
 from kernelbridge.session.outcome import FreshSandbox, Note, ProxiesNotRefreshed
 from kernelbridge.session.recorder import Recorder
-from kernelbridge.session.recording import SessionJournal, journal_budget
+from kernelbridge.session.recording import SessionJournal, journal_budget, on_display
 from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback, Run
 from kernelbridge.session.seat import NO_HUB, Seat, SeatTarget
 from kernelbridge.session.state import Change, Loss, SessionState, next_state
@@ -360,6 +359,7 @@ class SessionRegistry:
             on_client_cell=client_cell,
             client_execute=sandbox.client_execute,
             on_running=running,
+            on_display=lambda event, shown: on_display(session.journal, event, shown),  # earlier cells'
             clock=self._runner.clock.now,
         )
         seat.recorder, seat.broker = recorder, broker
@@ -451,6 +451,7 @@ class SessionRegistry:
             if seat.recorder is not None:
                 seat.recorder.wake_all()
             await close_sandbox(seat.sandbox)
+        await on_display(session.journal, None, False)  # write the updates of journalled cells held
         if session.record is not None:
             record, session.record = session.record, None
             self._save(session, lambda: self.store.end(record))

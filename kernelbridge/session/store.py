@@ -53,8 +53,9 @@ from typing import Any, TypeGuard
 
 from kernelbridge.config import Settings, namespace_names, namespace_state_dir
 from kernelbridge.errors import SessionError
+from kernelbridge.notebook.displays import journal_entries
 from kernelbridge.notebook.export import write_notebook
-from kernelbridge.notebook.journal import iter_journal, journal_read_limit
+from kernelbridge.notebook.journal import journal_read_limit
 from kernelbridge.runtime.reaper import pid_alive
 
 log = logging.getLogger(__name__)
@@ -364,7 +365,7 @@ def export_session(settings: Settings, session: str, path: Path | str) -> Path:
     journal = SessionStore.of(settings).journal(validate_session_name(session))
     target = Path(path).expanduser()
     with open(target, "w", encoding="utf-8") as out:
-        write_notebook(iter_journal(journal, journal_read_limit(settings)), session, out)
+        write_notebook(journal_entries(journal, journal_read_limit(settings)), session, out)
     return target
 
 

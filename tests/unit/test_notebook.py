@@ -77,7 +77,7 @@ def test_a_torn_last_line_and_lines_that_are_no_entries_are_skipped_and_counted(
     path.write_text("\n".join([*junk, '{"type": "cell", "code": "1", "outputs": [7, {}]}', '{"type": "ce']))
     reader = JournalReader(path)
     (cell,) = list(reader)
-    assert reader.skipped == len(junk) + 1
+    assert reader.skipped == len(junk) and reader.unknown == 1  # "mystery": a record of a newer bridge?
     # Fields of the wrong type are read as absent; the rest of the cell is kept.
     assert cell == JournalCell(code="1", outputs=[{}])
 
