@@ -103,7 +103,8 @@ def export_root(settings: Settings) -> Path:
 
 def export_parts(root: Path, path: str) -> list[str]:
     """The components of ``path`` below ``root``. Raises ToolError saying why a path is refused."""
-    if not isinstance(path, str) or not path or len(path) > MAX_EXPORT_PATH or "\0" in path:
+    given: object = path  # from a model: checked whatever the annotation says
+    if not isinstance(given, str) or not path or len(path) > MAX_EXPORT_PATH or "\0" in path:
         raise ToolError("path must be a relative file name ending in .ipynb, e.g. 'analysis.ipynb'")
     pure = PurePosixPath(path)
     if pure.is_absolute():

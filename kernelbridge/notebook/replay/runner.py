@@ -30,16 +30,25 @@ import nbformat
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import HubError, SessionError
-from kernelbridge.notebook.convert import notebook_outputs, read_notebook, valid_cell, write_notebook_file
+from kernelbridge.notebook.convert import (
+    notebook_outputs,
+    read_notebook,
+    unknown_outputs,
+    valid_cell,
+    write_notebook_file,
+)
 from kernelbridge.notebook.replay.judge import (
     CellVerdict,
+    FailedNames,
     ReplayReport,
     behaviour,
     judge,
+    ran_in_original,
     skipped_empty,
     skipped_out_of_time,
     skipped_refused,
     skipped_unrecorded,
+    unexecuted,
 )
 from kernelbridge.notebook.replay.recorded import cell_meta
 from kernelbridge.notebook.replay.tools import ReplayTools, live_settings
@@ -83,9 +92,10 @@ async def replay_cells(
     no sandbox can be started; everything about a single cell (it raised, a server is not
     configured here) is a verdict, not an exception.
     """
-    report = ReplayReport(where=f"session {session!r}")
+    report = ReplayReport(where=f"session {session!r}", notes=unknown_outputs(nb))
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
     started = time.monotonic()
+    failed = FailedNames()
     for index, cell in enumerate(code_cells, 1):
         timeout = cell_timeout(cell, registry.settings.default_timeout, registry.settings.max_timeout)
         left = None if budget is None else budget - (time.monotonic() - started)
@@ -93,7 +103,7 @@ async def replay_cells(
             verdict = skipped_out_of_time(index, budget or 0)
         else:
             timeout = timeout if left is None else max(1.0, min(timeout, left))
-            verdict = await _replay_one(registry, session, index, cell, timeout, recorded)
+            verdict = await _replay_one(registry, session, index, cell, timeout, recorded, failed)
         meta = cell.metadata.setdefault("kernelbridge", {})
         if isinstance(meta, dict):
             meta["replay"] = {"verdict": verdict.verdict, "why": verdict.why}
@@ -108,6 +118,7 @@ async def _replay_one(
     cell: Any,
     timeout: float,
     recorded: ReplayTools | None,
+    failed: FailedNames,
 ) -> CellVerdict:
     if not cell.source.strip():
         return skipped_empty(index)
@@ -115,7 +126,9 @@ async def _replay_one(
         if (servers := recorded.unrecorded(cell)) is not None:
             return skipped_unrecorded(index, servers)
         recorded.begin(cell)
-    original = behaviour(cell.outputs, cell_meta(cell).get("status"))
+    meta = cell_meta(cell)
+    ran = ran_in_original(cell.outputs, cell.get("execution_count"), meta)
+    original = behaviour(cell.outputs, meta.get("status"))
     try:
         result = await registry.run(session, cell.source, timeout=timeout, servers=_servers(cell))
     except (HubError, SessionError) as exc:
@@ -123,7 +136,12 @@ async def _replay_one(
     cell.outputs = notebook_outputs(result.outputs, result.execution_count)
     cell.execution_count = result.execution_count
     valid_cell(cell)
-    return judge(index, original, behaviour(result.outputs, result.status))
+    now = behaviour(result.outputs, result.status)
+    verdict = judge(index, original, now)
+    verdict = failed.cause(verdict, now) if ran or verdict.verdict == "same" else unexecuted(index, now)
+    if now.raised is not None and (verdict.verdict == "error" or not ran):
+        failed.failed(verdict, cell.source)  # what it would have bound is missing from now on
+    return verdict
 
 
 async def replay_notebook(
