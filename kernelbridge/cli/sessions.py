@@ -70,7 +70,11 @@ def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
     console = str(beside) if beside.exists() else shutil.which("jupyter-console")
     if console is None:
         raise KernelBridgeError("jupyter console is not installed (pip install jupyter-console)")
-    argv = [console, "--existing", connection_file]
+    from kernelbridge.jupyter.client_env import os_username
+
+    # The console's cells are journalled with its session's username: the person's, never
+    # jupyter_client's placeholder ("username" when $USER is unset).
+    argv = [console, "--existing", connection_file, f"--Session.username={os_username()}"]
     if not sys.stdin.isatty():  # scripted input: prompt_toolkit needs a terminal
         argv.append("--simple-prompt")
     os.execv(console, argv)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbridge.config import EngineSettings, SandboxLimits, Settings
+from kernelbridge.jupyter.client_env import display_env
 from kernelbridge.runtime import ContainerSpec
 from kernelbridge.tunnel import Launch
 
@@ -27,6 +28,7 @@ def launch_for(
         "owner_pid": spec.owner_pid,
         "owner_host": spec.owner_host,
         "labels": [list(pair) for pair in spec.labels],
+        "env": [list(pair) for pair in spec.env],
     }
     engine = dataclasses.asdict(settings.engine)
     engine["cert_path"] = str(engine["cert_path"]) if engine["cert_path"] else None
@@ -67,4 +69,7 @@ def spec_of(launch: Launch, settings: Settings) -> ContainerSpec:
     """The container to start, from its launch."""
     container = dict(launch.container)
     labels = tuple((str(k), str(v)) for k, v in container.pop("labels", []))
-    return ContainerSpec(**container, labels=labels, limits=settings.limits)
+    # The provisioner checked the display settings; a forged Launch could only come from the
+    # process that owns this one's control socket, and is checked again all the same.
+    env = display_env(dict((str(k), str(v)) for k, v in container.pop("env", [])))
+    return ContainerSpec(**container, labels=labels, env=env, limits=settings.limits)

@@ -38,6 +38,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kernelbridge.jupyter.client_env import real_username
 from kernelbridge.session.cell import BoundedText, Cell, CellClient, DisplayEvent
 from kernelbridge.session.outcome import BackgroundOutput
 from kernelbridge.tunnel import ClientExecute
@@ -198,7 +199,7 @@ class Recorder:
                 )
             return None
         cell = Cell(msg_id, self.output_limit, source="client", code=sent.code, clock=self.clock)
-        cell.client = CellClient(sent.username, sent.session)
+        cell.client = CellClient(real_username(sent.username), sent.session)
         self._track(cell)
         return cell
 
