@@ -31,6 +31,7 @@ def add_parsers(sub: Subcommands) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.cli.history import warn_if_over_budget
     from kernelbridge.image import extras_from_settings
     from kernelbridge.server import serve
     from kernelbridge.server.http import HttpOptions
@@ -39,6 +40,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         extra = tuple(Path(p).expanduser() for p in args.servers_config)
         settings = dataclasses.replace(settings, servers_config=settings.servers_config + extra)
     extras_from_settings(settings)  # a bad package list stops the start, with one line
+    warn_if_over_budget(settings)  # old session generations are never removed silently
     http = None
     if args.http:
         http = HttpOptions.from_args(

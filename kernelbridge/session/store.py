@@ -359,10 +359,13 @@ def list_session_records(state_dir: Path) -> list[dict[str, Any]]:
 
 
 def export_session(settings: Settings, session: str, path: Path | str) -> Path:
-    """``kernelbridge export``: write the notebook of ``session``'s current generation to
-    ``path`` (a session of another bridge process too), one cell at a time. Raises SessionError
-    (a bad name, no journal), OSError (``path`` cannot be written)."""
-    journal = SessionStore.of(settings).journal(validate_session_name(session))
+    """``kernelbridge export``: write the notebook of ``session``'s current generation (or, for
+    ``NAME@N``, generation N) to ``path`` (a session of another bridge process too), one cell at a
+    time. Raises SessionError (a bad name, no journal), OSError (``path`` cannot be written)."""
+    from kernelbridge.session.generations import journal_of, parse_ref
+
+    journal = journal_of(SessionStore.of(settings), session)
+    session = parse_ref(session)[0]
     target = Path(path).expanduser()
     with open(target, "w", encoding="utf-8") as out:
         write_notebook(journal_entries(journal, journal_read_limit(settings)), session, out)

@@ -79,3 +79,24 @@ async def test_attach_to_an_unknown_session_is_a_one_line_error(tmp_path: Path) 
         result.stderr.decode().strip()
         == "kernelbridge: no live session named 'nope' (see `kernelbridge sessions`)"
     )
+
+
+async def test_export_notebook_names_an_older_generation_and_the_bare_name_the_current(
+    connect, tmp_path: Path
+) -> None:
+    async with connect(state_dir=tmp_path / "state") as client:
+        await client.call_tool("run_python", {"code": "print('first life')", "session": "g"})
+        await client.call_tool("close_session", {"session": "g"})
+        await client.call_tool("run_python", {"code": "print('second life')", "session": "g"})
+        current = await client.call_tool("export_notebook", {"session": "g"})
+        older = await client.call_tool("export_notebook", {"session": "g@1"})
+        missing = await client.call_tool("export_notebook", {"session": "g@9"})
+        forged = await client.call_tool("export_notebook", {"session": "../g@1"})
+    text = {name: "\n".join(b.text for b in r.content if b.type == "text") for name, r in
+            (("current", current), ("older", older), ("missing", missing), ("forged", forged))}  # fmt: skip
+    assert "second life" in text["current"] and "first life" not in text["current"]
+    assert "first life" in text["older"] and "second life" not in text["older"]
+    assert (
+        missing.is_error and "no generation 9" in text["missing"] and len(text["missing"].splitlines()) == 1
+    )
+    assert forged.is_error and "invalid session name" in text["forged"]
