@@ -86,7 +86,7 @@ def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.session.store import export_session
+    from kernelbridge.session.generations import export_session
 
     path = export_session(settings, args.session, args.output)
     print(f"wrote {path}")

@@ -25,8 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelbridge.config import namespace_names
+from kernelbridge.config import Settings, namespace_names
 from kernelbridge.errors import SessionError
+from kernelbridge.notebook.displays import journal_entries
+from kernelbridge.notebook.export import write_notebook
+from kernelbridge.notebook.journal import journal_read_limit
 from kernelbridge.session.store import (
     JOURNAL_SUFFIX,
     RECORD_SUFFIX,
@@ -62,10 +65,20 @@ def journal_of(store: SessionStore, ref: str) -> Path:
     path = _journal_path(store, name, generation)
     if not path.is_file():
         known = ", ".join(map(str, store.generations(name))) or "none"
-        raise SessionError(
-            f"session {name!r} has no generation {generation} with a journal (it has {known})"
-        )
+        raise SessionError(f"session {name!r} has no generation {generation} with a journal (it has {known})")
     return path
+
+
+def export_session(settings: Settings, session: str, path: Path | str) -> Path:
+    """``kernelbridge export``: write the notebook of ``session``'s current generation (or, for
+    ``NAME@N``, generation N) to ``path`` (a session of another bridge process too), one cell at a
+    time. Raises SessionError (a bad name, no journal), OSError (``path`` cannot be written)."""
+    journal = journal_of(SessionStore.of(settings), session)
+    session = parse_ref(session)[0]
+    target = Path(path).expanduser()
+    with open(target, "w", encoding="utf-8") as out:
+        write_notebook(journal_entries(journal, journal_read_limit(settings)), session, out)
+    return target
 
 
 def _journal_path(store: SessionStore, name: str, generation: int) -> Path:
