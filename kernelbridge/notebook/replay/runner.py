@@ -37,7 +37,10 @@ from kernelbridge.notebook.convert import (
     valid_cell,
     write_notebook_file,
 )
+from kernelbridge.notebook.displays import journal_entries
+from kernelbridge.notebook.journal import JournalCell
 from kernelbridge.notebook.replay.judge import (
+    Behaviour,
     CellVerdict,
     FailedNames,
     ReplayReport,
@@ -81,6 +84,7 @@ async def replay_cells(
     *,
     recorded: ReplayTools | None = None,
     budget: float | None = None,
+    originals: dict[int, Behaviour] | None = None,
 ) -> ReplayReport:
     """Run every code cell of ``nb`` in ``session`` of ``registry``, judge it, and put the new
     outputs (and the verdict, in ``metadata.kernelbridge.notebook.replay``) into ``nb``.
@@ -90,7 +94,8 @@ async def replay_cells(
     with a ``budget`` (seconds), all of them together for at most that (plus the grace of one
     cell's timeout), and the cells left after it are skipped. Raises SandboxError/ImageError when
     no sandbox can be started; everything about a single cell (it raised, a server is not
-    configured here) is a verdict, not an exception.
+    configured here) is a verdict, not an exception. ``originals``, if given, is filled with the
+    original behaviour of every cell that ran (by its number), for :func:`judge_final_displays`.
     """
     report = ReplayReport(where=f"session {session!r}", notes=unknown_outputs(nb))
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
@@ -103,7 +108,7 @@ async def replay_cells(
             verdict = skipped_out_of_time(index, budget or 0)
         else:
             timeout = timeout if left is None else max(1.0, min(timeout, left))
-            verdict = await _replay_one(registry, session, index, cell, timeout, recorded, failed)
+            verdict = await _replay_one(registry, session, index, cell, timeout, recorded, failed, originals)
         meta = cell.metadata.setdefault("kernelbridge", {})
         if isinstance(meta, dict):
             meta["replay"] = {"verdict": verdict.verdict, "why": verdict.why}
@@ -119,6 +124,7 @@ async def _replay_one(
     timeout: float,
     recorded: ReplayTools | None,
     failed: FailedNames,
+    originals: dict[int, Behaviour] | None = None,
 ) -> CellVerdict:
     if not cell.source.strip():
         return skipped_empty(index)
@@ -133,6 +139,8 @@ async def _replay_one(
         result = await registry.run(session, cell.source, timeout=timeout, servers=_servers(cell))
     except (HubError, SessionError) as exc:
         return skipped_refused(index, str(exc))
+    if originals is not None:
+        originals[index] = original
     cell.outputs = notebook_outputs(result.outputs, result.execution_count)
     cell.execution_count = result.execution_count
     valid_cell(cell)
@@ -142,6 +150,37 @@ async def _replay_one(
     if now.raised is not None and (verdict.verdict == "error" or not ran):
         failed.failed(verdict, cell.source)  # what it would have bound is missing from now on
     return verdict
+
+
+def judge_final_displays(
+    report: ReplayReport, nb: nbformat.NotebookNode, originals: dict[int, Behaviour], journal: Path
+) -> None:
+    """Judge again, by what they show at the end, the cells whose outputs a later cell updated.
+
+    A notebook saved by nbclient shows in ``display(x, display_id=...)``'s cell the data of the
+    id's last update, made by a later cell; right after the replayed cell ran, it showed the first
+    value. So a cell that was ``different`` and carries display ids is judged once more on its
+    outputs as the replay session's journal has them at the end (display updates applied, as its
+    export would), and those outputs go into the replayed notebook. Cells are matched to the
+    journal's in order (each cell that ran is one line); if the counts disagree nothing changes.
+    """
+    try:
+        cells = [entry for entry in journal_entries(journal) if isinstance(entry, JournalCell)]
+    except OSError:
+        return
+    code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    ran = sorted(originals)
+    if len(cells) != len(ran):
+        return
+    for index, entry in zip(ran, cells, strict=True):
+        position = index - 1
+        if report.cells[position].verdict != "different" or not entry.display_ids:
+            continue
+        again = judge(index, originals[index], behaviour(entry.outputs, entry.status))
+        if again.verdict == "same":
+            report.cells[position] = again
+            code_cells[position].outputs = notebook_outputs(entry.outputs, entry.execution_count)
+            code_cells[position].metadata["kernelbridge"]["replay"] = {"verdict": "same", "why": ""}
 
 
 async def replay_notebook(
@@ -183,7 +222,15 @@ async def replay_notebook(
                     check_grants=handler.validate_grants,
                 )
             )
-            report = await replay_cells(registry, session, nb, recorded=handler)
+            originals: dict[int, Behaviour] = {}
+            report = await replay_cells(registry, session, nb, recorded=handler, originals=originals)
+            await registry.close(session)  # its journal complete: the last display updates written
+            try:
+                journal = SessionStore.of(settings).journal(session)
+            except SessionError:
+                journal = None  # nothing journalled (no cell ran): nothing to judge again
+            if journal is not None:
+                judge_final_displays(report, nb, originals, journal)
     finally:
         # The replayed notebook (-o) is this run's record; the scratch session's is not (removed
         # once its registry closed: its record's last write is done).
