@@ -12,12 +12,24 @@ import os
 import sys
 
 from kernelbridge import __version__
-from kernelbridge.cli import demo, doctor, image, kernelspec, replay, serve, servers, sessions, setup, skills
+from kernelbridge.cli import (
+    demo,
+    doctor,
+    history,
+    image,
+    kernelspec,
+    replay,
+    serve,
+    servers,
+    sessions,
+    setup,
+    skills,
+)
 from kernelbridge.cli.command import Command
 from kernelbridge.config import check_state_dir, load_settings
 from kernelbridge.errors import KernelBridgeError
 
-GROUPS = (serve, servers, image, doctor, sessions, replay, kernelspec, setup, skills, demo)
+GROUPS = (serve, servers, image, doctor, sessions, history, replay, kernelspec, setup, skills, demo)
 """The command groups, in the order ``kernelbridge --help`` lists their commands."""
 
 STATEFUL = frozenset({"serve", "replay", "demo", "setup"})

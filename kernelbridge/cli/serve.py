@@ -33,6 +33,7 @@ def add_parsers(sub: Subcommands) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.cli.history import warn_if_over_budget
     from kernelbridge.image import extras_from_settings
     from kernelbridge.server import serve
     from kernelbridge.server.http import HttpOptions
@@ -43,6 +44,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         combined = check_mount_set([*settings.mounts, *mounts], where="--mount")
         settings = dataclasses.replace(settings, mounts=combined)
     extras_from_settings(settings)  # a bad package list stops the start, with one line
+    warn_if_over_budget(settings)  # old session generations are never removed silently
     http = None
     if args.http:
         http = HttpOptions.from_args(

@@ -198,6 +198,10 @@ class Settings:
     number of bytes). Past it the journal gets one ``truncated`` line and nothing more, so no
     sandbox can fill the host's disk; the default keeps every journal restorable and replayable
     (``kernelbridge replay`` reads notebooks of up to 64 MiB)."""
+    history_budget: int = 1024**3
+    """``KERNELBRIDGE_HISTORY_BUDGET``: bytes the old generations of sessions (journals and records
+    of sessions no longer live) may take in the state directory. Nothing is removed on its own:
+    past it the bridge says so when it starts, and ``kernelbridge prune`` removes the oldest."""
     export_dir: Path | None = None
     """``KERNELBRIDGE_EXPORT_DIR``: where ``export_notebook(path=...)`` may write (default
     ``<state_dir>/exports``); a model's export never leaves this directory."""
@@ -341,6 +345,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         journal_budget=_env.byte_size(env, "JOURNAL_BUDGET", 64 * 1024 * 1024, minimum=64 * 1024),
         packages=packages,
         mounts=parse_mounts(mounts[1], state_dir, where=mounts[0]) if mounts else (),
+        history_budget=_env.byte_size(env, "HISTORY_BUDGET", 1024**3, minimum=0),
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbridge.config import EngineSettings, Mount, PackageSettings, SandboxLimits, Settings
+from kernelbridge.jupyter.client_env import display_env
 from kernelbridge.runtime import ContainerSpec
 from kernelbridge.tunnel import Launch
 
@@ -28,6 +29,7 @@ def launch_for(
         "owner_host": spec.owner_host,
         "labels": [list(pair) for pair in spec.labels],
         "mounts": [[str(mount.source), mount.target] for mount in spec.mounts],
+        "env": [list(pair) for pair in spec.env],
     }
     engine = dataclasses.asdict(settings.engine)
     engine["cert_path"] = str(engine["cert_path"]) if engine["cert_path"] else None
@@ -91,6 +93,9 @@ def spec_of(launch: Launch, settings: Settings) -> ContainerSpec:
     """The container to start, from its launch."""
     container = dict(launch.container)
     labels = tuple((str(k), str(v)) for k, v in container.pop("labels", []))
-    # The provisioner checked each mount (config.check_mount); the launch is its own message.
+    # The provisioner checked each mount (config.check_mount) and the display settings; a forged
+    # Launch could only come from the process that owns this one's control socket, and is checked
+    # again all the same (the display settings).
     mounts = tuple(Mount(Path(source), str(target)) for source, target in container.pop("mounts", []))
-    return ContainerSpec(**container, labels=labels, limits=settings.limits, mounts=mounts)
+    env = display_env(dict((str(k), str(v)) for k, v in container.pop("env", [])))
+    return ContainerSpec(**container, labels=labels, env=env, limits=settings.limits, mounts=mounts)

@@ -11,7 +11,9 @@ every Popen-style verb maps onto one message or one process call:
 verb                    what happens
 ======================  ===================================================================
 pre_launch              allocate ports (cached across restarts), write the 0600 connection
-                        file (an absolute path, whatever ``connection_dir`` the manager has)
+                        file (an absolute path, whatever ``connection_dir`` the manager has);
+                        note the client's display settings (``client_env.display_env``: an
+                        allow-list, the only part of the host's environment a sandbox gets)
 launch_kernel           start the tunnel, send it a ``Launch`` (container spec, with the
                         kernel's ``cwd`` mounted read-only on /workspace), wait for ``Ready``
                         or turn its ``Exited`` (structured kind) into an error
@@ -61,6 +63,7 @@ from kernelbridge.config import Mount, Settings, check_source, load_settings
 from kernelbridge.errors import ConfigError, KernelBridgeError, SandboxStartTimeout, start_error
 from kernelbridge.host.container import container_spec
 from kernelbridge.host.policy import expected_image
+from kernelbridge.jupyter.client_env import Env, display_env, terminal_size
 from kernelbridge.jupyter.launch import launch_for
 from kernelbridge.runtime import ContainerSpec, open_runtime
 from kernelbridge.runtime.flags import WORKDIR
@@ -85,6 +88,8 @@ class SandboxProvisioner(LocalProvisioner):
     exit_event: Exited | None = None
     versions: dict[str, Any] | None = None
     control: SocketControlChannel | None = None
+    display: Env = ()
+    """The client's display settings for the sandbox (:mod:`kernelbridge.jupyter.client_env`)."""
 
     # -- configuration -------------------------------------------------------------------
     _settings: Settings | None = None
@@ -123,6 +128,11 @@ class SandboxProvisioner(LocalProvisioner):
         if km.connection_file:
             km.connection_file = absolute(km.connection_file)
         kwargs = await super().pre_launch(**kwargs)
+        # The client's display settings, from the environment its kernel would get (allow-listed,
+        # checked), and the size of the terminal it runs in: a local kernel would see both.
+        stdout = sys.__stdout__
+        terminal = terminal_size(stdout.fileno()) if stdout is not None else None
+        self.display = display_env(kwargs.get("env") or os.environ, terminal=terminal)
         settings = self.settings
         prune_logs(settings.logs_dir)
         log_file = self._log_path()
@@ -154,7 +164,7 @@ class SandboxProvisioner(LocalProvisioner):
         self.exit_event = None
         settings = self.settings
         image, agent_hash = expected_image(settings)
-        self.spec = container_spec(settings, self.session_name, image)
+        self.spec = dataclasses.replace(container_spec(settings, self.session_name, image), env=self.display)
         mount, why = notebook_mount(kwargs.get("cwd"), settings)
         if mount is not None:
             self.spec = dataclasses.replace(self.spec, mounts=(*self.spec.mounts, mount))

@@ -55,6 +55,7 @@ from kernelbridge.server.render import notes_result, restore_result, to_tool_res
 from kernelbridge.server.restore import restore_session
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
+from kernelbridge.session.generations import parse_ref
 from kernelbridge.session.outcome import Note
 from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import validate_session_name
@@ -111,6 +112,15 @@ def _check_session(session: str) -> str:
         return validate_session_name(session)
     except KernelBridgeError as exc:
         raise ToolError(str(exc)) from None
+
+
+def _check_ref(session: str) -> str:
+    """A session to read the record of: a name (its current generation) or ``name@N``."""
+    try:
+        parse_ref(session)
+    except KernelBridgeError as exc:
+        raise ToolError(str(exc)) from None
+    return session
 
 
 def build_server(
@@ -273,7 +283,7 @@ def build_server(
 
     async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
         own = _settings(ctx)  # an HTTP client's journals and exports are its namespace's
-        _check_session(session)
+        _check_ref(session)  # a name (its current generation), or NAME@N for an older one
         if path is None:
             return await notebook_for_model(own, session, _reader(ctx))
         await export_to_file(own, session, path, _reader(ctx))
@@ -283,7 +293,9 @@ def build_server(
         compact_tool(run_python, RUN_PYTHON_DOC, structured_output=False),
         compact_tool(list_sessions, "List open sessions."),
         compact_tool(close_session, "Close a session; removes its sandbox."),
-        compact_tool(export_notebook, "Session history as .ipynb (JSON, or written to path)."),
+        compact_tool(
+            export_notebook, "Session history as .ipynb (JSON, or written to path); NAME@N: generation N."
+        ),
     ]
     app: MCPServer[BridgeContext] = MCPServer(
         "kernelbridge", version=__version__, lifespan=lifespan, tools=tools, log_level="WARNING"
@@ -305,7 +317,7 @@ def build_server(
     )
     async def session_notebook(session: str, ctx: Context) -> str:
         try:
-            return await notebook_for_model(_settings(ctx), _check_session(session), _reader(ctx))
+            return await notebook_for_model(_settings(ctx), _check_ref(session), _reader(ctx))
         except ToolError as exc:  # a resource answers its own kind of error (else the SDK logs a bug)
             raise ResourceError(str(exc)) from None
 

@@ -44,8 +44,9 @@ from kernelbridge.notebook.journal import journal_read_limit
 from kernelbridge.notebook.replay import ReplayReport, replay_cells
 from kernelbridge.packages import PackageService
 from kernelbridge.server.exports import in_worker
+from kernelbridge.session.generations import journal_of, parse_ref
 from kernelbridge.session.registry import SessionRegistry
-from kernelbridge.session.store import SessionStore, validate_session_name
+from kernelbridge.session.store import SessionStore
 
 _SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
 
@@ -61,8 +62,8 @@ async def load_source(
     loaded in a worker process of ``reader`` (the namespace's). Raises ToolError."""
     try:
         if match := _SESSION_NOTEBOOK.fullmatch(notebook):
-            name = validate_session_name(match[1])
-            journal = await anyio.to_thread.run_sync(SessionStore.of(settings).journal, name)
+            name = parse_ref(match[1])[0]  # NAME, or NAME@N for an older generation
+            journal = await anyio.to_thread.run_sync(journal_of, SessionStore.of(settings), match[1])
             load = partial(restorable_notebook, journal, name, max_bytes=journal_read_limit(settings))
             return await in_worker(reader, load)
         relative = Path(notebook)

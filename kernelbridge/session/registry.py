@@ -10,10 +10,9 @@ machine (:mod:`kernelbridge.session.state`); a call's cell runs under the timeou
 calls :meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.session.cell.CellResult`,
 whose notes are values (:mod:`kernelbridge.session.outcome`).
 
-Each sandbox this registry starts sits in a :class:`~kernelbridge.session.seat.Seat` with the
-handlers it was started with: its iopub goes to the session's
-:class:`~kernelbridge.session.recorder.Recorder` (so cells sent by any Jupyter client, e.g. a
-person in ``kernelbridge attach``, are journalled too), its rpc requests to the session's
+Each sandbox sits in a :class:`~kernelbridge.session.seat.Seat` with its handlers: its iopub goes
+to the session's :class:`~kernelbridge.session.recorder.Recorder` (cells sent by any Jupyter
+client, e.g. ``kernelbridge attach``, are journalled too), its rpc to the session's
 :class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an injected
 :class:`~kernelbridge.runtime.RuntimeBackend` (a container engine, or the local test double).
 """
@@ -42,7 +41,7 @@ from kernelbridge.session.broker import RpcBroker, approving
 from kernelbridge.session.cell import Cell, CellResult, finish_cell
 from kernelbridge.session.outcome import FreshSandbox, Note, ProxiesNotRefreshed
 from kernelbridge.session.recorder import Recorder
-from kernelbridge.session.recording import SessionJournal, journal_budget
+from kernelbridge.session.recording import SessionJournal, journal_budget, on_display
 from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback, Run
 from kernelbridge.session.seat import NO_HUB, Seat, SeatTarget
 from kernelbridge.session.state import Change, Loss, SessionState, next_state
@@ -359,6 +358,7 @@ class SessionRegistry:
             on_client_cell=client_cell,
             client_execute=sandbox.client_execute,
             on_running=running,
+            on_display=lambda event, shown: on_display(session.journal, event, shown),  # earlier cells'
             clock=self._runner.clock.now,
         )
         seat.recorder, seat.broker = recorder, broker
@@ -452,6 +452,7 @@ class SessionRegistry:
             if seat.recorder is not None:
                 seat.recorder.wake_all()
             await close_sandbox(seat.sandbox)
+        await on_display(session.journal, None, False)  # write the updates of journalled cells held
         if session.record is not None:
             record, session.record = session.record, None
             self._save(session, lambda: self.store.end(record))
@@ -489,11 +490,8 @@ class SessionRegistry:
 
 def _where(sandbox: Sandbox) -> dict[str, str | None]:
     """What a session's record says of its sandbox."""
-    return {
-        "connection_file": str(sandbox.connection_file),
-        "container": sandbox.container_name,
-        "container_id": sandbox.container_id,
-    }
+    file, name, ident = str(sandbox.connection_file), sandbox.container_name, sandbox.container_id
+    return {"connection_file": file, "container": name, "container_id": ident}
 
 
 def _died(death: Death | None) -> Loss:

@@ -96,8 +96,8 @@ class RecordedTools(RpcHandler):
         """``check_grants`` of the session layer: only servers the recording knows."""
         canonical: list[str] = []
         for name in names:
-            # Untrusted despite the annotation: the names come from a notebook or a model.
-            real = resolve(name, self._aliases) if isinstance(name, str) else None  # type: ignore[redundant-expr]
+            given: object = name  # from the notebook's metadata: checked whatever the annotation says
+            real = resolve(name, self._aliases) if isinstance(given, str) else None
             if real is None:
                 known = ", ".join(self._aliases) or "none"
                 raise HubError(
