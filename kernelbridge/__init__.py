@@ -53,8 +53,13 @@ from kernelbridge.errors import (
 )
 
 __version__ = "0.1.0"
+DISTRIBUTION = "kernelbridge-mcp"
+"""The name on the package index (``pipx install kernelbridge-mcp``, ``uvx kernelbridge-mcp``): the
+index's ``kernelbridge`` is an unrelated project. The import package and the command stay
+``kernelbridge``."""
 
 __all__ = [
+    "DISTRIBUTION",
     "AgentMismatch",
     "ConfigError",
     "EngineRefused",

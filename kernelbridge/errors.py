@@ -165,7 +165,10 @@ NO_HOST_SERVERS = "no host MCP servers"
 sessions, a sandbox without a hub); the in-container ``mcp`` package, which cannot import this
 module, says it in the same words."""
 NO_SERVERS_CONFIGURED = f"{NO_HOST_SERVERS} are configured"
-ADD_SERVERS = "add them to ~/MCPs/*.json or use --servers-config"
+ADD_SERVERS = (
+    "configure them in an MCP client (Claude Code, Claude Desktop, Cursor, VS Code), in ~/MCPs/*.json"
+    " or with --servers-config; `kernelbridge servers` shows what is found"
+)
 
 
 class NoHostServers(RpcError):

@@ -20,10 +20,10 @@ in_root() {
     if [ -z "$root" ]; then "$@"; else chroot "$root" "$@"; fi
 }
 
-# Mount points: /workspace and /tmp are tmpfs at run time, but must exist (and be usable without
-# them, e.g. under `podman run` by hand).
-mkdir -p "$root/workspace" "$root/tmp"
-chmod 1777 "$root/workspace" "$root/tmp"
+# Mount points: /workspace, /tmp and /packages (the session's `%pip install`s) are tmpfs at run
+# time, but must exist (and be usable without them, e.g. under `podman run` by hand).
+mkdir -p "$root/workspace" "$root/tmp" "$root/packages"
+chmod 1777 "$root/workspace" "$root/tmp" "$root/packages"
 
 # Trim. Copyright files stay: they are the licences of what we ship.
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old \
@@ -34,9 +34,14 @@ if [ -d "$root/usr/share/doc" ]; then
     find "$root/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
     find "$root/usr/share/doc" -mindepth 1 -type d -empty -delete
 fi
-# Test suites of the data stack: tens of MB that no kernel imports.
+# Test suites of the data stack: a hundred MB that no kernel imports (scipy, scikit-learn,
+# statsmodels, sympy and pyarrow ship theirs inside the package, a directory per module).
 rm -rf "$root$site/pandas/tests" "$root$site/matplotlib/tests" "$root$site/mpl_toolkits"/*/tests
-find "$root$site/numpy" -type d -name tests -prune -exec rm -rf {} + 2>/dev/null || true
+for package in numpy scipy sklearn statsmodels sympy pyarrow seaborn; do
+    if [ -d "$root$site/$package" ]; then
+        find "$root$site/$package" -type d -name tests -prune -exec rm -rf {} + 2>/dev/null || true
+    fi
+done
 
 # Stale bytecode (from whatever Python staged the files), then fresh bytecode from the image's own
 # interpreter so the cache tag and magic number are right.

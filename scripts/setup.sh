@@ -75,6 +75,11 @@ if [[ ! -x $VENV/bin/python ]]; then
 fi
 if [[ ! -f $STAMP || pyproject.toml -nt $STAMP ]]; then
     say "installing kernelbridge and its test dependencies into $VENV ..."
+    # The distribution was called `kernelbridge` before it took its index name (kernelbridge-mcp):
+    # an old editable install of that name would claim the same scripts and entry points.
+    if "$VENV/bin/python" -m pip show -q kernelbridge >/dev/null 2>&1; then
+        "$VENV/bin/python" -m pip uninstall -y -q kernelbridge >/dev/null 2>&1 || true
+    fi
     # setuptools is chatty on stderr during an editable build: keep its output for failures only.
     if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[test]' >"$VENV/pip-install.log" 2>&1
     then

@@ -45,7 +45,9 @@ SPAWNERS = frozenset(
 """Calls that start a process from a command string (a list argv is caught wherever it is built)."""
 ENGINE_API = ("httpcore2", "kernelbridge.runtime.engine")
 """What speaking the engine API takes: its HTTP client, or the engine backend's own modules."""
-SANDBOX_THIRD_PARTY = frozenset({"zmq", "ipykernel", "IPython"})
+SANDBOX_THIRD_PARTY = frozenset({"zmq", "ipykernel", "IPython", "installer"})
+"""Baked into the image (sandbox_kernel_image/requirements.txt); ``installer`` unpacks the wheels
+``%pip install`` brings through the host (kernelbridge/inside/pythonpath/mcp/_packages.py)."""
 SANDBOX_KERNELBRIDGE = ("kernelbridge.frames", "kernelbridge.inside", "mcp")
 
 
@@ -339,7 +341,7 @@ def host_imports_inside(modules: list[Module]) -> list[str]:
                 continue
             found.append(
                 f"{module.path}:{imp.line} imports {imp.target}: code in the container may import only"
-                " the standard library, pyzmq, ipykernel/IPython, kernelbridge.frames and inside/"
+                " the standard library, pyzmq, ipykernel/IPython, installer, kernelbridge.frames and inside/"
             )
     return found
 

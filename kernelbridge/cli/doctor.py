@@ -1,8 +1,13 @@
 """``kernelbridge doctor``: can this machine run sandboxes, and are their limits real?
 
-One line per check (``ok``, ``warn`` or ``FAIL``), and a non-zero exit status if any check
-failed. Checks that depend on an earlier failed one are reported as skipped, not run. The last
-line is the host MCP config (servers found, files or entries skipped), which needs no runtime.
+One line per check (``ok``, ``warn`` or ``FAIL``), then a ``summary`` line naming the checks whose
+results are degraded (``warn``: it works, with less than it should) or failed, and a non-zero exit
+status if any check failed. Every check that can run runs: only a check that *needs* what an
+earlier one could not provide (a runtime that answers, the image) is reported as skipped, with
+why. A runtime that ignores memory and pid limits (rootless podman on cgroup v1) still answers,
+so the image, the limits probe and a kernel start are still checked there. The ``hub`` line is
+the host MCP config (servers found and from where, files or entries skipped), which needs no
+runtime.
 Everything it asks of the container engine goes through the selected runtime (its info, its
 image store, a probe container), so a remote engine is checked like a local one.
 """
@@ -78,6 +83,8 @@ class Doctor:
         self.runtime: RuntimeBackend | None = None
         self.reason = ""
         self.image: str | None = None
+        self.answered = False
+        """The runtime answered its info request (what the later checks need), whatever its limits."""
 
     def report(self, name: str, status: str, detail: str) -> bool:
         check = Check(name, status, detail)
@@ -103,6 +110,7 @@ class Doctor:
 
         assert self.runtime is not None
         info = await self.runtime.info()
+        self.answered = True
         forced = getattr(self.runtime, "oci_runtime", None)
         why = " (forced: crun fails on hybrid cgroups)" if forced else ""
         detail = (
@@ -115,8 +123,8 @@ class Doctor:
             if self.settings.allow_unlimited:
                 return "warn", detail + ignored + "; allowed by KERNELBRIDGE_ALLOW_UNLIMITED"
             return "FAIL", (
-                detail + ignored + "; `serve` refuses to start sandboxes: run podman as root or on"
-                " cgroup v2, or accept unlimited sandboxes with KERNELBRIDGE_ALLOW_UNLIMITED=1"
+                detail + ignored + "; `serve` refuses to start sandboxes until KERNELBRIDGE_ALLOW_UNLIMITED=1"
+                " (or run podman as root, or on cgroup v2 with the memory and pids controllers delegated)"
             )
         if info.engine == "podman" and info.rootless and info.storage_driver == "vfs":
             return "warn", detail + f"; {VFS_WARNING}"
@@ -224,7 +232,14 @@ class Doctor:
         denied = len(catalog.servers) - len(names)
         if names:
             shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
-            detail = f"{len(names)} host MCP server{'s' * (len(names) != 1)} configured: {shown}"
+            origins: dict[str, int] = {}
+            for name in names:
+                origin = catalog.servers[name].origin or "?"
+                origins[origin] = origins.get(origin, 0) + 1
+            where = ", ".join(f"{origin} {count}" for origin, count in origins.items())
+            detail = (
+                f"{len(names)} host MCP server{'s' * (len(names) != 1)} configured: {shown} (from {where})"
+            )
         else:
             detail = f"{NO_HOST_SERVERS} configured ({ADD_SERVERS})"
         if denied:
@@ -244,21 +259,39 @@ class Doctor:
                 await self.run_checks()
         except KernelBridgeError as exc:  # no runtime at all: still one line per check
             self.report("runtime", "FAIL", str(exc))
-            self.skip(["image", "limits", "kernel"], "needs a container runtime")
+            self.skip(["image", "limits", "kernel"], "needs a container runtime that answers")
+            await self.check("hub", self.hub_check)
+        self.out(self.summary())
         failed = [c.name for c in self.checks if c.status == "FAIL"]
         return 1 if failed else 0
 
     async def run_checks(self) -> None:
-        if not await self.check("runtime", self.runtime_check):
-            self.skip(["durable", "image", "limits", "kernel"], "needs a container runtime")
+        await self.check("runtime", self.runtime_check)
+        if not self.answered:
+            self.skip(["durable", "image", "limits", "kernel"], "needs a container runtime that answers")
         elif not await self.check("durable", self.durable_check) or not await self.check(
             "image", self.image_check
         ):
-            self.skip(["limits", "kernel"], "needs the image")
+            self.skip(["limits", "kernel"], "needs the sandbox image")
         else:
             await self.check("limits", self.limits_check)
             await self.check("kernel", self.kernel_check)
         await self.check("hub", self.hub_check)
+
+    def summary(self) -> str:
+        """The last line: which results are degraded or failed (each line above says why)."""
+        by_status: dict[str, list[str]] = {}
+        for check in self.checks:
+            by_status.setdefault(check.status, []).append(check.name)
+        parts = [f"ok: {', '.join(by_status['ok'])}"] if by_status.get("ok") else []
+        if by_status.get("warn"):
+            parts.append(f"degraded: {', '.join(by_status['warn'])}")
+        if by_status.get("FAIL"):
+            parts.append(f"FAILED: {', '.join(by_status['FAIL'])}")
+        if by_status.get("skip"):
+            parts.append(f"not checked: {', '.join(by_status['skip'])}")
+        status = "FAIL" if by_status.get("FAIL") else "warn" if by_status.get("warn") else "ok"
+        return Check("summary", status, "; ".join(parts)).line()
 
 
 PROBE_TIMEOUT = 60.0

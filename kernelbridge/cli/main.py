@@ -12,12 +12,24 @@ import os
 import sys
 
 from kernelbridge import __version__
-from kernelbridge.cli import demo, doctor, image, kernelspec, replay, serve, sessions, setup, skills
+from kernelbridge.cli import (
+    demo,
+    doctor,
+    history,
+    image,
+    kernelspec,
+    replay,
+    serve,
+    servers,
+    sessions,
+    setup,
+    skills,
+)
 from kernelbridge.cli.command import Command
 from kernelbridge.config import check_state_dir, load_settings
 from kernelbridge.errors import KernelBridgeError
 
-GROUPS = (serve, image, doctor, sessions, replay, kernelspec, setup, skills, demo)
+GROUPS = (serve, servers, image, doctor, sessions, history, replay, kernelspec, setup, skills, demo)
 """The command groups, in the order ``kernelbridge --help`` lists their commands."""
 
 STATEFUL = frozenset({"serve", "replay", "demo", "setup"})
@@ -68,6 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `kernelbridge doctor | head -1`: the reader has gone
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141
+
+
+SERVE_DEFAULT_EXCEPT = frozenset({"-h", "--help", "--version"})
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """The ``kernelbridge-mcp`` script: ``kernelbridge`` with ``serve`` when no command is given
+    (``kernelbridge-mcp``, ``kernelbridge-mcp --http``); with a command, that command."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or (args[0].startswith("-") and args[0] not in SERVE_DEFAULT_EXCEPT):
+        args = ["serve", *args]
+    return main(args)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -31,8 +32,9 @@ def add_parsers(sub: Subcommands) -> None:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    """Exit status: 0 every cell behaved as recorded, 1 a cell raised that did not before (or,
-    with --strict, an output differs), 2 the input is not a notebook.
+    """Exit status: 0 every cell behaved as recorded (cells the original never ran are run, and
+    reported ``unexecuted``), 1 a cell raised that did not before (or, with --strict, an output
+    differs), 2 the input is not a notebook.
 
     A notebook may come from anywhere: no live host server is called unless the person names it
     with ``--grant`` (``--recorded-tools``, once needed for that, is the default and a no-op)."""
@@ -44,7 +46,11 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         print(f"kernelbridge: {exc}", file=sys.stderr)
         return 2
     run = partial(replay_notebook, grant=tuple(args.grant))
-    report = anyio.run(run, settings, args.notebook, args.output)
+    with warnings.catch_warnings():
+        # Third parties' warnings (nbformat, jupyter_client, pyzmq) are not the report's business:
+        # what the notebook had that a replay cannot use, the report says in its own lines.
+        warnings.simplefilter("ignore")
+        report = anyio.run(run, settings, args.notebook, args.output)
     print(report.text())
     if args.output:
         print(f"wrote {args.output}")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbridge.config import Settings
+from kernelbridge.cli.servers import add_discovery_arguments, with_discovery
+from kernelbridge.config import Settings, check_mount_set, parse_mounts
 from kernelbridge.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,20 +25,26 @@ def add_parsers(sub: Subcommands) -> None:
     serve.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
     serve.add_argument("--no-auth", action="store_true",
                        help="no bearer tokens (loopback only; any local user may run code)")  # fmt: skip
-    serve.add_argument("--servers-config", action="append", default=[], metavar="FILE",
-                       help="host MCP servers config file (repeatable)")  # fmt: skip
+    add_discovery_arguments(serve)
+    serve.add_argument("--mount", action="append", default=[], metavar="SRC:DST",
+                       help="a host directory every sandbox sees read-only at DST (repeatable;"
+                            " beside KERNELBRIDGE_MOUNTS)")  # fmt: skip
     serve.set_defaults(run=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelbridge.cli.history import warn_if_over_budget
     from kernelbridge.image import extras_from_settings
     from kernelbridge.server import serve
     from kernelbridge.server.http import HttpOptions
 
-    if args.servers_config:
-        extra = tuple(Path(p).expanduser() for p in args.servers_config)
-        settings = dataclasses.replace(settings, servers_config=settings.servers_config + extra)
+    settings = with_discovery(args, settings)
+    if args.mount:
+        mounts = [parse_mounts(item, settings.state_dir, where="--mount")[0] for item in args.mount]
+        combined = check_mount_set([*settings.mounts, *mounts], where="--mount")
+        settings = dataclasses.replace(settings, mounts=combined)
     extras_from_settings(settings)  # a bad package list stops the start, with one line
+    warn_if_over_budget(settings)  # old session generations are never removed silently
     http = None
     if args.http:
         http = HttpOptions.from_args(

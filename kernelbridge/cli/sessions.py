@@ -19,8 +19,11 @@ if TYPE_CHECKING:
 
 
 def add_parsers(sub: Subcommands) -> None:
-    sessions = sub.add_parser("sessions", help="list live and detached sessions; `sessions close NAME`")
+    sessions = sub.add_parser(
+        "sessions", help="list live and detached sessions (--all: every generation); `sessions close NAME`"
+    )
     sessions.add_argument("--json", action="store_true", help="machine-readable output")
+    sessions.add_argument("--all", action="store_true", help="every generation of every session, live or not")
     sessions.set_defaults(run=cmd_sessions)
     actions = sessions.add_subparsers(dest="action")
     close = actions.add_parser("close", help="end a session now (a detached one's sandbox too)")
@@ -33,7 +36,7 @@ def add_parsers(sub: Subcommands) -> None:
     attach.set_defaults(run=cmd_attach)
 
     export = sub.add_parser("export", help="export a session's journal as a notebook")
-    export.add_argument("session")
+    export.add_argument("session", help="NAME (its current generation) or NAME@N (generation N)")
     export.add_argument("-o", "--output", required=True, help="output .ipynb path")
     export.set_defaults(run=cmd_export)
 
@@ -41,6 +44,10 @@ def add_parsers(sub: Subcommands) -> None:
 def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
     from kernelbridge.session.store import list_session_records
 
+    if args.all:
+        from kernelbridge.cli.history import show_generations
+
+        return show_generations(settings, as_json=args.json)
     records = list_session_records(settings.state_dir)
     if args.json:
         print(json.dumps(records, indent=2, default=str))
@@ -106,14 +113,18 @@ def cmd_attach(args: argparse.Namespace, settings: Settings) -> int:
     console = str(beside) if beside.exists() else shutil.which("jupyter-console")
     if console is None:
         raise KernelBridgeError("jupyter console is not installed (pip install jupyter-console)")
-    argv = [console, "--existing", connection_file]
+    from kernelbridge.jupyter.client_env import os_username
+
+    # The console's cells are journalled with its session's username: the person's, never
+    # jupyter_client's placeholder ("username" when $USER is unset).
+    argv = [console, "--existing", connection_file, f"--Session.username={os_username()}"]
     if not sys.stdin.isatty():  # scripted input: prompt_toolkit needs a terminal
         argv.append("--simple-prompt")
     os.execv(console, argv)
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.session.store import export_session
+    from kernelbridge.session.generations import export_session
 
     path = export_session(settings, args.session, args.output)
     print(f"wrote {path}")

@@ -12,7 +12,13 @@ What it does, in order, saying each step:
    is still empty setup switches to ``overlay`` (native, else fuse-overlayfs) and says so,
    otherwise it prints how to;
 5. the sandbox image (``--with`` adds packages), built into the selected runtime's image store;
-6. ``doctor``; 7. the ``mcpServers`` entry for an MCP client, with this installation's absolute path.
+6. ``doctor``, with the settings the printed entry will carry;
+7. the ``mcpServers`` entry for an MCP client that works on this host as it is: the stable command
+   (pipx's or uv's shim in ``~/.local/bin``, not the private virtualenv behind it; ``uvx
+   kernelbridge-mcp`` when setup itself runs from uvx's throw-away environment), the settings
+   ``serve`` needs here (``KERNELBRIDGE_ALLOW_UNLIMITED=1`` where the runtime cannot enforce limits,
+   said as such; the image's extra packages; the ``KERNELBRIDGE_*`` and engine variables setup ran
+   with, secrets excepted).
 
 Every container chore goes through :mod:`kernelbridge.runtime` (the selected runtime, and for the
 storage switch the local podman's own module there); setup itself runs only apt-get. The
@@ -29,13 +35,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 
-from kernelbridge import __version__
+from kernelbridge import DISTRIBUTION, __version__
 from kernelbridge.cli.doctor import run_doctor
 from kernelbridge.config import Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError
@@ -43,6 +50,7 @@ from kernelbridge.errors import KernelBridgeError
 if TYPE_CHECKING:
     from kernelbridge.cli.command import Subcommands
     from kernelbridge.image import ImageExtras
+    from kernelbridge.runtime import RuntimeInfo
 
 # command -> the Debian package that provides it
 NEEDED = {"podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap"}
@@ -72,17 +80,100 @@ def missing_packages(root: bool) -> list[str]:
     return sorted({package for command, package in needed.items() if shutil.which(command) is None})
 
 
-def kernelbridge_command() -> str:
-    """The absolute path of this installation's ``kernelbridge`` script (for MCP client configs)."""
-    beside = Path(sys.executable).with_name("kernelbridge")
-    if beside.exists():
-        return str(beside)
-    return shutil.which("kernelbridge") or f"{sys.executable} -m kernelbridge.cli"
+SHIM_DIRS = ("PIPX_BIN_DIR", "UV_TOOL_BIN_DIR", "XDG_BIN_HOME")
+"""Variables naming where pipx and uv put their command shims (default ``~/.local/bin``)."""
+PASSED_SETTINGS = ("DOCKER_HOST", "CONTAINER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_TLS", "DOCKER_CERT_PATH")
+"""Engine variables the bridge reads like docker and podman do: an MCP client's environment may
+lack them, so the entry carries the ones setup saw."""
+SECRET_SETTINGS = ("HTTP_TOKENS", "HTTP_TOKENS_FILE")
 
 
-async def storage_and_image(settings: Settings, extras: ImageExtras, *, rootless: bool) -> str:
-    """Steps 4 and 5: the storage driver (rootless only), then the image; its tag.
-    Raises KernelBridgeError (one line) when the runtime cannot be used or the build fails."""
+def kernelbridge_command(env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
+    """The command and arguments an MCP client should run for this installation's ``serve``.
+
+    The stable path, not the private one: pipx and ``uv tool install`` keep the package in a
+    virtualenv of their own (``~/.local/share/pipx/venvs/...``, ``~/.local/share/uv/tools/...``)
+    that an upgrade may rebuild, and link its scripts from a bin directory (``~/.local/bin``); the
+    link is what a client should name. A throw-away environment (``uvx``, ``pipx run``) has no
+    stable path at all: the entry then runs it the same way again.
+    """
+    env = os.environ if env is None else env
+    own = Path(sys.executable).with_name("kernelbridge")
+    prefix = Path(sys.prefix).resolve()
+    if _ephemeral(prefix, env, "uv"):
+        return "uvx", [DISTRIBUTION, "serve"]
+    if _ephemeral(prefix, env, "pipx"):
+        return "pipx", ["run", "--spec", DISTRIBUTION, "kernelbridge", "serve"]
+    if own.exists():
+        for shim in _shim_candidates(env):
+            try:
+                if (
+                    shim.exists()
+                    and shim.resolve() == own.resolve()
+                    and shim.parent.resolve() != own.parent.resolve()
+                ):
+                    return str(shim), ["serve"]
+            except OSError:
+                continue
+        return str(own), ["serve"]
+    found = shutil.which("kernelbridge")
+    return (found, ["serve"]) if found else (sys.executable, ["-m", "kernelbridge.cli", "serve"])
+
+
+def _shim_candidates(env: Mapping[str, str]) -> list[Path]:
+    home = Path(env.get("HOME") or os.path.expanduser("~"))
+    dirs = [Path(env[name]) for name in SHIM_DIRS if env.get(name)]
+    dirs.append(home / ".local" / "bin")
+    dirs += [Path(p) for p in env.get("PATH", "").split(os.pathsep) if p]
+    return [d / "kernelbridge" for d in dict.fromkeys(dirs)]
+
+
+def _ephemeral(prefix: Path, env: Mapping[str, str], tool: str) -> bool:
+    """Whether this interpreter's environment is a throw-away one of ``uvx`` or ``pipx run``."""
+    home = Path(env.get("HOME") or os.path.expanduser("~"))
+    cache_home = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
+    if tool == "uv":
+        roots = [Path(env["UV_CACHE_DIR"])] if env.get("UV_CACHE_DIR") else []
+        roots.append(cache_home / "uv")
+    else:
+        roots = [Path(env["PIPX_HOME"]) / ".cache"] if env.get("PIPX_HOME") else []
+        roots += [home / ".local" / "pipx" / ".cache", home / ".local" / "share" / "pipx" / ".cache"]
+        roots.append(cache_home / "pipx")
+    for root in roots:
+        try:
+            if prefix.is_relative_to(root.resolve()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def entry_env(
+    settings: Settings, extras: ImageExtras, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of the printed entry: the settings ``serve`` needs on this host."""
+    env = os.environ if env is None else env
+    out: dict[str, str] = {}
+    for key in sorted(env):
+        name = key.removeprefix("KERNELBRIDGE_").removeprefix("MCP_BRIDGE_")
+        if name != key and name not in SECRET_SETTINGS and env[key].strip():
+            out[f"KERNELBRIDGE_{name}"] = env[key]
+        elif key in PASSED_SETTINGS and env[key].strip():
+            out[key] = env[key]
+    if extras:
+        out["KERNELBRIDGE_IMAGE_PACKAGES"] = " ".join(extras.requirements)
+        out.pop("KERNELBRIDGE_IMAGE_REQUIREMENTS", None)  # folded into the packages above
+    if settings.allow_unlimited:
+        out["KERNELBRIDGE_ALLOW_UNLIMITED"] = "1"
+    return out
+
+
+async def storage_and_image(
+    settings: Settings, extras: ImageExtras, *, rootless: bool
+) -> tuple[str, RuntimeInfo]:
+    """Steps 4 and 5: the storage driver (rootless only), then the image; its tag and what the
+    runtime said of itself. Raises KernelBridgeError (one line) when the runtime cannot be used
+    or the build fails."""
     from kernelbridge.image import build_image
     from kernelbridge.runtime import VFS_WARNING, open_runtime, rootless_storage_conf, use_overlay_storage
 
@@ -99,7 +190,8 @@ async def storage_and_image(settings: Settings, extras: ImageExtras, *, rootless
                 else VFS_WARNING
             )
     async with open_runtime(settings) as runtime:
-        return await build_image(runtime.images, extras=extras, log=say)
+        tag = await build_image(runtime.images, extras=extras, log=say)
+        return tag, await runtime.info()
 
 
 def run_setup(settings: Settings, packages: list[str]) -> int:
@@ -109,7 +201,8 @@ def run_setup(settings: Settings, packages: list[str]) -> int:
 
     root = os.geteuid() == 0
     who = "root" if root else "a normal user"
-    say(f"kernelbridge {__version__} ({kernelbridge_command()}), running as {who}")
+    command, _ = kernelbridge_command()
+    say(f"{DISTRIBUTION} {__version__} ({command}), running as {who}")
     missing = missing_packages(root)
     if missing and not root:
         say(f"missing system packages: {' '.join(missing)}")
@@ -129,21 +222,27 @@ def run_setup(settings: Settings, packages: list[str]) -> int:
     say(f"state directory: {settings.state_dir}")
     extras = extras_from_settings(settings).plus(packages)
     try:
-        tag = anyio.run(partial(storage_and_image, rootless=not root), settings, extras)
+        tag, info = anyio.run(partial(storage_and_image, rootless=not root), settings, extras)
     except KernelBridgeError as exc:
         say(str(exc))
         return 1
     say(f"sandbox image: {tag}")
+    if not info.limits_enforced and not settings.allow_unlimited:
+        # Without it the bridge refuses every sandbox here: an entry without it would not work.
+        say(
+            "this host's container runtime ignores memory and pid limits (rootless podman on cgroup v1):"
+            " the entry below sets KERNELBRIDGE_ALLOW_UNLIMITED=1, without which every call is refused;"
+            " sandboxed code can then use all the host's memory and processes. For enforced limits run"
+            " podman as root, or on cgroup v2 with the memory and pids controllers delegated"
+        )
+        settings = dataclasses.replace(settings, allow_unlimited=True)
     # Doctor (and the bridge) must look for the image of these packages, not the plain one.
     settings = dataclasses.replace(settings, image_packages=extras.requirements, image_requirements=None)
     say("doctor:")
     status = anyio.run(run_doctor, settings)
-    env = {}
-    if extras:
-        env["KERNELBRIDGE_IMAGE_PACKAGES"] = " ".join(extras.requirements)
-    if settings.allow_unlimited:
-        env["KERNELBRIDGE_ALLOW_UNLIMITED"] = "1"
-    entry = {"command": kernelbridge_command(), "args": ["serve"], **({"env": env} if env else {})}
+    env = entry_env(settings, extras)
+    command, args = kernelbridge_command()
+    entry = {"command": command, "args": args, **({"env": env} if env else {})}
     say("an MCP client runs it with this entry in its mcpServers:")
     print(json.dumps({"mcpServers": {"python": entry}}, indent=2))
     if status != 0:

@@ -35,6 +35,7 @@ from typing import Protocol
 import anyio
 
 from kernelbridge.config import Settings
+from kernelbridge.errors import SandboxStartTimeout
 from kernelbridge.runtime import ContainerInfo, ContainerSpec, ContainerStream, RuntimeBackend
 from kernelbridge.runtime.base import STATE_LABEL as STATE_LABEL
 
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 # Why 20 s: removing a container takes ~0.3 s here; a busy engine can take seconds; past this
 # the engine is wedged and the owner label lets the next start reap the container.
 REMOVE_TIMEOUT = 20.0
+CREATE_TIMEOUT = 60.0
+"""Bound on creating a container (shielded: see started_container); a create takes ~0.1 s here."""
 INSPECT_TIMEOUT = 5.0
 """Bound on asking the engine how a container ended (it only adds detail to the reason)."""
 
@@ -81,6 +84,7 @@ def container_spec(settings: Settings, session: str, image: str, *, durable: boo
         owner_host=socket.gethostname(),
         limits=settings.limits,
         labels=labels,
+        mounts=settings.mounts,
         durable=durable,
     )
 
@@ -160,9 +164,22 @@ async def started_container(runtime: RuntimeBackend, spec: ContainerSpec) -> Asy
     """Create and attach a container; on exit (or a failure half-way) close the stream and remove
     the container (unless let go of), shielded and bounded. Raises ImageError / RuntimeUnavailable
     from the runtime."""
-    container = await runtime.create(spec)
+    # The trap: a create cancelled half-way (the bridge closing while a warm sandbox starts) can
+    # leave a container the engine made but whose id never came back, in `Created` for good. So
+    # the create is shielded (bounded: past CREATE_TIMEOUT the name is removed instead), and a
+    # cancellation that arrived meanwhile is delivered inside the try, whose finally removes it.
+    with anyio.CancelScope(shield=True):
+        try:
+            with anyio.fail_after(CREATE_TIMEOUT):
+                container = await runtime.create(spec)
+        except TimeoutError:
+            await _remove_quietly(runtime, spec.name)
+            raise SandboxStartTimeout(
+                f"the container engine did not create {spec.name} within {CREATE_TIMEOUT:g} s"
+            ) from None
     attached: AttachedContainer | None = None
     try:
+        await anyio.lowlevel.checkpoint()
         attached = AttachedContainer(container, spec.name, await runtime.attach(container), runtime)
         yield attached
     finally:
@@ -201,3 +218,12 @@ async def _release(
                 log.warning("could not remove container %s: %s", name, exc)
         if scope.cancelled_caught:
             log.warning("removing container %s took over %.0f s; left for reaping", name, REMOVE_TIMEOUT)
+
+
+async def _remove_quietly(runtime: RuntimeBackend, name: str) -> None:
+    """Remove a container by name, bounded and shielded; whatever fails is logged only."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(REMOVE_TIMEOUT):
+        try:
+            await runtime.remove([name])
+        except Exception as exc:
+            log.warning("could not remove container %s: %s", name, exc)

@@ -2,7 +2,9 @@
 
 General layout (each module depends only on those above it)::
 
-    config.py      mcpServers files -> ServerCatalog (+ one-line problems); self-launch detection
+    jsonread.py    bounded JSON reading: small files, VS Code's JSONC, values picked from a big file
+    sources.py     where server definitions are found (MCP clients' files, ~/MCPs, ...), in precedence order
+    config.py      those files -> ServerCatalog (+ one line of problems per file); self-launch detection
     aliases.py     Python names for servers and tools
     policy.py      operator allow/deny of servers and tools (from Settings)
     signatures.py  proxy signature strings, by the kernel's own rules (inside/pythonpath/mcp/_signature.py)
@@ -34,6 +36,7 @@ from kernelbridge.hub.config import (
     HttpServer,
     ServerCatalog,
     ServerConfig,
+    Shadowed,
     StdioServer,
     config_files,
     launches_kernelbridge,
@@ -44,11 +47,13 @@ from kernelbridge.hub.policy import Policy
 from kernelbridge.hub.rpc import KINDS, METHODS, RpcCall, RpcHandler
 from kernelbridge.hub.signatures import python_signature
 from kernelbridge.hub.skills import Skill, SkillInfo, list_skills, read_skill, remove_skill, save_skill
+from kernelbridge.hub.sources import ConfigSource, config_sources
 
 __all__ = [
     "KINDS",
     "METHODS",
     "ClientState",
+    "ConfigSource",
     "HttpServer",
     "Hub",
     "HubError",
@@ -60,6 +65,7 @@ __all__ = [
     "ServerClient",
     "ServerConfig",
     "ServerFailure",
+    "Shadowed",
     "Skill",
     "SkillError",
     "SkillInfo",
@@ -67,6 +73,7 @@ __all__ = [
     "alias",
     "assign_aliases",
     "config_files",
+    "config_sources",
     "launches_kernelbridge",
     "list_skills",
     "load_catalog",

@@ -6,7 +6,8 @@ that session's sandbox to :meth:`Hub.dispatch`. The Hub owns:
 
 - the configuration (:mod:`.config`), read once when it is created; bad files are logged once
   and listed by :meth:`Hub.problems`;
-- the operator's policy (:mod:`.policy`) and the session's grants, applied to every request;
+- the operator's policy (:mod:`.policy`) and the session's grants, applied to every request; a
+  ``call_tool`` the policy wants approved waits for the call's approver first (:mod:`.approval`);
 - the client pool (:mod:`.clients`), its task group and the server processes;
 - the records and search of :mod:`.docs`, and the skills stores (:mod:`.skills`): one per
   namespace, ``<namespace state dir>/skills``, so an HTTP token never lists, loads, replaces or
@@ -45,6 +46,7 @@ from kernelbridge.errors import (
 from kernelbridge.frames import MAX_RPC_IN_FLIGHT
 from kernelbridge.hub import docs, skills
 from kernelbridge.hub.aliases import assign_aliases, resolve
+from kernelbridge.hub.approval import ApprovalRequest, Decision, refusal
 from kernelbridge.hub.clients import START_TIMEOUT, ServerClient
 from kernelbridge.hub.config import ServerCatalog, load_catalog
 from kernelbridge.hub.docs import ToolEntry
@@ -335,10 +337,22 @@ class Hub(RpcHandler):
         server = self._server(params["server"], call)
         try:
             entry = await self._tool(server, params["tool"])
+            if self._policy.needs_approval(server, entry.tool.name):
+                await self._approve(call, server, entry.tool.name, params["arguments"])
             result = await self._pool.get(server).call_tool(entry.tool.name, params["arguments"])
         except ServerFailure as exc:
             raise RpcError("server_error", str(exc)) from None
         return tool_result(result)
+
+    async def _approve(self, call: RpcCall, server: str, tool: str, arguments: dict[str, Any]) -> None:
+        """Wait for a person's decision on this call; raises the ``denied`` RpcError unless accepted.
+        The wait is the call's: cancelling the call (its cell timed out) withdraws the question."""
+        request = ApprovalRequest(call.session, server, tool, arguments, namespace=call.namespace)
+        decision = Decision.NO_CLIENT if call.approve is None else await call.approve(request)
+        who = _qualified(call.namespace, call.session)
+        log.info("session %r: %s of %s.%s", who, decision.value, server, tool)
+        if decision is not Decision.ACCEPTED:
+            raise refusal(decision, request)
 
     # -- skills --------------------------------------------------------------------------------------
 

@@ -6,6 +6,9 @@ Two layers decide what sandboxed code may do, and this module is the first:
    server names and ``deny_tools`` patterns over ``server.tool``. A denied server is treated as
    not configured (invisible to docs, refused as a grant); a denied tool is absent from every list
    and its calls answer ``denied``.
+   ``approve_tools`` patterns (the same form; ``*`` alone is every tool) mark the calls a person
+   must approve first (:meth:`Policy.needs_approval`; the hub asks through the call's approver,
+   see :mod:`.approval`).
 2. **session grants** (``run_python(servers=[...])``, passed in every :class:`RpcCall`): which
    allowed servers a session may *call*. Docs cost no grant.
 
@@ -28,10 +31,11 @@ class Policy:
     """Empty: every server is allowed."""
     deny_servers: tuple[str, ...] = ()
     deny_tools: tuple[str, ...] = ()
+    approve_tools: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:
-        return cls(settings.allow_servers, settings.deny_servers, settings.deny_tools)
+        return cls(settings.allow_servers, settings.deny_servers, settings.deny_tools, settings.approve_tools)
 
     def server_allowed(self, server: str) -> bool:
         if any(fnmatchcase(server, p) for p in self.deny_servers):
@@ -41,6 +45,19 @@ class Policy:
     def tool_allowed(self, server: str, tool: str) -> bool:
         qualified = f"{server}.{tool}"
         return self.server_allowed(server) and not any(fnmatchcase(qualified, p) for p in self.deny_tools)
+
+    def needs_approval(self, server: str, tool: str) -> bool:
+        """Whether a call of ``server.tool`` (real names) waits for a person's approval."""
+        qualified = f"{server}.{tool}"
+        return any(fnmatchcase(qualified, p) for p in self.approve_tools)
+
+    def approval_patterns(self, server: str) -> list[str]:
+        """The approval patterns that can match a tool of ``server`` (for listings)."""
+        return [
+            p
+            for p in self.approve_tools
+            if p == "*" or ("." in p and fnmatchcase(server, p.rsplit(".", 1)[0]))
+        ]
 
     def why_denied(self, server: str) -> str:
         """Which setting denies ``server`` (for a validation error the operator can act on)."""

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from kernelbridge.errors import RpcError
 from kernelbridge.frames import MAX_RPC_BYTES
+from kernelbridge.hub.approval import Approver
 from kernelbridge.hub.skills import MAX_DESCRIPTION_CHARS, MAX_SOURCE_BYTES
 
 KINDS = frozenset(
@@ -28,6 +29,7 @@ KINDS = frozenset(
         "server_error",
         "unavailable",
         "internal",
+        "package_error",
     }
 )
 """Every error kind of docs/rpc.md. ``unavailable`` is the kernel side's alone (no hub at all)."""
@@ -56,6 +58,12 @@ class RpcCall:
     """The HTTP token's namespace the session belongs to (``""``: the shared one, stdio). Set by
     the bridge, never by the sandbox: everything the hub keeps per tenant (saved tools, calls in
     flight) is keyed by it, so two tokens' sessions called ``default`` never meet."""
+    sandbox: str = ""
+    """The container the call came from (set by the bridge): what is kept per sandbox (the
+    package service's caps, whose /packages went with the container) starts afresh with a new one."""
+    approve: Approver | None = None
+    """Asks a person about a call that needs approval (``KERNELBRIDGE_APPROVE_TOOLS``): supplied by
+    the session layer for the cell that made the call; None: nobody can be asked, refused."""
 
 
 class RpcHandler(Protocol):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelbridge import DISTRIBUTION
 from kernelbridge.errors import ConfigError, ImageError
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def image_files(root: Path | None = None) -> list[str]:
     if missing or not package.is_dir():
         raise ImageError(
             f"this kernelbridge installation is incomplete: {', '.join(missing) or INSIDE_PACKAGE}"
-            f" missing under {root}; reinstall kernelbridge (`pip install --force-reinstall kernelbridge`)"
+            f" missing under {root}; reinstall it (`pip install --force-reinstall {DISTRIBUTION}`)"
         )
     return sorted(set(files))
 

@@ -41,23 +41,13 @@ from kernelbridge.image.recipe import (
     recipe_path,
     stage_agent,
 )
+from kernelbridge.image.target import PIP_TARGET_FLAGS
 
 Log = Callable[[str], None]
 
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-# The image's interpreter is Debian bookworm's python3 (3.11); pip picks wheels for it, not for
-# whatever Python runs this module. Several manylinux tags because projects publish under any of them.
-PIP_TARGET_FLAGS = (
-    "--only-binary=:all:",
-    "--platform=manylinux2014_x86_64",
-    "--platform=manylinux_2_17_x86_64",
-    "--platform=manylinux_2_28_x86_64",
-    "--implementation=cp",
-    "--python-version=3.11",
-    "--abi=cp311",
-)
 # dpkg skips these paths while installing (faster than deleting them afterwards); copyrights stay.
 DPKG_EXCLUDES = (
     "path-exclude=/usr/share/man/*",

@@ -10,6 +10,8 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager
 
+from kernelbridge import DISTRIBUTION
+
 KERNEL_NAME = "kernelbridge"
 DISPLAY_NAME = "Python 3 (kernelbridge sandbox)"
 PROVISIONER_NAME = "kernelbridge-provisioner"
@@ -61,7 +63,7 @@ def visibility_note(installed: str) -> str:
     """
     return (
         f"for a Jupyter in another Python environment: that environment needs kernelbridge too"
-        f" (`<that env>/bin/pip install kernelbridge`: Jupyter loads the sandbox provisioner from"
+        f" (`<that env>/bin/pip install {DISTRIBUTION}`: Jupyter loads the sandbox provisioner from"
         f" there), and the kernelspec must be where it looks (`kernelbridge kernelspec install"
         f" --user` is seen by every environment of this user; --prefix <that env's sys.prefix> by"
         f" that one only); check with `jupyter kernelspec list` there (installed now: {installed})"

@@ -11,7 +11,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kernelbridge.config import EngineSettings, SandboxLimits, Settings
+from kernelbridge.config import EngineSettings, Mount, PackageSettings, SandboxLimits, Settings
+from kernelbridge.jupyter.client_env import display_env
 from kernelbridge.runtime import ContainerSpec
 from kernelbridge.tunnel import Launch
 
@@ -27,6 +28,8 @@ def launch_for(
         "owner_pid": spec.owner_pid,
         "owner_host": spec.owner_host,
         "labels": [list(pair) for pair in spec.labels],
+        "mounts": [[str(mount.source), mount.target] for mount in spec.mounts],
+        "env": [list(pair) for pair in spec.env],
     }
     engine = dataclasses.asdict(settings.engine)
     engine["cert_path"] = str(engine["cert_path"]) if engine["cert_path"] else None
@@ -40,6 +43,13 @@ def launch_for(
         state_dir=str(settings.state_dir),
         start_timeout=settings.kernel_start_timeout,
         allow_unlimited=settings.allow_unlimited,
+        packages={
+            "policy": settings.packages.policy,
+            "allowed": sorted(settings.packages.allowed),
+            "max_bytes": settings.packages.max_bytes,
+            "max_installs": settings.packages.max_installs,
+            "cache_bytes": settings.packages.cache_bytes,
+        },
     )
 
 
@@ -60,11 +70,32 @@ def settings_of(launch: Launch) -> Settings:
         limits=SandboxLimits(**launch.limits),
         kernel_start_timeout=launch.start_timeout,
         allow_unlimited=launch.allow_unlimited,
+        packages=_packages_of(launch.packages),
     )
+
+
+def _packages_of(raw: dict[str, Any]) -> PackageSettings:
+    """The launch's package settings (the defaults for a provisioner that sent none)."""
+    defaults = PackageSettings()
+    try:
+        return PackageSettings(
+            policy=str(raw.get("policy", defaults.policy)),
+            allowed=frozenset(str(name) for name in raw.get("allowed", [])),
+            max_bytes=int(raw.get("max_bytes", defaults.max_bytes)),
+            max_installs=int(raw.get("max_installs", defaults.max_installs)),
+            cache_bytes=int(raw.get("cache_bytes", defaults.cache_bytes)),
+        )
+    except (TypeError, ValueError):
+        return PackageSettings(policy="none")  # a launch we cannot read installs nothing
 
 
 def spec_of(launch: Launch, settings: Settings) -> ContainerSpec:
     """The container to start, from its launch."""
     container = dict(launch.container)
     labels = tuple((str(k), str(v)) for k, v in container.pop("labels", []))
-    return ContainerSpec(**container, labels=labels, limits=settings.limits)
+    # The provisioner checked each mount (config.check_mount) and the display settings; a forged
+    # Launch could only come from the process that owns this one's control socket, and is checked
+    # again all the same (the display settings).
+    mounts = tuple(Mount(Path(source), str(target)) for source, target in container.pop("mounts", []))
+    env = display_env(dict((str(k), str(v)) for k, v in container.pop("env", [])))
+    return ContainerSpec(**container, labels=labels, env=env, limits=settings.limits, mounts=mounts)

@@ -11,9 +11,12 @@ every Popen-style verb maps onto one message or one process call:
 verb                    what happens
 ======================  ===================================================================
 pre_launch              allocate ports (cached across restarts), write the 0600 connection
-                        file (an absolute path, whatever ``connection_dir`` the manager has)
-launch_kernel           start the tunnel, send it a ``Launch`` (container spec), wait for
-                        ``Ready`` or turn its ``Exited`` (structured kind) into an error
+                        file (an absolute path, whatever ``connection_dir`` the manager has);
+                        note the client's display settings (``client_env.display_env``: an
+                        allow-list, the only part of the host's environment a sandbox gets)
+launch_kernel           start the tunnel, send it a ``Launch`` (container spec, with the
+                        kernel's ``cwd`` mounted read-only on /workspace), wait for ``Ready``
+                        or turn its ``Exited`` (structured kind) into an error
 poll / wait             the tunnel process; it exits when the kernel or container does
 send_signal(SIGINT)     an ``Interrupt`` (kernelspecs use message-mode interrupts anyway)
 terminate               SIGTERM: the tunnel stops the agent and removes the container
@@ -28,6 +31,15 @@ jupyter_client's synchronous managers run each call in an event loop of its own.
 
 Settings come from the parent manager's ``settings`` attribute when it has one
 (SandboxKernelManager), else from the environment.
+
+**The notebook's directory.** nbclient, nbconvert and jupyter_server start a notebook's kernel
+with ``cwd`` set to the notebook's directory (jupyter_client hands it to ``launch_kernel``). That
+directory is bound read-only (``nosuid,nodev,noexec``, as every host directory) on the sandbox's
+/workspace, the kernel's working directory, so a notebook that opens ``data.csv`` beside it runs
+unchanged; writing there fails with "Read-only file system" (/tmp is writable). The rules of
+``KERNELBRIDGE_MOUNTS`` hold (:func:`notebook_mount`): a directory that is, holds or lies inside the
+state directory (a notebook in ``~``) is not mounted, and the kernel starts in an empty
+/workspace, said in Jupyter's log. Without ``cwd`` (``jupyter console``) nothing is mounted.
 """
 
 from __future__ import annotations
@@ -47,12 +59,14 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from kernelbridge.config import Settings, load_settings
-from kernelbridge.errors import KernelBridgeError, SandboxStartTimeout, start_error
+from kernelbridge.config import Mount, Settings, check_source, load_settings
+from kernelbridge.errors import ConfigError, KernelBridgeError, SandboxStartTimeout, start_error
 from kernelbridge.host.container import container_spec
 from kernelbridge.host.policy import expected_image
+from kernelbridge.jupyter.client_env import Env, display_env, terminal_size
 from kernelbridge.jupyter.launch import launch_for
 from kernelbridge.runtime import ContainerSpec, open_runtime
+from kernelbridge.runtime.flags import WORKDIR
 from kernelbridge.tunnel import ControlMessage, Exited, Interrupt, Ready, Restart, SocketControlChannel
 
 # Why 10 s: a graceful container stop is: kernel shutdown_reply, agent exit, the runtime tearing
@@ -74,6 +88,8 @@ class SandboxProvisioner(LocalProvisioner):
     exit_event: Exited | None = None
     versions: dict[str, Any] | None = None
     control: SocketControlChannel | None = None
+    display: Env = ()
+    """The client's display settings for the sandbox (:mod:`kernelbridge.jupyter.client_env`)."""
 
     # -- configuration -------------------------------------------------------------------
     _settings: Settings | None = None
@@ -112,6 +128,11 @@ class SandboxProvisioner(LocalProvisioner):
         if km.connection_file:
             km.connection_file = absolute(km.connection_file)
         kwargs = await super().pre_launch(**kwargs)
+        # The client's display settings, from the environment its kernel would get (allow-listed,
+        # checked), and the size of the terminal it runs in: a local kernel would see both.
+        stdout = sys.__stdout__
+        terminal = terminal_size(stdout.fileno()) if stdout is not None else None
+        self.display = display_env(kwargs.get("env") or os.environ, terminal=terminal)
         settings = self.settings
         prune_logs(settings.logs_dir)
         log_file = self._log_path()
@@ -143,7 +164,12 @@ class SandboxProvisioner(LocalProvisioner):
         self.exit_event = None
         settings = self.settings
         image, agent_hash = expected_image(settings)
-        self.spec = container_spec(settings, self.session_name, image)
+        self.spec = dataclasses.replace(container_spec(settings, self.session_name, image), env=self.display)
+        mount, why = notebook_mount(kwargs.get("cwd"), settings)
+        if mount is not None:
+            self.spec = dataclasses.replace(self.spec, mounts=(*self.spec.mounts, mount))
+        elif why:
+            self.log.warning("kernelbridge: %s", why)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             cmd = [part.replace("{control_fd}", str(theirs.fileno())) for part in cmd]
@@ -289,6 +315,24 @@ class SandboxProvisioner(LocalProvisioner):
         if self.exit_event is None:
             return None
         return self.exit_event.reason or "the sandbox exited"
+
+
+def notebook_mount(cwd: object, settings: Settings) -> tuple[Mount | None, str]:
+    """The read-only mount of a kernel's ``cwd`` (a notebook's directory) on /workspace, or None and
+    why not (empty when there is no ``cwd`` to mount)."""
+    if not cwd:
+        return None, ""
+    try:
+        source = check_source(str(cwd), settings.state_dir, where="the notebook's directory")
+    except ConfigError as exc:
+        return None, f"{exc}; the kernel starts in an empty /workspace"
+    nested = [mount.target for mount in settings.mounts if mount.target.startswith(WORKDIR + "/")]
+    if nested:
+        return None, (
+            f"the notebook's directory is not mounted: KERNELBRIDGE_MOUNTS puts {nested[0]} inside"
+            " /workspace; the kernel starts in an empty /workspace"
+        )
+    return Mount(source, WORKDIR), ""
 
 
 def single_use(settings: Settings) -> Settings:

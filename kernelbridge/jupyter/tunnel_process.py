@@ -16,7 +16,10 @@ own sandboxes: this module only checks what a bridge would have checked first (l
 creates the container and relays between the owner and the provisioner.
 
 Host MCP: a kernel started this way has no bridge, so every ``rpc_request`` of its code is
-answered here with ``unavailable`` ("no host MCP servers in this kernel"), at once.
+answered here with ``unavailable`` ("no host MCP servers in this kernel"), at once; except
+``%pip install``'s ``packages_*`` requests, which this process's own
+:class:`~kernelbridge.packages.PackageService` answers (the same policy, caps and wheel cache as a
+bridge on the same state directory), so a notebook with ``%pip`` cells runs under nbclient too.
 
 Signals keep Popen's meaning: SIGTERM (jupyter_client's ``terminate``) stops the sandbox
 gracefully and removes its container; SIGINT becomes an ``interrupt``. The process also gets
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import logging.handlers
@@ -41,12 +45,16 @@ from functools import partial
 import anyio
 import anyio.abc
 
-from kernelbridge.errors import ExitKind, KernelBridgeError, NoHostServers, exit_of
+from kernelbridge.errors import ExitKind, KernelBridgeError, NoHostServers, RpcError, exit_of
 from kernelbridge.host.container import AttachedContainer, started_container
 from kernelbridge.host.owner import AgentEvent, TunnelOwner
 from kernelbridge.host.policy import preflight
+from kernelbridge.hub.rpc import RpcCall
 from kernelbridge.jupyter.launch import settings_of, spec_of
-from kernelbridge.runtime import open_runtime
+from kernelbridge.packages import METHODS as PACKAGE_METHODS
+from kernelbridge.packages import PackageService
+from kernelbridge.runtime import ContainerSpec, RuntimeBackend, open_runtime
+from kernelbridge.runtime.flags import WORKDIR, sandbox_flags, unsupported
 from kernelbridge.tunnel import (
     ControlMessage,
     Exited,
@@ -89,6 +97,7 @@ async def serve(control: SocketControlChannel) -> int:
             return 1
         settings = settings_of(launch)
         spec = spec_of(launch, settings)
+        packages = PackageService(settings)
         owner = TunnelOwner(
             spec.name,
             session=spec.session,
@@ -102,8 +111,9 @@ async def serve(control: SocketControlChannel) -> int:
                 # The checks a bridge makes first (limits enforced, a kernelbridge image), then the start.
                 async with open_runtime(settings) as runtime:
                     await preflight(settings, runtime, spec.image, launch.agent_hash)
+                    spec = await _without_unsupported_notebook_dir(runtime, spec)
                     async with started_container(runtime, spec) as container:
-                        exited = await _run_sandbox(control, owner, container)
+                        exited = await _run_sandbox(control, owner, container, packages, spec)
                 # The agent's own status, or 0 when it said nothing (the container just ended).
                 status = 0 if exited.status == 0 or exited.kind is ExitKind.CONTAINER_EXITED else 1
             except (KernelBridgeError, OSError) as exc:  # before there was a sandbox
@@ -113,14 +123,19 @@ async def serve(control: SocketControlChannel) -> int:
 
 
 async def _run_sandbox(
-    control: SocketControlChannel, owner: TunnelOwner, container: AttachedContainer
+    control: SocketControlChannel,
+    owner: TunnelOwner,
+    container: AttachedContainer,
+    packages: PackageService,
+    spec: ContainerSpec,
 ) -> Exited:
     """Run the sandbox until it ends; tell the provisioner ``Ready`` when it is, and its last word
     as soon as it is known (before the container is removed, which may take a while)."""
     exited: Exited | None = None
     async with anyio.create_task_group() as tg:
+        on_event = partial(_answer_rpc, owner, packages, spec, tg)
         try:
-            await tg.start(partial(owner.run, container, peer=None, on_event=partial(_no_hub, owner)))
+            await tg.start(partial(owner.run, container, peer=None, on_event=on_event))
         except KernelBridgeError as exc:  # the start failed (caught here: not as an ExceptionGroup)
             exited = Exited(None, *exit_of(exc))
         else:
@@ -135,10 +150,47 @@ async def _run_sandbox(
     return exited
 
 
-async def _no_hub(owner: TunnelOwner, event: AgentEvent) -> None:
-    """No bridge, no hub: every rpc request is answered ``unavailable`` at once."""
-    if isinstance(event, RpcRequest):
+async def _answer_rpc(
+    owner: TunnelOwner,
+    packages: PackageService,
+    spec: ContainerSpec,
+    tg: anyio.abc.TaskGroup,
+    event: AgentEvent,
+) -> None:
+    """No bridge, no hub: every rpc request is answered ``unavailable`` at once, but the package
+    service's, which run as tasks (the event pump must not wait for pip)."""
+    if not isinstance(event, RpcRequest):
+        return
+    if event.method not in PACKAGE_METHODS:
         owner.send(RpcResponse(event.id, error=NoHostServers(NoHostServers.PLAIN_JUPYTER).to_wire()))
+        return
+    call = RpcCall(spec.session, frozenset(), event.method, event.params, sandbox=spec.name)
+    tg.start_soon(_answer_package_call, owner, packages, event.id, call)
+
+
+async def _answer_package_call(
+    owner: TunnelOwner, packages: PackageService, request_id: object, call: RpcCall
+) -> None:
+    try:
+        result = await packages.dispatch(call)
+    except RpcError as exc:
+        owner.send(RpcResponse(request_id, error=exc.to_wire()))
+        return
+    owner.send(RpcResponse(request_id, result=result))
+
+
+async def _without_unsupported_notebook_dir(runtime: RuntimeBackend, spec: ContainerSpec) -> ContainerSpec:
+    """``spec``, without the notebook's directory on /workspace if this engine cannot mount it as
+    it must be (docker: not nosuid,nodev,noexec); the kernel then starts in an empty /workspace."""
+    if not any(mount.target == WORKDIR for mount in spec.mounts):
+        return spec
+    info = await runtime.info()
+    if unsupported(info.engine, sandbox_flags(spec)) is None:
+        return spec
+    log.warning(
+        "the %s engine cannot mount the notebook's directory read-only; it is not mounted", info.engine
+    )
+    return dataclasses.replace(spec, mounts=tuple(m for m in spec.mounts if m.target != WORKDIR))
 
 
 async def _commands(control: SocketControlChannel, owner: TunnelOwner, tg: anyio.abc.TaskGroup) -> None:

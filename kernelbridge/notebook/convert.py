@@ -13,8 +13,12 @@ No I/O beyond reading the notebook file it is given; no sessions, no kernels, no
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable
+import logging
+import re
+import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +26,7 @@ import nbformat
 from nbformat import v4
 
 from kernelbridge.errors import ConfigError
+from kernelbridge.notebook.displays import updated_entries
 from kernelbridge.notebook.journal import BUDGET_SETTING, JournalCell, JournalEntry, JournalTruncated
 
 KERNELSPEC: dict[str, str] = {
@@ -32,6 +37,9 @@ KERNELSPEC: dict[str, str] = {
 LANGUAGE_INFO: dict[str, str] = {"name": "python", "file_extension": ".py", "mimetype": "text/x-python"}
 MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
 """A notebook bigger than this is not read (a journal's outputs are capped far below it)."""
+OUTPUT_TYPES = frozenset({"stream", "display_data", "execute_result", "error"})
+_CELL_ID = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")
+"""nbformat 4.5's cell id."""
 KEPT_PNG_CHARS = 64
 """Base64 characters of a PNG a restore keeps: its header, all that judging reads (its size)."""
 
@@ -67,8 +75,9 @@ def to_node(value: dict[str, Any]) -> Node:
 
 
 def write_notebook_file(nb: Node, path: str | Path) -> None:
-    """``nbformat.write`` as v4."""
-    _nbformat.write(nb, str(path), version=4)
+    """``nbformat.write`` as v4 (nbformat's own complaints kept quiet: the cells were checked)."""
+    with quiet_nbformat():
+        _nbformat.write(nb, str(path), version=4)
 
 
 def _valid_count(value: Any) -> int | None:
@@ -103,11 +112,10 @@ def entry_cell(entry: JournalEntry) -> Node | None:
         return _truncated_cell(entry)
     if not isinstance(entry, JournalCell):
         return None
-    cell = code_cell(
-        source=entry.code,
-        execution_count=entry.execution_count,
-        outputs=notebook_outputs(entry.outputs, entry.execution_count),
-    )
+    # The outputs go in after the cell is made: nbformat's constructor validates what it is given,
+    # and one odd output (a hand-edited journal) must cost a note, not the cell (valid_cell below).
+    cell = code_cell(source=entry.code, execution_count=entry.execution_count)
+    cell.outputs = notebook_outputs(entry.outputs, entry.execution_count)
     meta: dict[str, Any] = {
         "source": entry.source,
         "servers": list(entry.servers),
@@ -119,6 +127,8 @@ def entry_cell(entry: JournalEntry) -> Node | None:
         meta["client"] = entry.client
     if entry.tool_calls:
         meta["tool_calls"] = entry.tool_calls
+    if entry.packages:
+        meta["packages"] = entry.packages
     if entry.timeout is not None:
         meta["timeout"] = entry.timeout
     cell.metadata["kernelbridge"] = meta
@@ -139,38 +149,46 @@ def _truncated_cell(entry: JournalTruncated) -> Node:
 
 
 def journal_to_notebook(entries: Iterable[JournalEntry], session: str) -> Node:
-    """Build a notebook with one code cell per executed request, valid under nbformat.validate."""
+    """Build a notebook with one code cell per executed request (display updates applied to the
+    earlier cells they reach), valid under nbformat.validate."""
     nb = new_notebook(session)
-    nb.cells = [cell for cell in map(entry_cell, entries) if cell is not None]
+    nb.cells = [cell for cell in map(entry_cell, updated_entries(entries)) if cell is not None]
     nbformat.validate(nb)
     return nb
 
 
 def valid_cell(cell: Node) -> Node:
     """``cell`` if nbformat accepts it; else the same cell with each unacceptable output replaced
-    by a note, so one odd output (e.g. metadata nested too deeply) never makes a whole session
-    unexportable."""
-    probe = blank_notebook(cells=[cell])
-    try:
-        nbformat.validate(probe)
+    by a note (one line saying what it was), so one odd output (metadata nested too deeply, an
+    output type nbformat does not know) never makes a whole session unexportable."""
+    if _accepted(cell):
         return cell
-    except (nbformat.ValidationError, RecursionError):
-        pass
     kept = []
     for output in cell.outputs:
-        try:
-            nbformat.validate(blank_notebook(cells=[code_cell(outputs=[output])]))
+        probe = code_cell()
+        probe.outputs = [output]
+        if _accepted(probe):
             kept.append(output)
-        except (nbformat.ValidationError, RecursionError, ValueError, TypeError):
-            kind = output.get("output_type", "unknown")
-            note = f"[kernelbridge: a {kind} output could not be kept in the notebook]"
+        else:
+            kind = str(output.get("output_type", "unknown") if isinstance(output, dict) else "unknown")[:40]
+            note = f"[kernelbridge: a {kind!r} output could not be kept in the notebook]"
             kept.append(stream_output("stderr", note + "\n"))
     cell.outputs = kept
-    try:
-        nbformat.validate(blank_notebook(cells=[cell]))
-    except (nbformat.ValidationError, RecursionError):
+    if not _accepted(cell):
         cell.metadata = {"kernelbridge": {"note": "metadata dropped: not valid in a notebook"}}
     return cell
+
+
+def _accepted(cell: Node) -> bool:
+    """Whether nbformat accepts ``cell`` in a notebook (its constructors validate what they are
+    given: the cell goes in after the notebook is made)."""
+    probe = blank_notebook()
+    probe.cells = [cell]
+    try:
+        nbformat.validate(probe)
+    except (nbformat.ValidationError, RecursionError, ValueError, TypeError):
+        return False
+    return True
 
 
 def strip_images(node: Node) -> Node:
@@ -209,19 +227,89 @@ def read_restorable(path: str | Path) -> Node:
 
 
 def parse_notebook(text: str, name: str) -> Node:
-    """Parse and validate notebook JSON. Raises ConfigError naming ``name``."""
+    """Parse notebook JSON as nbclient takes it, and make it a valid v4.5 notebook. Raises
+    ConfigError naming ``name`` for what nbclient could not run either (not JSON, no cells, an
+    nbformat other than 3 or 4, cells that are not cells).
+
+    nbformat's reader is lenient (it logs what does not validate and goes on); so is this, with the
+    repairs a replay needs and nothing said by third parties: cells get the ids nbformat 4.5 asks
+    for (nbformat would warn, ``MissingIDFieldWarning``, once per validation), a kernelspec without
+    ``name`` gets kernelbridge's (it runs in a sandbox now), lists of lines become text. Outputs
+    nbformat does not know are kept for the replay to say so (:func:`unknown_outputs`)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{name} is not a valid notebook: not JSON ({exc.msg} at line {exc.lineno})"
         ) from None
-    if not isinstance(data, dict) or "cells" not in data or "nbformat" not in data:
+    if not isinstance(data, dict) or "nbformat" not in data or not ("cells" in data or "worksheets" in data):
         raise ConfigError(f"{name} is not a valid notebook: no 'cells' and 'nbformat' in it")
+    major = data.get("nbformat")
+    if major not in (3, 4) or isinstance(major, bool):
+        raise ConfigError(f"{name} is not a notebook this reads: nbformat {major!r} (4.0-4.5 and 3 are read)")
     try:
-        nb = cast(Node, _nbformat.reads(text, as_version=4))
-        nbformat.validate(nb)
-    except (ValueError, TypeError, KeyError, nbformat.ValidationError) as exc:
+        with quiet_nbformat():
+            nb = cast(Node, _nbformat.reads(text, as_version=4))
+    except (ValueError, TypeError, KeyError, AttributeError, nbformat.ValidationError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ConfigError(f"{name} is not a valid notebook: {first}") from None
+    _repair(nb, name)
     return nb
+
+
+def _repair(nb: Node, name: str) -> None:
+    """Make a notebook nbclient would run a valid v4.5 one (see :func:`parse_notebook`)."""
+    cells = nb.get("cells")
+    if not isinstance(cells, list):
+        raise ConfigError(f"{name} is not a valid notebook: 'cells' is not a list")
+    for n, cell in enumerate(cells, 1):
+        if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str):
+            raise ConfigError(f"{name} is not a valid notebook: cell {n} is not a cell")
+        source = cell.get("source", "")
+        cell["source"] = "".join(map(str, source)) if isinstance(source, list) else str(source)
+        if not isinstance(cell.get("metadata"), dict):
+            cell["metadata"] = to_node({})
+        if cell["cell_type"] == "code" and not isinstance(cell.get("outputs"), list):
+            cell["outputs"] = []
+    ids: set[str] = set()
+    for cell in cells:
+        if not isinstance(cell.get("id"), str) or not _CELL_ID.match(cell["id"]) or cell["id"] in ids:
+            cell["id"] = code_cell().id
+        ids.add(cell["id"])
+    nb.nbformat, nb.nbformat_minor = 4, max(_valid_count(nb.get("nbformat_minor")) or 0, 5)
+    if not isinstance(nb.get("metadata"), dict):
+        nb.metadata = to_node({})
+    kernelspec = nb.metadata.get("kernelspec")
+    if isinstance(kernelspec, dict) and not isinstance(kernelspec.get("name"), str):
+        kernelspec["name"] = KERNELSPEC["name"]
+        kernelspec.setdefault("display_name", KERNELSPEC["display_name"])
+    elif kernelspec is not None and not isinstance(kernelspec, dict):
+        nb.metadata["kernelspec"] = dict(KERNELSPEC)
+
+
+def unknown_outputs(nb: Node) -> list[str]:
+    """One line for each output of a code cell that nbformat does not know (not judged)."""
+    lines: list[str] = []
+    code = [cell for cell in nb.cells if cell.get("cell_type") == "code"]
+    for n, cell in enumerate(code, 1):
+        for m, output in enumerate(cell.get("outputs", []), 1):
+            kind = output.get("output_type") if isinstance(output, dict) else None
+            if kind not in OUTPUT_TYPES:
+                what = f"output_type {kind[:40]!r}" if isinstance(kind, str) else "no output_type"
+                lines.append(f"cell {n}: output {m} has {what}, which nbformat does not know: not judged")
+    return lines
+
+
+@contextlib.contextmanager
+def quiet_nbformat() -> Iterator[None]:
+    """nbformat's warnings and log lines (``MissingIDFieldWarning``, "Notebook JSON is invalid")
+    kept off the terminal: the caller says what matters in its own words."""
+    logger = logging.getLogger("nbformat")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)

@@ -10,8 +10,9 @@ per namespace; see :mod:`kernelbridge.server.exports`); they are plain functions
 numbers that return small values (text of at most :data:`MAX_INLINE_CHARS`, one image, a notebook
 without its images' bytes), or write a file.
 
-Memory: a journal is read one line at a time (:func:`~kernelbridge.notebook.iter_journal`) and a
-notebook written one cell at a time (:func:`write_notebook`), so the work costs its biggest line
+Memory: a journal is read one line at a time (twice: display updates of earlier cells are applied
+as the cells are written, :func:`~kernelbridge.notebook.displays.journal_entries`) and a notebook
+written one cell at a time (:func:`write_notebook`), so the work costs its biggest line
 a few times over (a line is bounded by the recorder's caps: ~17 MiB), plus the text when it is
 returned whole. The text is what ``nbformat.writes`` makes of the same notebook (1-space indent,
 sorted keys, text split in lines), except that past :data:`MAX_SPLIT_LINES` a field stays one
@@ -32,7 +33,8 @@ from typing import Any, TextIO, TypeVar
 
 from kernelbridge.errors import SessionError
 from kernelbridge.notebook.convert import Node, code_cell, entry_cell, new_notebook, strip_images
-from kernelbridge.notebook.journal import JournalCell, JournalEntry, decode_entry, iter_journal
+from kernelbridge.notebook.displays import journal_entries
+from kernelbridge.notebook.journal import JournalCell, JournalDisplay, JournalEntry, decode_entry
 
 MAX_INLINE_CHARS = 16 * 1024 * 1024
 """Characters of notebook JSON returned whole (``export_notebook`` without a path, the notebook
@@ -126,7 +128,7 @@ def notebook_text(journal: Path, session: str, *, max_bytes: int, max_chars: int
     instead), OSError."""
     out = _BoundedText(max_chars)
     try:
-        write_notebook(iter_journal(journal, max_bytes), session, out)
+        write_notebook(journal_entries(journal, max_bytes), session, out)
     except NotebookTooLarge:
         raise NotebookTooLarge(
             f"the notebook of session {session!r} is over {max_chars / 2**20:g} MiB of JSON, too big to "
@@ -170,8 +172,11 @@ def find_png(journal: Path, name: str, max_bytes: int) -> bytes | None:
     return None
 
 
-def _pngs(entry: JournalEntry | None) -> list[str]:
+def _pngs(entry: object) -> list[str]:
     found: list[str] = []
+    if isinstance(entry, JournalDisplay):  # an earlier cell's image, updated
+        png = entry.data.get("image/png")
+        return [png] if isinstance(png, str) else []
     for output in entry.outputs if isinstance(entry, JournalCell) else []:
         data = output.get("data")
         png = data.get("image/png") if isinstance(data, dict) else None
@@ -185,7 +190,7 @@ def export_to_path(journal: Path, session: str, target: Path, *, max_bytes: int)
     existing one, never through a link); returns its cells. Raises OSError."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
-        return write_notebook(iter_journal(journal, max_bytes), session, out)
+        return write_notebook(journal_entries(journal, max_bytes), session, out)
 
 
 def restorable_notebook(journal: Path, session: str, *, max_bytes: int) -> Node:
@@ -193,6 +198,6 @@ def restorable_notebook(journal: Path, session: str, *, max_bytes: int) -> Node:
     images cut to their headers (judging compares a PNG's size, nothing else of an image).
     Raises OSError."""
     nb = new_notebook(session)
-    entries = iter_journal(journal, max_bytes)
+    entries = journal_entries(journal, max_bytes)
     nb.cells = [strip_images(cell) for cell in map(entry_cell, entries) if cell is not None]
     return nb

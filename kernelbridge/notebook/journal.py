@@ -13,18 +13,30 @@ Line kinds, each decoded once into a record (:data:`JournalEntry`)::
         JournalHeader: the first line
     {"type": "cell", "source": "mcp", "code": ..., "execution_count": ..., "outputs": [...],
      "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ...,
-     "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "arguments", "result"}],
+     "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "approval"?, "arguments", "result"}],
+     "packages": [{"requirements", "installed": [{"name", "version", "filename", "sha256", ...}], "ok"}],
      "timeout": ...}
     {"type": "cell", "source": "client", "client": {"username", "session"}, "code": ..., ...}
         JournalCell: the bridge's own ``run_python`` cell (``mcp``), or one another Jupyter client
         ran in the same kernel (``client``: a person in ``kernelbridge attach``, nbclient)
+    {"type": "display", "display_id": ..., "data": {...}, "metadata": {...}, "at": ...}
+        JournalDisplay: a display id that earlier cells show was updated (``update_display_data``,
+        or a new ``display_data`` with the same id): those cells show ``data`` now. Cells say
+        which of their outputs carry which id (``"display_ids": {id: [output index, ...]}``);
+        :mod:`kernelbridge.notebook.displays` applies the updates when the journal becomes a notebook
     {"type": "truncated", "budget": ..., "setting": ..., "at": ...}
         JournalTruncated: the byte budget was reached; nothing follows
+
+Record types are extensible: :data:`DECODERS` maps a line's ``type`` to the function that decodes
+it (a new kind of record adds one). A line of a type this version does not know (a newer bridge's
+journal) is skipped and counted apart from lines that are not records at all.
 
 Each line is written with one ``write`` as soon as its cell ends, so a bridge killed with SIGKILL
 loses at most the cell in flight, and a reader in another process sees whole lines or a torn last
 one. ``timeout`` is the seconds the call allowed (a replay gives the cell the same);
-``tool_calls`` are what :mod:`kernelbridge.notebook.replay` answers from. A journal holds at most
+``tool_calls`` are what :mod:`kernelbridge.notebook.replay` answers from; ``packages`` (only when
+the cell ran ``%pip install``) are the installs a restore repeats exactly
+(:mod:`kernelbridge.packages.record`). A journal holds at most
 its budget (``KERNELBRIDGE_JOURNAL_BUDGET``, or what is left of an HTTP token's disk quota): the
 first line that would pass it is replaced by one ``truncated`` line, and nothing is written after
 that, whatever the session does. A journal file is created once and never overwritten (a new
@@ -32,8 +44,8 @@ generation of the session gets a new file).
 
 Reading is bounded and untrusted (:class:`JournalReader`): at most a given number of bytes, one
 line at a time; a line that is not JSON, not an object of a known type, or a cell without its
-code is skipped and counted (a torn last line, a hand edit), never a crash; fields of the wrong
-type are read as absent.
+code is skipped and counted (a torn last line, a hand edit), never a crash, and said in one line;
+fields of the wrong type are read as absent.
 
 This module knows no sessions, kernels or MCP; :mod:`kernelbridge.notebook.convert` turns entries
 into notebook cells.
@@ -44,10 +56,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from kernelbridge.config import Settings
 
@@ -104,6 +116,12 @@ class JournalCell:
     wrote them (read back as JSON objects: the replay checks each field it uses)."""
     client: dict[str, str] | None = None
     """``username`` and ``session`` of the Jupyter client that sent it (``source == "client"``)."""
+    packages: list[dict[str, Any]] = field(default_factory=list)
+    """``%pip install``s the cell made, as :meth:`~kernelbridge.packages.record.InstallRecord.to_json`
+    wrote them (read back as JSON objects: ``records_of`` checks each field)."""
+    display_ids: dict[str, list[int]] = field(default_factory=dict)
+    """Display id -> indexes in :attr:`outputs` of the outputs that carry it (a later update of the
+    id changes them: :class:`JournalDisplay`)."""
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"type": "cell", "source": self.source}
@@ -121,9 +139,32 @@ class JournalCell:
         )
         if self.source == "mcp" or self.tool_calls:
             entry["tool_calls"] = self.tool_calls
+        if self.packages:
+            entry["packages"] = self.packages
         if self.timeout is not None:
             entry["timeout"] = self.timeout
+        if self.display_ids:
+            entry["display_ids"] = self.display_ids
         return entry
+
+
+@dataclass(slots=True)
+class JournalDisplay:
+    """Every output of an earlier cell with display id ``display_id`` shows this now."""
+
+    display_id: str
+    data: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "display",
+            "display_id": self.display_id,
+            "data": self.data,
+            "metadata": self.metadata,
+            "at": self.at,
+        }
 
 
 @dataclass(slots=True)
@@ -142,7 +183,7 @@ class JournalTruncated:
         return {"type": "truncated", "budget": self.budget, "setting": self.setting, "at": self.at}
 
 
-JournalEntry = JournalHeader | JournalCell | JournalTruncated
+JournalEntry: TypeAlias = JournalHeader | JournalCell | JournalDisplay | JournalTruncated
 
 
 class Journal:
@@ -200,6 +241,10 @@ class Journal:
         self.cells += written
         return written
 
+    def append_record(self, record: JournalDisplay) -> bool:
+        """Journal a record that is not a cell (same budget); False when it did not fit."""
+        return self._write(record.to_json(), mode="a")
+
     def _write(self, entry: dict[str, Any], mode: Literal["x", "a"]) -> bool:
         if self.truncated:
             return False
@@ -220,37 +265,80 @@ class JournalReader:
 
     Past ``max_bytes`` it stops with a :class:`JournalTruncated` saying so (a journal of an older
     bridge, or of one with a bigger budget). Lines that cannot be read are skipped and counted in
-    :attr:`skipped`. Raises OSError (opening the file)."""
+    :attr:`skipped`, records of types this version does not know in :attr:`unknown`; each count
+    is said in one line when the reading ends. :meth:`with_offsets` also gives each entry's byte
+    offset in the file (where :func:`read_entry_at` finds it again). Raises OSError (opening the
+    file)."""
 
     def __init__(self, path: Path, max_bytes: int | None = None) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.skipped = 0
         """Lines that were not a journal entry."""
+        self.unknown = 0
+        """Records of a type this version does not read."""
 
     def __iter__(self) -> Iterator[JournalEntry]:
+        return (entry for _, entry in self.with_offsets())
+
+    def with_offsets(self) -> Iterator[tuple[int, JournalEntry]]:
         limit = self.max_bytes if self.max_bytes is not None else -1
         read = 0
         try:
             with open(self.path, "rb") as f:
                 while True:
                     line = f.readline(limit - read + 1 if limit >= 0 else -1)
-                    read += len(line)
+                    offset, read = read, read + len(line)
                     if limit >= 0 and read > limit:
-                        yield JournalTruncated(read_limit=limit)
+                        yield offset, JournalTruncated(read_limit=limit)
                         return
                     if not line:
                         return
                     entry = decode_entry(line)
-                    if entry is None:
-                        self.skipped += 1
+                    if isinstance(entry, JournalEntry):
+                        yield offset, entry
+                    elif entry is UNKNOWN:
+                        self.unknown += 1
                     else:
-                        yield entry
+                        self.skipped += 1
         finally:
             if self.skipped:
                 log.warning(
-                    "journal %s: skipped %d line(s) that were not entries", self.path.name, self.skipped
+                    "journal %s: skipped %d line(s) that were not entries (torn or edited by hand)",
+                    self.path.name,
+                    self.skipped,
                 )
+            if self.unknown:
+                log.warning(
+                    "journal %s: skipped %d record(s) of a kind this version does not read",
+                    self.path.name,
+                    self.unknown,
+                )
+
+
+def entries_mentioning(path: Path, needle: bytes, max_bytes: int) -> Iterator[tuple[int, JournalEntry]]:
+    """The entries (with their offsets) of the lines of a journal that contain ``needle``, within
+    ``max_bytes``; the other lines are not decoded, and nothing is counted or said (a first pass
+    before a :class:`JournalReader` reads the same file). Raises OSError (opening the file)."""
+    read = 0
+    with open(path, "rb") as f:
+        while read <= max_bytes and (line := f.readline(max_bytes - read + 1)):
+            offset, read = read, read + len(line)
+            if read <= max_bytes and needle in line:
+                entry = decode_entry(line)
+                if isinstance(entry, JournalEntry):
+                    yield offset, entry
+
+
+def read_entry_at(path: Path, offset: int, max_bytes: int) -> JournalEntry | None:
+    """The entry of the line at ``offset`` of a journal (at most ``max_bytes`` of it), or None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            entry = decode_entry(f.readline(max_bytes + 1))
+    except OSError:
+        return None
+    return entry if isinstance(entry, JournalEntry) else None
 
 
 def iter_journal(path: Path, max_bytes: int | None = None) -> Iterator[JournalEntry]:
@@ -263,8 +351,17 @@ def read_journal(path: Path, max_bytes: int | None = None) -> list[JournalEntry]
     return list(JournalReader(path, max_bytes))
 
 
-def decode_entry(line: bytes | str) -> JournalEntry | None:
-    """One journal line as its record, or None if it is not one (see the module docstring)."""
+class _Unknown:
+    """A record of a type this version does not read (see :data:`DECODERS`)."""
+
+
+UNKNOWN = _Unknown()
+Decoder: TypeAlias = Callable[[dict[str, Any]], JournalEntry | None]
+
+
+def decode_entry(line: bytes | str) -> JournalEntry | _Unknown | None:
+    """One journal line as its record; :data:`UNKNOWN` for a record of a type this version does
+    not know; None if it is no record (see the module docstring)."""
     try:
         raw = json.loads(line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line)
     except (ValueError, RecursionError):
@@ -272,23 +369,52 @@ def decode_entry(line: bytes | str) -> JournalEntry | None:
     if not isinstance(raw, dict):
         return None
     kind = raw.get("type")
-    if kind == "cell":
-        return _decode_cell(raw)
-    if kind == "session":
-        return JournalHeader(
-            session=_str(raw.get("session")) or "",
-            created=_number(raw.get("created")) or 0.0,
-            owner_pid=_count(raw.get("owner_pid")) or 0,
-            generation=_count(raw.get("generation")),
-        )
-    if kind == "truncated":
-        return JournalTruncated(
-            budget=_count(raw.get("budget")),
-            setting=_str(raw.get("setting")),
-            at=_number(raw.get("at")),
-            read_limit=_count(raw.get("read_limit")),
-        )
-    return None
+    decoder = DECODERS.get(kind) if isinstance(kind, str) else None
+    if decoder is None:
+        return UNKNOWN if isinstance(kind, str) and kind else None
+    return decoder(raw)
+
+
+def _decode_header(raw: dict[str, Any]) -> JournalHeader:
+    return JournalHeader(
+        session=_str(raw.get("session")) or "",
+        created=_number(raw.get("created")) or 0.0,
+        owner_pid=_count(raw.get("owner_pid")) or 0,
+        generation=_count(raw.get("generation")),
+    )
+
+
+def _decode_truncated(raw: dict[str, Any]) -> JournalTruncated:
+    return JournalTruncated(
+        budget=_count(raw.get("budget")),
+        setting=_str(raw.get("setting")),
+        at=_number(raw.get("at")),
+        read_limit=_count(raw.get("read_limit")),
+    )
+
+
+def _decode_display(raw: dict[str, Any]) -> JournalDisplay | None:
+    display_id, data, metadata = raw.get("display_id"), raw.get("data"), raw.get("metadata")
+    if not isinstance(display_id, str) or not display_id or not isinstance(data, dict):
+        return None
+    return JournalDisplay(
+        display_id=display_id,
+        data=data,
+        metadata=metadata if isinstance(metadata, dict) else {},
+        at=_number(raw.get("at")),
+    )
+
+
+def _display_ids(value: object) -> dict[str, list[int]]:
+    if not isinstance(value, dict):
+        return {}
+    found: dict[str, list[int]] = {}
+    for key, indexes in value.items():
+        if isinstance(key, str) and key and isinstance(indexes, list):
+            kept = [i for i in indexes if _count(i) is not None]
+            if kept:
+                found[key] = kept
+    return found
 
 
 def _decode_cell(raw: dict[str, Any]) -> JournalCell | None:
@@ -297,6 +423,7 @@ def _decode_cell(raw: dict[str, Any]) -> JournalCell | None:
         return None
     client = raw.get("client")
     outputs, servers, calls = raw.get("outputs"), raw.get("servers"), raw.get("tool_calls")
+    packages = raw.get("packages")
     return JournalCell(
         code=code,
         source="client" if raw.get("source") == "client" else "mcp",
@@ -310,7 +437,19 @@ def _decode_cell(raw: dict[str, Any]) -> JournalCell | None:
         timeout=_number(raw.get("timeout")),
         tool_calls=[c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else [],
         client={str(k): str(v) for k, v in client.items()} if isinstance(client, dict) and client else None,
+        packages=[p for p in packages if isinstance(p, dict)] if isinstance(packages, list) else [],
+        display_ids=_display_ids(raw.get("display_ids")),
     )
+
+
+DECODERS: dict[str, Decoder] = {
+    "session": _decode_header,
+    "cell": _decode_cell,
+    "display": _decode_display,
+    "truncated": _decode_truncated,
+}
+"""A record's ``type`` -> its decoder (a function of the parsed line: the record, or None when the
+line is not a valid one of its type)."""
 
 
 def _str(value: object) -> str | None:

@@ -43,7 +43,7 @@ from typing import Protocol
 
 from anyio.abc import ByteStream
 
-from kernelbridge.config import SandboxLimits
+from kernelbridge.config import Mount, SandboxLimits
 
 SESSION_LABEL = "kernelbridge.session"
 OWNER_LABEL = "kernelbridge.owner"
@@ -76,6 +76,9 @@ class ContainerSpec:
     """Overrides the image's CMD (the agent) when not empty."""
     labels: tuple[tuple[str, str], ...] = ()
     """Labels beyond the session/owner/host ones."""
+    mounts: tuple[Mount, ...] = ()
+    """Host directories bound read-only into the sandbox (checked by ``config.check_mount``); one
+    on ``/workspace`` (a notebook's own directory, for a plain Jupyter client) replaces its tmpfs."""
     durable: bool = False
     """The sandbox may outlive its bridge (:data:`DURABLE_LABEL`): a later bridge reaches it with
     :meth:`RuntimeBackend.attach_exec`. Its stdin is still open for one attachment only (the

@@ -2,8 +2,9 @@
 
 Every hardening and resource decision of DESIGN.md ("Sandbox container") is made here, in no
 engine's words: the network, the dropped capabilities, no new privileges, the user, the memory
-(and swap) limit, pids, cpus, the sized tmpfs mounts, the read-only root and what covers podman's
-extra unsized tmpfs, the ulimits, no log driver, no init process, no auto-removal, no pulls, and
+(and swap) limit, pids, cpus, the sized tmpfs mounts (/tmp, /workspace, /packages), the read-only
+root and what covers podman's extra unsized tmpfs, the operator's read-only host directories
+(:class:`BindMount`), the ulimits, no log driver, no init process, no auto-removal, no pulls, and
 stdin open for one attachment. Three renderers spell it mechanically and decide
 nothing of their own:
 
@@ -11,7 +12,9 @@ nothing of their own:
 - ``engine.body.create_body``: the engine API's ``POST /containers/create`` body;
 - ``kube.manifest.pod_manifest``: a Kubernetes Pod (what has no Pod field is listed there).
 
-So a new flag (a read-only bind mount, say) is one field here and one line in each renderer.
+So a new flag is one field here and one line in each renderer. Where an engine cannot spell a
+decision, the renderer does not approximate it: :func:`unsupported` says why, and the backend
+refuses the sandbox with that line (docker cannot mount a directory ``nosuid,nodev,noexec``).
 No I/O.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kernelbridge.config import PACKAGES_DIR
 from kernelbridge.runtime.base import ContainerSpec
 
 WORKDIR = "/workspace"
@@ -68,6 +72,24 @@ class Tmpfs:
     mounts, so its renderer leaves these out."""
 
 
+BIND_OPTIONS = ("ro", "nosuid", "nodev", "noexec", "bind")
+"""Every host directory is bound read-only, without set-uid programs, devices or executables, and
+not recursively (``bind``, not podman's default ``rbind``): a mount below the source (a USB disk
+under ~/data) is not carried in, and so cannot escape the read-only flag, which a recursive bind
+applies to its top mount only. Symlinks in it are resolved by the sandbox's kernel in the
+sandbox's own mount namespace, so a link to ``/etc/passwd`` or ``../../secret`` names a path of the
+sandbox, never one of the host."""
+
+
+@dataclass(frozen=True, slots=True)
+class BindMount:
+    """A host directory in the sandbox, always read-only (:data:`BIND_OPTIONS`)."""
+
+    source: str
+    target: str
+    options: tuple[str, ...] = BIND_OPTIONS
+
+
 @dataclass(frozen=True, slots=True)
 class Ulimit:
     name: str
@@ -95,6 +117,7 @@ class SandboxFlags:
     pids: int
     cpus: float
     tmpfs: tuple[Tmpfs, ...]
+    binds: tuple[BindMount, ...]
     ulimits: tuple[Ulimit, ...]
     """Explicit: the engines' defaults would be raised past what may be set without
     CAP_SYS_RESOURCE on these machines, and the container would fail to start."""
@@ -132,10 +155,13 @@ class SandboxFlags:
 def sandbox_flags(spec: ContainerSpec) -> SandboxFlags:
     """The flags of ``spec``'s container."""
     lim = spec.limits
-    tmpfs = [
-        Tmpfs("/tmp", lim.tmp_size, tmpfs_options(lim.tmp_size)),
-        Tmpfs(WORKDIR, lim.workspace_size, tmpfs_options(lim.workspace_size)),
-    ]
+    binds = tuple(BindMount(str(mount.source), mount.target) for mount in spec.mounts)
+    tmpfs = [Tmpfs("/tmp", lim.tmp_size, tmpfs_options(lim.tmp_size))]
+    if not any(bind.target == WORKDIR for bind in binds):  # a notebook's directory replaces it
+        tmpfs.append(Tmpfs(WORKDIR, lim.workspace_size, tmpfs_options(lim.workspace_size)))
+    # The session's `%pip install`s (kernelbridge/packages/): writable, and not noexec, because
+    # binary wheels are shared libraries the kernel maps executable; /tmp and /workspace are too.
+    tmpfs.append(Tmpfs(PACKAGES_DIR, lim.packages_size, tmpfs_options(lim.packages_size)))
     if lim.read_only:
         # podman's --read-only also mounts *unsized* tmpfs on /run and /var/tmp: writable space
         # bounded by nothing but the memory limit, where nobody looks. Mounting them read-only
@@ -157,5 +183,16 @@ def sandbox_flags(spec: ContainerSpec) -> SandboxFlags:
         pids=lim.pids,
         cpus=lim.cpus,
         tmpfs=tuple(tmpfs),
+        binds=binds,
         ulimits=(Ulimit("nofile", lim.nofile, lim.nofile), Ulimit("nproc", lim.nproc, lim.nproc)),
     )
+
+
+def unsupported(engine: str, flags: SandboxFlags) -> str | None:
+    """Why ``engine`` cannot run a sandbox with these flags as they say (None: it can)."""
+    if engine == "docker" and flags.binds:
+        return (
+            "docker cannot mount a host directory nosuid,nodev,noexec and non-recursively, as"
+            " KERNELBRIDGE_MOUNTS (and a notebook's directory) must be; use podman for mounts"
+        )
+    return None

@@ -26,7 +26,7 @@ from typing import cast
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, InputRequiredResult
 
 from kernelbridge import __version__
 from kernelbridge.config import Settings, check_state_dir
@@ -34,13 +34,22 @@ from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
 from kernelbridge.host import SandboxGate, SandboxPolicy, expected_image
 from kernelbridge.host.container import state_identity
 from kernelbridge.hub import Hub
+from kernelbridge.packages import PackageService, WithPackages
 from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
 from kernelbridge.runtime.unavailable import UnavailableRuntime
+from kernelbridge.server.approval import (
+    KEEP_FINISHED,
+    CallRun,
+    RunTable,
+    drive,
+    elicitation_mode,
+    take_answers,
+)
 from kernelbridge.server.exports import ExportLimiters, export_to_file, notebook_for_model
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
 from kernelbridge.server.images import fit_images, register_output_resources
-from kernelbridge.server.manual import ServerLine, render_manual
+from kernelbridge.server.manual import ServerLine, packages_section, render_manual
 from kernelbridge.server.namespaces import Namespaces
 from kernelbridge.server.notes import LimitsNotEnforced, Restored
 from kernelbridge.server.render import notes_result, restore_result, to_tool_result
@@ -48,6 +57,7 @@ from kernelbridge.server.restore import restore_session
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
 from kernelbridge.session.adopter import lost_result
+from kernelbridge.session.generations import parse_ref
 from kernelbridge.session.outcome import Note
 from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import adoptable_containers, validate_session_name
@@ -67,8 +77,12 @@ class BridgeContext:
     hub: Hub
     gate: SandboxGate | None = None
     """What sandboxes this bridge may start (None: an injected test runtime, anything goes)."""
+    packages: PackageService | None = None
+    """``%pip install`` through the host, for every namespace (None: a test runtime without one)."""
     exports: ExportLimiters = dataclasses.field(default_factory=ExportLimiters)
     """One journal reader (export, notebook and outputs resources) at a time per namespace."""
+    runs: RunTable = dataclasses.field(default_factory=RunTable)
+    """The cells of ``run_python`` calls, run as the bridge's tasks (see :mod:`.approval`)."""
 
     @property
     def registry(self) -> SessionRegistry:
@@ -100,6 +114,15 @@ def _check_session(session: str) -> str:
         return validate_session_name(session)
     except KernelBridgeError as exc:
         raise ToolError(str(exc)) from None
+
+
+def _check_ref(session: str) -> str:
+    """A session to read the record of: a name (its current generation) or ``name@N``."""
+    try:
+        parse_ref(session)
+    except KernelBridgeError as exc:
+        raise ToolError(str(exc)) from None
+    return session
 
 
 def build_server(
@@ -145,6 +168,9 @@ def build_server(
             hub = await stack.enter_async_context(Hub(settings))
             hubs.append(hub)
             stack.callback(hubs.remove, hub)
+            # %pip install through the host: one service (and wheel cache) for every namespace.
+            packages = PackageService(settings)
+            rpc = WithPackages(packages, hub)
 
             def make_registry(registry_settings: Settings) -> SessionRegistry:
                 if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
@@ -156,7 +182,7 @@ def build_server(
                     backend,
                     image=policy.image,
                     agent_hash=policy.agent_hash,
-                    dispatch=hub,
+                    dispatch=rpc,
                     check_grants=hub.validate_grants,
                 )
 
@@ -167,7 +193,8 @@ def build_server(
                 max_calls=settings.http.max_calls if namespaces is not None else None,
             )
             await stack.enter_async_context(spaces)
-            yield BridgeContext(settings, spaces, hub, gate)
+            runs = await stack.enter_async_context(RunTable())  # closed first: cells before sessions
+            yield BridgeContext(settings, spaces, hub, gate, runs=runs, packages=packages)
 
     async def run_python(
         code: str,
@@ -178,7 +205,22 @@ def build_server(
         timeout: int = math.ceil(settings.default_timeout),
         files: dict[str, str] | None = None,
         restore: str | None = None,
-    ) -> CallToolResult:
+    ) -> CallToolResult | InputRequiredResult:
+        bridge, namespace = _bridge(ctx), namespace_of(ctx)
+
+        async def progress(elapsed: float, tail: str) -> None:
+            await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
+
+        if ctx.request_state is not None:  # a 2026-07-28 client's retry with its user's answers
+            run = bridge.runs.find(ctx.request_state, namespace)
+            if run is None:
+                raise ToolError(
+                    "this call's approval question is no longer pending (its cell ended over"
+                    f" {KEEP_FINISHED:g} s ago, or the bridge restarted); run the code again if needed"
+                )
+            take_answers(run, ctx.input_responses)
+            run.progress = progress
+            return await _collect(run, ctx, bridge)
         if not code.strip() and not files and not restore:
             raise ToolError("code is empty: pass the Python source to run")
         if len(code) > MAX_CODE_CHARS:
@@ -187,10 +229,6 @@ def build_server(
         if not 1 <= timeout <= settings.max_timeout:
             raise ToolError(f"timeout must be between 1 and {settings.max_timeout:g} seconds, got {timeout}")
 
-        async def progress(elapsed: float, tail: str) -> None:
-            await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
-
-        bridge, namespace = _bridge(ctx), namespace_of(ctx)
         placed = decode_files(files or {})
         try:
             with bridge.namespaces.call(namespace):  # per-token calls in flight (HTTP)
@@ -205,7 +243,13 @@ def build_server(
                 if restore:
                     reader = bridge.exports.of(namespace)
                     restored = await restore_session(
-                        own, registry, session, restore, budget=timeout, reader=reader
+                        own,
+                        registry,
+                        session,
+                        restore,
+                        budget=timeout,
+                        reader=reader,
+                        packages=bridge.packages,
                     )
                 notes: list[Note] = (
                     [await place_files(await registry.sandbox(session), placed)] if placed else []
@@ -214,19 +258,27 @@ def build_server(
                     if restored is not None:
                         return restore_result(session, restored, notes)
                     return notes_result(notes)
-                result = await registry.run(
-                    session, code, timeout=timeout, servers=servers, on_progress=progress
-                )
+                run = CallRun(namespace, elicitation_mode(ctx))
+                run.progress = progress
+
+                async def cell() -> CallToolResult:
+                    result = await registry.run(
+                        session, code, timeout=timeout, servers=servers, on_progress=run.report,
+                        approve=run.approve,
+                    )  # fmt: skip
+                    if policy is not None and policy.unlimited and result.execution_count == 1:
+                        notes.append(LimitsNotEnforced())
+                    if restored is not None:
+                        notes.insert(0, Restored(session, restored))
+                    result.notes[:0] = notes
+                    fitted = await fit_images(result.images, session, settings.image_budget)
+                    result.notes.extend(fitted.notes)
+                    return to_tool_result(result, media=fitted.blocks)
+
+                bridge.runs.start(run, cell)
+                return await _collect(run, ctx, bridge)
         except KernelBridgeError as exc:
-            raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
-        if policy is not None and policy.unlimited and result.execution_count == 1:
-            notes.append(LimitsNotEnforced())
-        if restored is not None:
-            notes.insert(0, Restored(session, restored))
-        result.notes[:0] = notes
-        fitted = await fit_images(result.images, session, settings.image_budget)
-        result.notes.extend(fitted.notes)
-        return to_tool_result(result, media=fitted.blocks)
+            raise ToolError(_one_line(exc)) from exc
 
     async def list_sessions(ctx: Context) -> str:
         registry = _registry(ctx)
@@ -239,7 +291,7 @@ def build_server(
 
     async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
         own = _settings(ctx)  # an HTTP client's journals and exports are its namespace's
-        _check_session(session)
+        _check_ref(session)  # a name (its current generation), or NAME@N for an older one
         if path is None:
             return await notebook_for_model(own, session, _reader(ctx))
         await export_to_file(own, session, path, _reader(ctx))
@@ -249,7 +301,9 @@ def build_server(
         compact_tool(run_python, RUN_PYTHON_DOC, structured_output=False),
         compact_tool(list_sessions, "List open sessions."),
         compact_tool(close_session, "Close a session; removes its sandbox."),
-        compact_tool(export_notebook, "Session history as .ipynb (JSON, or written to path)."),
+        compact_tool(
+            export_notebook, "Session history as .ipynb (JSON, or written to path); NAME@N: generation N."
+        ),
     ]
     app: MCPServer[BridgeContext] = MCPServer(
         "kernelbridge", version=__version__, lifespan=lifespan, tools=tools, log_level="WARNING"
@@ -271,7 +325,7 @@ def build_server(
     )
     async def session_notebook(session: str, ctx: Context) -> str:
         try:
-            return await notebook_for_model(_settings(ctx), _check_session(session), _reader(ctx))
+            return await notebook_for_model(_settings(ctx), _check_ref(session), _reader(ctx))
         except ToolError as exc:  # a resource answers its own kind of error (else the SDK logs a bug)
             raise ResourceError(str(exc)) from None
 
@@ -285,6 +339,30 @@ RUN_PYTHON_DOC = (
     "Run Python in a persistent sandboxed IPython session (state kept per session). "
     "Manual: kernelbridge://capabilities"
 )
+
+
+async def _collect(run: CallRun, ctx: Context, bridge: BridgeContext) -> CallToolResult | InputRequiredResult:
+    """Wait for ``run``'s cell on this request (asking its questions the client's way); its tool
+    result, or the InputRequiredResult a 2026-07-28 client must answer first. A request cancelled
+    while it waits (and not detached for a retry) cancels the cell, as a call always did."""
+    try:
+        asking = await drive(run, ctx, bridge.runs)
+    except BaseException:
+        if not run.detached:
+            run.scope.cancel()
+        raise
+    if asking is not None:
+        return asking
+    bridge.runs.drop(run)
+    if isinstance(run.error, KernelBridgeError):
+        raise ToolError(_one_line(run.error)) from run.error
+    if run.error is not None:
+        raise run.error
+    return cast(CallToolResult, run.outcome)
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | None]:
@@ -346,8 +424,6 @@ class HostFacts:
             return ""
         limits = settings.limits
         lines = ["", "## This host", ""]
-        if policy.packages:
-            lines.append(f"- Python packages in the sandbox image: {', '.join(policy.packages)}.")
         if policy.refusal:
             lines.append(f"- Sandboxes cannot start right now: {policy.refusal}.")
         elif policy.unlimited:
@@ -360,4 +436,19 @@ class HostFacts:
                 f"- Limits: memory {limits.memory}, {limits.pids} processes, {limits.cpus:g} CPU;"
                 f" /workspace {limits.workspace_size}, /tmp {limits.tmp_size}."
             )
-        return "\n".join(lines) + "\n"
+        if settings.approve_tools:
+            patterns = ", ".join(f"`{p}`" for p in settings.approve_tools[:10])
+            lines.append(
+                f"- Host calls of {patterns} wait for the user's approval (asked by the MCP client);"
+                " a refusal raises `McpToolDenied`: do not retry it, say what you wanted to do."
+            )
+        packages = settings.packages
+        section = packages_section(
+            policy.packages,
+            packages.policy,
+            sorted(packages.allowed),
+            packages.max_bytes,
+            packages.max_installs,
+            [mount.target for mount in settings.mounts],
+        )
+        return "\n".join(lines) + "\n\n" + section

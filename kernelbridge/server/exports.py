@@ -45,6 +45,8 @@ from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
 from kernelbridge.notebook.export import export_to_path, notebook_text, run_niced
 from kernelbridge.notebook.journal import journal_read_limit
+from kernelbridge.session.generations import journal_of as generation_journal
+from kernelbridge.session.generations import parse_ref
 from kernelbridge.session.store import FULL, MAX_COUNTED_FILES, SessionStore, disk_use
 
 MAX_EXPORT_PATH = 512
@@ -82,9 +84,10 @@ async def in_worker(limiter: anyio.CapacityLimiter, func: Callable[..., T], *arg
 
 
 async def journal_of(settings: Settings, session: str) -> Path:
-    """The journal of ``session``'s current generation. Raises ToolError (it has none)."""
+    """The journal of ``session``'s current generation (``NAME@N``: of generation N), in the
+    caller's namespace only. Raises ToolError (it has none)."""
     try:
-        return await anyio.to_thread.run_sync(SessionStore.of(settings).journal, session)
+        return await anyio.to_thread.run_sync(generation_journal, SessionStore.of(settings), session)
     except KernelBridgeError as exc:
         raise ToolError(str(exc)) from None
 
@@ -92,7 +95,7 @@ async def journal_of(settings: Settings, session: str) -> Path:
 async def notebook_for_model(settings: Settings, session: str, limiter: anyio.CapacityLimiter) -> str:
     """``session``'s notebook as text, bounded (see the module docstring). Raises ToolError."""
     journal = await journal_of(settings, session)
-    work = partial(notebook_text, journal, session, max_bytes=journal_read_limit(settings))
+    work = partial(notebook_text, journal, parse_ref(session)[0], max_bytes=journal_read_limit(settings))
     return await in_worker(limiter, work)
 
 
@@ -103,7 +106,8 @@ def export_root(settings: Settings) -> Path:
 
 def export_parts(root: Path, path: str) -> list[str]:
     """The components of ``path`` below ``root``. Raises ToolError saying why a path is refused."""
-    if not isinstance(path, str) or not path or len(path) > MAX_EXPORT_PATH or "\0" in path:
+    given: object = path  # from a model: checked whatever the annotation says
+    if not isinstance(given, str) or not path or len(path) > MAX_EXPORT_PATH or "\0" in path:
         raise ToolError("path must be a relative file name ending in .ipynb, e.g. 'analysis.ipynb'")
     pure = PurePosixPath(path)
     if pure.is_absolute():
@@ -191,7 +195,9 @@ async def export_to_file(settings: Settings, session: str, path: str, limiter: a
     made = scratch / f"{secrets.token_hex(8)}.ipynb"
     try:
         limit = journal_read_limit(settings)
-        await in_worker(limiter, partial(export_to_path, journal, session, made, max_bytes=limit))
+        await in_worker(
+            limiter, partial(export_to_path, journal, parse_ref(session)[0], made, max_bytes=limit)
+        )
 
         def copy(out: TextIO) -> None:
             with open(made, "rb") as written:

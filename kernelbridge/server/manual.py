@@ -22,9 +22,9 @@ SANDBOX = """\
 `run_python` runs code in a persistent IPython kernel inside a locked-down container.
 
 - State persists per `session` (default "default"): variables, imports, functions and files
-  in /workspace (writable, 256 MB) and /tmp. Sessions are isolated from each other.
+  in /workspace (writable) and /tmp. Sessions are isolated from each other.
 - Top-level `await` works. The last expression's value is returned, like a notebook cell.
-- No network. Limits: memory (512 MB by default), CPU, processes. `input()` is not available.
+- No network. `input()` is not available. (What limits apply here: "This host", below.)
 - `timeout` (seconds) interrupts the cell; if it does not stop, the kernel restarts and the
   result says `state: lost`. Output is truncated (head and tail kept) past a limit.
 - `IPython.display.display(Image(...))` / matplotlib figures come back as images.
@@ -85,8 +85,9 @@ def render_manual(servers: Sequence[ServerLine] = (), problems: Sequence[str] = 
         parts.append("\n".join(lines) + "\n")
     else:
         parts.append(
-            "No host MCP servers are configured. The user adds them in ~/MCPs/*.json,\n"
-            "~/.config/mcp/servers/*.json or with `kernelbridge serve --servers-config FILE`.\n"
+            "No host MCP servers are configured. The user adds them in an MCP client's config\n"
+            "(Claude Code, Claude Desktop, Cursor, VS Code), in ~/MCPs/*.json or with\n"
+            "`kernelbridge serve --servers-config FILE`; `kernelbridge servers` lists what is found.\n"
         )
     if problems:
         lines = ["Config problems (entries skipped; the user can fix them):"]
@@ -95,6 +96,44 @@ def render_manual(servers: Sequence[ServerLine] = (), problems: Sequence[str] = 
             lines.append(f"- ... and {len(problems) - MAX_PROBLEMS} more (see the bridge's log)")
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
+
+
+def packages_section(
+    installed: Sequence[str],
+    policy: str,
+    allowed: Sequence[str],
+    max_bytes: int,
+    max_installs: int,
+    mounts: Sequence[str],
+) -> str:
+    """What the sandbox has and how more gets in: the image's packages (``name==version``), the
+    ``%pip install`` policy and caps, and the read-only host directories (their sandbox paths only:
+    the host's paths are not the model's business)."""
+    lines = ["## Packages and data", ""]
+    if installed:
+        lines.append(f"- Python packages in the sandbox image: {', '.join(installed)}.")
+    if policy == "none":
+        lines.append("- Installing more packages is turned off on this host.")
+    else:
+        which = (
+            "only " + ", ".join(allowed) + " (with their dependencies)"
+            if policy == "names"
+            else "any package"
+        )
+        lines.append(
+            f"- More: `%pip install NAME` ({which}; also `!pip install`, `%pip install -r FILE`):"
+            " the host's pip fetches binary wheels for the sandbox (which itself has no network) and"
+            " they import in the next line, no restart. A package without a wheel (source only) cannot"
+            f" come this way. Per session at most {max_bytes / 2**20:.0f} MiB installed and"
+            f" {max_installs} installs; `%pip list`, `%pip show NAME`."
+        )
+    if mounts:
+        lines.append(
+            "- Data from the user's machine, read-only: "
+            + ", ".join(f"`{target}`" for target in mounts)
+            + "."
+        )
+    return "\n".join(lines) + "\n"
 
 
 CAPABILITIES = render_manual()

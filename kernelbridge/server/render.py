@@ -279,6 +279,7 @@ def structured(result: CellResult) -> dict[str, Any]:
         "notes": [render_note(note) for note in result.notes],
         "note_codes": [note.code for note in result.notes],
         "tool_calls": [call.summary() for call in result.tool_calls],
+        "packages": [record.summary() for record in result.packages],
     }
 
 

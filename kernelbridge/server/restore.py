@@ -42,9 +42,11 @@ from kernelbridge.notebook.convert import read_restorable
 from kernelbridge.notebook.export import restorable_notebook
 from kernelbridge.notebook.journal import journal_read_limit
 from kernelbridge.notebook.replay import ReplayReport, replay_cells
+from kernelbridge.packages import PackageService
 from kernelbridge.server.exports import in_worker
+from kernelbridge.session.generations import journal_of, parse_ref
 from kernelbridge.session.registry import SessionRegistry
-from kernelbridge.session.store import SessionStore, validate_session_name
+from kernelbridge.session.store import SessionStore
 
 _SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
 
@@ -60,8 +62,8 @@ async def load_source(
     loaded in a worker process of ``reader`` (the namespace's). Raises ToolError."""
     try:
         if match := _SESSION_NOTEBOOK.fullmatch(notebook):
-            name = validate_session_name(match[1])
-            journal = await anyio.to_thread.run_sync(SessionStore.of(settings).journal, name)
+            name = parse_ref(match[1])[0]  # NAME, or NAME@N for an older generation
+            journal = await anyio.to_thread.run_sync(journal_of, SessionStore.of(settings), match[1])
             load = partial(restorable_notebook, journal, name, max_bytes=journal_read_limit(settings))
             return await in_worker(reader, load)
         relative = Path(notebook)
@@ -90,6 +92,7 @@ async def restore_session(
     *,
     budget: float,
     reader: anyio.CapacityLimiter,
+    packages: PackageService | None = None,
 ) -> ReplayReport:
     """Run the notebook's code cells into ``session`` within ``budget`` seconds (the calling
     ``run_python``'s timeout); returns the per-cell report. Raises ToolError (a bad source, an
@@ -103,7 +106,7 @@ async def restore_session(
     nb = await load_source(settings, notebook, reader)
     started = time.monotonic()
     try:
-        report = await replay_cells(registry, session, nb, budget=budget)
+        report = await replay_cells(registry, session, nb, budget=budget, packages=packages)
     except KernelBridgeError as exc:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     report.budget = budget

@@ -140,7 +140,7 @@ def inherited_outcome(cell: Cell, said: InheritedCell) -> InheritedOutcome:
         status = str(reply.get("status") or ("error" if cell.outputs.error else "ok"))
     else:
         status = said.status
-    parts = [cell.outputs.stdout.render("stdout"), cell.outputs.stderr.render("stderr")]
+    parts = [cell.outputs.stream_text("stdout"), cell.outputs.stream_text("stderr")]
     if cell.outputs.error is not None:
         parts.append(f"{cell.outputs.error.ename}: {cell.outputs.error.evalue}")
     elif cell.outputs.result is not None:

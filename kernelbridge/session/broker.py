@@ -12,7 +12,9 @@ at once (it runs on the sandbox's event pump):
   cancelled on the host and answered ``cancelled``;
 - every ``call_tool`` is recorded as a :class:`ToolCallRecord` (server, tool, duration, ok/error,
   arguments and result within :data:`MAX_RECORDED_BYTES`) under the cell that made it, for the
-  journal and for replaying a notebook offline with the recorded results.
+  journal and for replaying a notebook offline with the recorded results; every finished
+  ``%pip install`` (the package service's answer to ``packages_done``) as an
+  :class:`~kernelbridge.packages.record.InstallRecord`, so that a restore installs the same wheels.
 
 Which cell a call belongs to
 ----------------------------
@@ -32,6 +34,12 @@ requests, cells that Jupyter clients really sent), and each request is admitted 
 
 So no call escapes the cancellation of a cell, and none outlives every cell by more than the grace.
 
+Approval: a call the operator wants approved (``KERNELBRIDGE_APPROVE_TOOLS``) is asked about
+through the approver of the cell it belongs to (:meth:`RpcBroker.approving`: the session sets
+the one of the ``run_python`` call running that cell; other cells have none, and such calls are
+refused). The broker hands the hub a wrapper that records the decision in the call's
+:class:`ToolCallRecord` (``approval``), also when the wait ends with the cell (``unanswered``).
+
 It knows nothing of MCP clients or policy: the handler (the hub, or a replay's recording) does
 that, and refuses with :class:`~kernelbridge.errors.RpcError`, whose kind and message go back to
 the sandbox as they are. Anything else a handler raises is a bug: logged at ERROR with its
@@ -41,18 +49,23 @@ traceback, answered ``internal`` with a generic message.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
+import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
 
 from kernelbridge import frames
 from kernelbridge.errors import RpcError
+from kernelbridge.hub.approval import ApprovalRequest, Approver, Decision
 from kernelbridge.hub.rpc import RpcCall, RpcHandler
+from kernelbridge.packages.record import InstallRecord
 from kernelbridge.tunnel import RpcRequest
 
 log = logging.getLogger(__name__)
@@ -74,6 +87,8 @@ LATE_CALL_GRACE = 2.0
 """Seconds after its cell ended during which a call claiming that cell is still admitted as its own."""
 MAX_TRACKED_CELLS = 64
 """Running and recently ended cells remembered (a session runs one at a time, plus a few clients')."""
+MAX_INSTALLS_PER_CELL = 64
+"""``%pip install`` records kept per cell (each is small: names, versions, hashes)."""
 MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
 """Request bytes held by the calls of one session in flight: two maximal requests. A burst of
 64 maximal requests would otherwise pin 2 GiB in the bridge; past it a request is answered ``busy``."""
@@ -101,6 +116,8 @@ class ToolCallRecord:
     """The call's arguments (JSON), unless too big to keep."""
     result: Any = _ABSENT
     """The answer (JSON), unless the call failed or it was too big to keep."""
+    approval: Decision | None = None
+    """What a person decided, for a call that needed approval (None: it needed none)."""
 
     @property
     def arguments_truncated(self) -> bool:
@@ -112,8 +129,11 @@ class ToolCallRecord:
 
     def summary(self) -> dict[str, Any]:
         """What a ``run_python`` result shows of the call (``structuredContent.tool_calls``)."""
-        return {"server": self.server, "tool": self.tool, "ok": self.ok, "duration_ms": self.duration_ms,
-                "error": self.error}  # fmt: skip
+        summary = {"server": self.server, "tool": self.tool, "ok": self.ok, "duration_ms": self.duration_ms,
+                   "error": self.error}  # fmt: skip
+        if self.approval is not None:
+            summary["approval"] = self.approval.value
+        return summary
 
     def to_json(self) -> dict[str, Any]:
         """The journal's (and the notebook metadata's) form: the summary, then ``arguments`` or
@@ -138,6 +158,7 @@ class _Call:
     size: int = 0
     """JSON bytes of the request's params (counted against MAX_IN_FLIGHT_BYTES)."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    approval: Decision | None = None
 
 
 class RpcBroker:
@@ -152,9 +173,13 @@ class RpcBroker:
         grants: Callable[[], frozenset[str]],
         *,
         namespace: str = "",
+        sandbox: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
+        self.sandbox = sandbox or secrets.token_hex(8)
+        """Which sandbox the calls come from (``RpcCall.sandbox``): a session gets a new broker with
+        each sandbox it attaches, so a fresh name per broker tells them apart."""
         self._clock = clock
         self.namespace = namespace
         """The HTTP token's namespace of the session (``""``: shared); every call carries it."""
@@ -165,12 +190,15 @@ class RpcBroker:
         self._in_flight: dict[int, _Call] = {}
         self._in_flight_bytes = 0
         self._records: dict[str | None, list[ToolCallRecord]] = {}
+        self._installs: dict[str | None, list[InstallRecord]] = {}
         self._held: dict[str | None, int] = {}
         """Bytes of arguments and results kept in ``_records``, per cell."""
         self._running: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Cells running now, in the order they began."""
         self._ended: collections.OrderedDict[str, float] = collections.OrderedDict()
         """Cells that ended, with when (monotonic), the latest last."""
+        self._approvers: dict[str, Approver] = {}
+        """Who can approve the calls of a cell (the ``run_python`` call running it), by cell."""
         self.refused = 0
 
     @property
@@ -191,6 +219,17 @@ class RpcBroker:
             self._ended[msg_id] = self._clock()
             while len(self._ended) > MAX_TRACKED_CELLS:
                 self._ended.popitem(last=False)
+
+    @contextlib.contextmanager
+    def approving(self, msg_id: str, approver: Approver | None) -> Iterator[None]:
+        """While in it, calls of cell ``msg_id`` that need approval ask ``approver`` (None, or
+        after it: nobody can be asked, and they are refused)."""
+        if approver is not None:
+            self._approvers[msg_id] = approver
+        try:
+            yield
+        finally:
+            self._approvers.pop(msg_id, None)
 
     def cell_of(self, claimed: object) -> str | None:
         """The running cell a request claiming ``claimed`` belongs to, or None to refuse it."""
@@ -241,7 +280,15 @@ class RpcBroker:
         result: Any = None
         error: dict[str, str] | None = None
         try:
-            rpc = RpcCall(self.session, self._grants(), str(method)[:100], params, namespace=self.namespace)
+            rpc = RpcCall(
+                self.session,
+                self._grants(),
+                str(method)[:100],
+                params,
+                namespace=self.namespace,
+                sandbox=self.sandbox,
+                approve=partial(self._approve, call),
+            )
             with call.scope:
                 result = await self._handler.dispatch(rpc)
             if call.scope.cancelled_caught:
@@ -266,11 +313,23 @@ class RpcBroker:
         if method == "call_tool":
             elapsed = time.monotonic() - started
             self._record(call, params, result if error is None else None, size, error, elapsed)
+        elif method == "packages_done" and error is None:
+            self._record_install(call.cell, result)
         with anyio.CancelScope(shield=True):
             if error is not None:
                 await self._answer(call.request_id, error=error)
             else:
                 await self._answer(call.request_id, result=result)
+
+    async def _approve(self, call: _Call, request: ApprovalRequest) -> Decision:
+        """Ask the approver of the call's cell, and note the decision for the call's record."""
+        approver = self._approvers.get(call.cell) if call.cell is not None else None
+        if approver is None:
+            call.approval = Decision.NO_CLIENT
+            return call.approval
+        call.approval = Decision.UNANSWERED  # until an answer comes (the cell may end first)
+        call.approval = await approver(request)
+        return call.approval
 
     def cancel(self, cell: str | None = None) -> int:
         """Cancel the calls made by ``cell`` (every call when None). Returns how many."""
@@ -283,6 +342,22 @@ class RpcBroker:
         """The recorded tool calls of ``cell`` (removed from the broker)."""
         self._held.pop(cell, None)
         return self._records.pop(cell, [])
+
+    def take_installs(self, cell: str | None) -> list[InstallRecord]:
+        """The ``%pip install`` records of ``cell`` (removed from the broker)."""
+        return self._installs.pop(cell, [])
+
+    def take_cell(self, cell: str | None) -> tuple[list[ToolCallRecord], list[InstallRecord]]:
+        """Everything recorded of ``cell``: its tool calls and its installs (removed)."""
+        return self.take_records(cell), self.take_installs(cell)
+
+    def _record_install(self, cell: str | None, result: object) -> None:
+        record = InstallRecord.from_json(result)
+        installs = self._installs.setdefault(cell, [])
+        if record is not None and len(installs) < MAX_INSTALLS_PER_CELL:
+            installs.append(record)
+        while len(self._installs) > MAX_RECORDED_CELLS:
+            self._installs.pop(next(iter(self._installs)))
 
     @property
     def held_bytes(self) -> int:
@@ -315,6 +390,7 @@ class RpcBroker:
             ok=error is None and not (isinstance(result, dict) and result.get("isError")),
             duration_ms=int(seconds * 1000),
             error=f"{error['kind']}: {error['message']}" if error else None,
+            approval=call.approval,
         )
         arguments = args.get("arguments")
         if self._keep(call.cell, _json_size(arguments)):
@@ -328,6 +404,13 @@ class RpcBroker:
             oldest = next(iter(self._records))
             self._records.pop(oldest)
             self._held.pop(oldest, None)
+
+
+def approving(
+    broker: RpcBroker | None, msg_id: str, approver: Approver | None
+) -> contextlib.AbstractContextManager[None]:
+    """:meth:`RpcBroker.approving` of ``broker``, or nothing to do when there is no broker."""
+    return broker.approving(msg_id, approver) if broker is not None else contextlib.nullcontext()
 
 
 def _no_cell(claimed: object) -> str:

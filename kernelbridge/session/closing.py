@@ -14,6 +14,7 @@ from kernelbridge.config import Settings
 from kernelbridge.host import Sandbox, close_sandbox
 from kernelbridge.session.named import Session
 from kernelbridge.session.outcome import SandboxLost
+from kernelbridge.session.recording import on_display
 from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.state import Change, SessionState
 from kernelbridge.session.store import SessionStore, validate_session_name
@@ -53,6 +54,7 @@ class Closing:
             if seat.recorder is not None:
                 seat.recorder.wake_all()
             await close_sandbox(seat.sandbox)
+        await on_display(session.journal, None, False)  # write the updates of journalled cells held
         if session.record is not None:
             record, session.record = session.record, None
             self._save(session, lambda: self.store.end(record))

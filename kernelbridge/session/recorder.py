@@ -16,6 +16,12 @@ client's signed ``execute_request`` arrive (``client_execute``, see
 from that request, never from the iopub messages. iopub under a parent nobody sent is no cell:
 its outputs are background output like any other.
 
+Display ids cross cells, as in Jupyter: a ``display_data`` or ``update_display_data`` with a
+``transient.display_id`` updates every output that shows that id, in the cells still open here
+(:meth:`CellOutputs.update_display <kernelbridge.session.outputs.CellOutputs.update_display>`) and,
+through ``on_display``, in the cells already journalled (the session's journal writes an update
+record that export applies to them).
+
 Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.session.cell.CellOutputs`); at
 most :data:`MAX_OPEN_CELLS` other clients' cells are tracked at once (the oldest is dropped; the
 bridge's own cells never are); output whose parent is no known cell (a background thread printing
@@ -32,7 +38,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kernelbridge.session.cell import BoundedText, Cell, CellClient
+from kernelbridge.jupyter.client_env import real_username
+from kernelbridge.session.cell import BoundedText, Cell, CellClient, DisplayEvent
 from kernelbridge.session.outcome import BackgroundOutput
 from kernelbridge.tunnel import ClientExecute
 
@@ -49,6 +56,9 @@ OUTPUT_TYPES = frozenset(
 )
 
 ClientCellDone = Callable[[Cell], Awaitable[None]]
+DisplayShown = Callable[[DisplayEvent, bool], Awaitable[None]]
+"""Told every display event of a cell (and whether an open cell shows that display id): the
+session's journal updates the earlier cells that show it."""
 ClientExecutes = Callable[[str], ClientExecute | None]
 """``Sandbox.client_execute``: the verified execute_request of a msg_id, if a client sent one."""
 CellRunning = Callable[[str, bool], None]
@@ -72,6 +82,7 @@ class Recorder:
         *,
         client_execute: ClientExecutes | None = None,
         on_running: CellRunning | None = None,
+        on_display: DisplayShown | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.output_limit = output_limit
@@ -79,6 +90,7 @@ class Recorder:
         self.on_client_cell = on_client_cell
         self.client_execute = client_execute
         self.on_running = on_running
+        self.on_display = on_display
         self.unsent = 0
         """Messages announcing a cell (busy, execute_input) under a parent no client sent: ignored."""
         self.cells: collections.OrderedDict[str, Cell] = collections.OrderedDict()
@@ -144,7 +156,9 @@ class Recorder:
             if msg_type in OUTPUT_TYPES:
                 self._background(msg_type, content)
             return
-        cell.on_iopub(msg_type, content)
+        event = cell.on_iopub(msg_type, content)
+        if event is not None:
+            await self._display(cell, event)
         if cell.idle and cell.source != "mcp":
             self.cells.pop(parent_id, None)
             self._running(parent_id, False)
@@ -195,7 +209,7 @@ class Recorder:
                 )
             return None
         cell = Cell(msg_id, self.output_limit, source="client", code=sent.code, clock=self.clock)
-        cell.client = CellClient(sent.username, sent.session)
+        cell.client = CellClient(real_username(sent.username), sent.session)
         self._track(cell)
         return cell
 
@@ -207,6 +221,19 @@ class Recorder:
             del self.cells[dropped.msg_id]
             self._running(dropped.msg_id, False)
             log.warning("recorder: stopped tracking cell %s (too many open cells)", dropped.msg_id[:8])
+
+    async def _display(self, source: Cell, event: DisplayEvent) -> None:
+        """A display id shown or updated by ``source``: every other open cell that shows it shows
+        the new data too (as nbclient updates its whole notebook), and the journal hears of it."""
+        shown = event.display_id in source.outputs.display_ids
+        for cell in self.cells.values():
+            if cell is not source:
+                shown = cell.outputs.update_display(event) or shown
+        if self.on_display is not None:
+            try:
+                await self.on_display(event, shown)
+            except Exception:
+                log.exception("journalling a display update failed")
 
     def _background(self, msg_type: str, content: dict[str, Any]) -> None:
         if msg_type == "stream":

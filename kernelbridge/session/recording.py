@@ -10,6 +10,13 @@ taken, so that nothing needs undoing if it fails). Writing never stops a call: a
 state directory is full, or went away) is logged and said once (:class:`JournalFailed`, with the
 next result), and the journal reaching its budget is said once (:class:`JournalFull`, with the
 result of the cell that did not fit, or the next one for another client's cell).
+
+Display updates that reach cells already journalled (``h.update(...)`` in a later cell, see
+:mod:`kernelbridge.notebook.displays`) are kept here, the latest per display id, and written as
+``display`` records just before the next cell's line (or when the session ends, or when they pass
+:data:`MAX_PENDING_CHARS`): only the last update of an id matters to the notebook, so a progress
+display redrawn thousands of times costs the journal one record per cell, not one per redraw. An
+update for an id that no cell ever showed is logged once and dropped.
 """
 
 from __future__ import annotations
@@ -17,13 +24,16 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
+from collections.abc import Sequence
 
 import anyio
 
 from kernelbridge.config import Settings
-from kernelbridge.notebook.journal import BUDGET_SETTING, Journal, JournalCell, JournalHeader
+from kernelbridge.notebook.journal import BUDGET_SETTING, Journal, JournalCell, JournalDisplay, JournalHeader
+from kernelbridge.packages.record import InstallRecord
 from kernelbridge.session.broker import ToolCallRecord
-from kernelbridge.session.cell import Cell, CellResult
+from kernelbridge.session.cell import Cell, CellResult, DisplayEvent
 from kernelbridge.session.outcome import JournalFailed, JournalFull, Note, State, Status
 from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.store import SessionStore, disk_use
@@ -31,6 +41,11 @@ from kernelbridge.session.store import SessionStore, disk_use
 log = logging.getLogger(__name__)
 
 QUOTA_SETTING = "KERNELBRIDGE_HTTP_DISK_QUOTA"
+MAX_SHOWN_IDS = 10_000
+"""Display ids of journalled cells remembered (the oldest forgotten first): updates of an id past
+this are no longer written (its cell keeps what it showed)."""
+MAX_PENDING_CHARS = 16 * 1024 * 1024
+"""Characters of display updates held before they are written (the weight of a cell's rich outputs)."""
 
 
 async def journal_budget(settings: Settings) -> tuple[int, str]:
@@ -58,10 +73,14 @@ def result_entry(code: str, result: CellResult, servers: list[str], timeout: flo
         started=time.time() - result.duration_ms / 1000,
         timeout=timeout,
         tool_calls=[call.to_json() for call in result.tool_calls],
+        packages=[record.to_json() for record in result.packages],
+        display_ids=result.display_ids,
     )
 
 
-def client_entry(cell: Cell, tool_calls: list[ToolCallRecord]) -> JournalCell | None:
+def client_entry(
+    cell: Cell, tool_calls: list[ToolCallRecord], installs: Sequence[InstallRecord] = ()
+) -> JournalCell | None:
     """The journal record of a cell another Jupyter client ran, or None for a silent request (no
     ``execute_input``: a client's own bookkeeping, e.g. a completer's setup)."""
     if cell.code is None:
@@ -79,6 +98,8 @@ def client_entry(cell: Cell, tool_calls: list[ToolCallRecord]) -> JournalCell | 
         state=State.KEPT.value,
         started=cell.queued_wall,
         tool_calls=[call.to_json() for call in tool_calls],
+        packages=[record.to_json() for record in installs],
+        display_ids={key: list(indexes) for key, indexes in outputs.display_ids.items()},
     )
 
 
@@ -96,6 +117,11 @@ class SessionJournal:
         self._later = later
         self._failed = False
         self._full = False
+        self._shown: OrderedDict[str, None] = OrderedDict()
+        """Display ids that journalled cells show."""
+        self._pending: dict[str, DisplayEvent] = {}
+        self._pending_chars = 0
+        self._unshown = 0
 
     @classmethod
     async def begin(
@@ -176,22 +202,68 @@ class SessionJournal:
         full = self._full_note()
         return [full] if full is not None else []
 
-    async def append_client(self, cell: Cell, tool_calls: list[ToolCallRecord]) -> None:
+    async def append_client(
+        self, cell: Cell, tool_calls: list[ToolCallRecord], installs: Sequence[InstallRecord] = ()
+    ) -> None:
         """Journal another client's cell (its notes go with the session's next result)."""
-        entry = client_entry(cell, tool_calls)
+        entry = client_entry(cell, tool_calls, installs)
         if entry is None:
             return
         await self._append(entry)
         if (full := self._full_note()) is not None:
             self._later.append(full)
 
+    async def on_display(self, event: DisplayEvent, open_cell_shows: bool) -> None:
+        """A display event of a cell (the recorder's ``on_display``): held for the journalled cells
+        that show its id (see the module docstring)."""
+        if event.display_id not in self._shown:
+            if not open_cell_shows:
+                self._unshown += 1
+                if self._unshown in (1, 1000):
+                    log.info(
+                        "session %s: %d display update(s) for ids no cell shows (ignored, as in Jupyter)",
+                        self.session,
+                        self._unshown,
+                    )
+            return
+        old = self._pending.pop(event.display_id, None)
+        self._pending_chars += event.size - (old.size if old is not None else 0)
+        self._pending[event.display_id] = event
+        if self._pending_chars > MAX_PENDING_CHARS:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write the display updates held so far (before a cell's line; when the session ends)."""
+        pending, self._pending, self._pending_chars = self._pending, {}, 0
+        if self._journal is None or not pending:
+            return
+        records = [JournalDisplay(e.display_id, e.data, e.metadata, at=time.time()) for e in pending.values()]
+
+        def write() -> None:
+            assert self._journal is not None
+            for record in records:
+                self._journal.append_record(record)
+
+        try:
+            await anyio.to_thread.run_sync(write)
+        except OSError as exc:
+            self._failed_write(exc)
+
     async def _append(self, entry: JournalCell) -> None:
         if self._journal is None:
             return
+        await self.flush()
         try:
-            await anyio.to_thread.run_sync(self._journal.append, entry)
+            written = await anyio.to_thread.run_sync(self._journal.append, entry)
         except OSError as exc:
             self._failed_write(exc)
+            return
+        if written:
+            for display_id in entry.display_ids:
+                self._shown[display_id] = None
+                self._shown.move_to_end(display_id)
+            while len(self._shown) > MAX_SHOWN_IDS:
+                self._shown.popitem(last=False)
 
     def _full_note(self) -> JournalFull | None:
         """The note that the journal reached its budget, the first time only."""
@@ -209,6 +281,13 @@ class SessionJournal:
         if not self._failed:
             self._failed = True
             self._later.append(JournalFailed(reason))
+
+
+async def on_display(journal: SessionJournal | None, event: DisplayEvent | None, shown: bool) -> None:
+    """A session's display event for its journal, if it has one (:meth:`SessionJournal.on_display`);
+    None: the session ends, write what is held (:meth:`SessionJournal.flush`)."""
+    if journal is not None:
+        await (journal.on_display(event, shown) if event is not None else journal.flush())
 
 
 class _Begun(Exception):

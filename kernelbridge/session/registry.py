@@ -16,13 +16,11 @@ refused), lets go of the sandboxes at ``aclose`` instead of stopping them, and a
 bridge before left, at start in the background (a session's first call waits for its own), the
 warm pool's before the pool refills.
 
-Each sandbox this registry starts sits in a :class:`~kernelbridge.session.seat.Seat` with the
-handlers it was started with: its iopub goes to the session's
-:class:`~kernelbridge.session.recorder.Recorder` (so cells sent by any Jupyter client, e.g. a
-person in ``kernelbridge attach``, are journalled too), its rpc requests to the session's
-:class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an
-injected :class:`~kernelbridge.runtime.RuntimeBackend`: the product uses a container engine;
-tests may use the local test double.
+Each sandbox sits in a :class:`~kernelbridge.session.seat.Seat` with its handlers: its iopub goes
+to the session's :class:`~kernelbridge.session.recorder.Recorder` (cells sent by any Jupyter
+client, e.g. ``kernelbridge attach``, are journalled too), its rpc to the session's
+:class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an injected
+:class:`~kernelbridge.runtime.RuntimeBackend` (a container engine, or the local test double).
 """
 
 from __future__ import annotations
@@ -42,16 +40,17 @@ import anyio.abc
 from kernelbridge.config import Settings
 from kernelbridge.errors import NO_SERVERS_CONFIGURED, SessionError
 from kernelbridge.host import Death, Sandbox, WarmPool, close_sandbox
+from kernelbridge.hub.approval import Approver
 from kernelbridge.hub.rpc import RpcHandler
 from kernelbridge.runtime import RuntimeBackend
 from kernelbridge.session.adopter import Adopter, Lost, lost_result
-from kernelbridge.session.broker import RpcBroker
+from kernelbridge.session.broker import RpcBroker, approving
 from kernelbridge.session.cell import Cell, CellResult, finish_cell
 from kernelbridge.session.closing import Closing, where
 from kernelbridge.session.named import Session
 from kernelbridge.session.outcome import FreshSandbox, ProxiesNotRefreshed, SandboxLost, Status
 from kernelbridge.session.recorder import Recorder
-from kernelbridge.session.recording import SessionJournal, journal_budget
+from kernelbridge.session.recording import SessionJournal, journal_budget, on_display
 from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback, Run
 from kernelbridge.session.seat import NO_HUB, Seat, SeatTarget
 from kernelbridge.session.state import Change, Loss, SessionState
@@ -207,14 +206,13 @@ class SessionRegistry(Closing):
         timeout: float,
         servers: list[str] | None = None,
         on_progress: ProgressCallback | None = None,
+        approve: Approver | None = None,
     ) -> CellResult:
         """Run ``code`` in session ``name`` (created on first use); calls to one session queue.
-
-        ``servers`` are granted to the session for its lifetime (host MCP servers its code may
-        call). Raises SessionError (bad name, too many sessions, unknown server) and
-        SandboxError/ImageError when a sandbox cannot be started. A user's Python error is a
-        normal result.
-        """
+        ``servers`` are granted for the session's lifetime (host MCP servers its code may call);
+        ``approve`` answers for the cell's calls that need a person's approval. Raises SessionError
+        (bad name, too many sessions, unknown server), SandboxError/ImageError (no sandbox could
+        start). A user's Python error is a normal result."""
         validate_session_name(name)
         granted = self._grants_for(servers or [])
         while True:
@@ -240,7 +238,7 @@ class SessionRegistry(Closing):
                             session.bound = grants
                         elif refreshed is not None:
                             session.pending.append(ProxiesNotRefreshed())
-                    return await self._execute(session, seat, code, timeout, on_progress, began)
+                    return await self._execute(session, seat, code, timeout, on_progress, began, approve)
 
     async def adopt_or_lost(self, name: str) -> SandboxLost | None:
         """Before a call: take over ``name``'s sandbox if it outlived its bridge (its first
@@ -393,13 +391,14 @@ class SessionRegistry(Closing):
 
         async def client_cell(cell: Cell) -> None:
             if session.journal is not None:
-                await session.journal.append_client(cell, broker.take_records(cell.msg_id))
+                await session.journal.append_client(cell, *broker.take_cell(cell.msg_id))
 
         recorder = Recorder(
             self.settings.output_limit,
             on_client_cell=client_cell,
             client_execute=sandbox.client_execute,
             on_running=running,
+            on_display=lambda event, shown: on_display(session.journal, event, shown),  # earlier cells'
             clock=self._runner.clock.now,
         )
         seat.recorder, seat.broker = recorder, broker
@@ -421,6 +420,7 @@ class SessionRegistry(Closing):
         timeout: float,
         on_progress: ProgressCallback | None,
         began: float,
+        approve: Approver | None = None,
     ) -> CellResult:
         recorder = seat.recorder
         assert recorder is not None
@@ -439,7 +439,7 @@ class SessionRegistry(Closing):
                 cell, session=session.name, status=run.status, state=run.state, notes=notes + run.notes
             )
             if seat.broker is not None:
-                result.tool_calls = seat.broker.take_records(cell.msg_id)
+                result.tool_calls, result.packages = seat.broker.take_cell(cell.msg_id)
             result.waited_ms = cell.waited_ms() if cell.started is not None else 0
             if session.journal is not None:
                 result.notes += await session.journal.append_result(
@@ -455,9 +455,10 @@ class SessionRegistry(Closing):
             leaving=lambda: self._leaving and self._adopter is not None,
         )
         try:
-            run = await self._runner.run(
-                target, cell, code, timeout, began=began, on_progress=on_progress, on_cancel=finish
-            )
+            with approving(seat.broker, cell.msg_id, approve):  # its calls ask this call's client
+                run = await self._runner.run(
+                    target, cell, code, timeout, began=began, on_progress=on_progress, on_cancel=finish
+                )
         finally:
             recorder.forget(cell)
         return await finish(run)

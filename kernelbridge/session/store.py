@@ -60,8 +60,6 @@ from typing import Any
 
 from kernelbridge.config import Settings, namespace_names, namespace_state_dir
 from kernelbridge.errors import SessionError
-from kernelbridge.notebook.export import write_notebook
-from kernelbridge.notebook.journal import iter_journal, journal_read_limit
 from kernelbridge.session.ownership import (
     Claim,
     claim,
@@ -423,17 +421,6 @@ def list_session_records(state_dir: Path) -> list[dict[str, Any]]:
             shown["detached"] = record.detached
         listed.append(shown)
     return listed
-
-
-def export_session(settings: Settings, session: str, path: Path | str) -> Path:
-    """``kernelbridge export``: write the notebook of ``session``'s current generation to
-    ``path`` (a session of another bridge process too), one cell at a time. Raises SessionError
-    (a bad name, no journal), OSError (``path`` cannot be written)."""
-    journal = SessionStore.of(settings).journal(validate_session_name(session))
-    target = Path(path).expanduser()
-    with open(target, "w", encoding="utf-8") as out:
-        write_notebook(iter_journal(journal, journal_read_limit(settings)), session, out)
-    return target
 
 
 def disk_use(settings: Settings) -> int:

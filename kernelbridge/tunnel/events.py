@@ -260,6 +260,9 @@ class Launch:
     state_dir: str
     start_timeout: float
     allow_unlimited: bool
+    packages: dict[str, Any] = field(default_factory=dict)
+    """``%pip install`` settings (``config.PackageSettings`` as a dict) for the tunnel's own
+    package service: a kernelspec kernel installs through the host as a bridge's session does."""
 
     def to_frame(self) -> frames.Frame:
         return {
@@ -273,6 +276,7 @@ class Launch:
             "state_dir": self.state_dir,
             "start_timeout": self.start_timeout,
             "allow_unlimited": self.allow_unlimited,
+            "packages": self.packages,
         }
 
     @classmethod
@@ -296,6 +300,7 @@ class Launch:
             state_dir,
             float(frame.get("start_timeout") or 60.0),
             bool(frame.get("allow_unlimited")),
+            dict(frame.get("packages") or {}),
         )
 
 

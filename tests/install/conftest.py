@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from install_harness import (
     BUILD_TIMEOUT,
+    DIST_FILE,
     PIP_TIMEOUT,
     REPO,
     SUBID_BASE,
@@ -42,8 +43,8 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     """An sdist and a wheel built from it with `python -m build` (isolated, as a release would)."""
     out = tmp_path_factory.mktemp("dist")
     run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], timeout=BUILD_TIMEOUT)
-    (sdist,) = out.glob("kernelbridge-*.tar.gz")
-    (wheel,) = out.glob("kernelbridge-*.whl")
+    (sdist,) = out.glob(f"{DIST_FILE}-*.tar.gz")
+    (wheel,) = out.glob(f"{DIST_FILE}-*.whl")
     return Dists(sdist, wheel)
 
 

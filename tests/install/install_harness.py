@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+DIST_FILE = "kernelbridge_mcp"
+"""How the distribution's files begin (PEP 625/427: ``kernelbridge-mcp`` normalized)."""
 BUILD_TIMEOUT = 600
 PIP_TIMEOUT = 900
 TEST_USER = "kb-nonroot"

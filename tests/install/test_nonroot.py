@@ -10,6 +10,7 @@ cached in its storage), so the extra-packages path is tested end to end on the w
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -166,3 +167,31 @@ def test_the_core_suite_passes_as_the_user(user_ready: TestUser, user_venv: Path
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert f"{CORE_COUNT} passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_setup_without_the_setting_prints_an_entry_that_works_here(
+    user_ready: TestUser, user_venv: Path
+) -> None:
+    """Issue 18: on this rootless cgroup-v1 host, setup run without KERNELBRIDGE_ALLOW_UNLIMITED
+    used to print an entry every call of which was refused, and doctor skipped the image and
+    kernel checks. Now the entry carries the setting (said why), and every check runs."""
+    kernelbridge = str(user_venv / "bin" / "kernelbridge")
+    proc = subprocess.run(
+        user_ready.argv(kernelbridge, "setup", f"--with={EXTRA}"),
+        capture_output=True,
+        text=True,
+        timeout=SETUP_TIMEOUT,
+        cwd="/",
+        check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-2000:]
+    assert "ignores memory and pid limits" in out and "without which every call is refused" in out
+    entry = json.loads(out[out.index('{\n  "mcpServers"') :])["mcpServers"]["python"]
+    assert entry["env"]["KERNELBRIDGE_ALLOW_UNLIMITED"] == "1"
+    assert entry["env"]["KERNELBRIDGE_IMAGE_PACKAGES"] == EXTRA
+    assert entry["command"] == kernelbridge and entry["args"] == ["serve"]
+    for check in ("image", "limits", "kernel"):
+        assert any(line.split()[1:2] == [check] and not line.startswith("skip") for line in out.splitlines()
+                   if line.startswith(("ok ", "warn ", "FAIL "))), check  # fmt: skip
+    assert "degraded: runtime" in out

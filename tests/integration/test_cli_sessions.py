@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
 
 
-async def cli(state_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[bytes]:
+async def cli(
+    state_dir: Path, *args: str, stdin: str | None = None, unset: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(state_dir)}
+    for name in unset:
+        env.pop(name, None)
     with anyio.fail_after(120):
         return await anyio.run_process(
             [str(KERNELBRIDGE), *args], input=stdin.encode() if stdin else None, env=env, check=False
@@ -44,7 +49,8 @@ async def test_sessions_attach_and_export_see_a_live_session(connect, tmp_path: 
         # A human's `jupyter console --existing` on the same sandbox sees the agent's state, and
         # what the human does is visible to the agent. End of input (Ctrl-D) leaves the kernel
         # running; typing `exit` would stop it, as for any shared Jupyter kernel.
-        console = await cli(state, "attach", "look", stdin="print(secret)\nhuman = 1\n")
+        # $USER unset: jupyter_client would call the person "username"; attach names them.
+        console = await cli(state, "attach", "look", stdin="print(secret)\nhuman = 1\n", unset=("USER",))
         assert "made by the agent" in console.stdout.decode(), console.stdout + console.stderr
         seen = await client.call_tool("run_python", {"code": "human", "session": "look"})
         assert seen.structured_content["result"] == "1", seen.structured_content
@@ -63,6 +69,7 @@ async def test_sessions_attach_and_export_see_a_live_session(connect, tmp_path: 
     sources = [c.metadata["kernelbridge"]["source"] for c in nb.cells]
     assert sources == ["mcp", "client", "client", "mcp"]
     assert nb.cells[1].outputs[0]["text"] == "made by the agent\n"
+    assert nb.cells[1].metadata["kernelbridge"]["client"]["username"] == pwd.getpwuid(os.getuid()).pw_name
 
 
 async def test_attach_to_an_unknown_session_is_a_one_line_error(tmp_path: Path) -> None:
@@ -72,3 +79,24 @@ async def test_attach_to_an_unknown_session_is_a_one_line_error(tmp_path: Path) 
         result.stderr.decode().strip()
         == "kernelbridge: no live session named 'nope' (see `kernelbridge sessions`)"
     )
+
+
+async def test_export_notebook_names_an_older_generation_and_the_bare_name_the_current(
+    connect, tmp_path: Path
+) -> None:
+    async with connect(state_dir=tmp_path / "state") as client:
+        await client.call_tool("run_python", {"code": "print('first life')", "session": "g"})
+        await client.call_tool("close_session", {"session": "g"})
+        await client.call_tool("run_python", {"code": "print('second life')", "session": "g"})
+        current = await client.call_tool("export_notebook", {"session": "g"})
+        older = await client.call_tool("export_notebook", {"session": "g@1"})
+        missing = await client.call_tool("export_notebook", {"session": "g@9"})
+        forged = await client.call_tool("export_notebook", {"session": "../g@1"})
+    text = {name: "\n".join(b.text for b in r.content if b.type == "text") for name, r in
+            (("current", current), ("older", older), ("missing", missing), ("forged", forged))}  # fmt: skip
+    assert "second life" in text["current"] and "first life" not in text["current"]
+    assert "first life" in text["older"] and "second life" not in text["older"]
+    assert (
+        missing.is_error and "no generation 9" in text["missing"] and len(text["missing"].splitlines()) == 1
+    )
+    assert forged.is_error and "invalid session name" in text["forged"]

@@ -134,3 +134,73 @@ def test_bad_input_is_one_line_and_status_2(tmp_path: Path, content: str | None,
     assert result.stderr.startswith("kernelbridge: ") and why in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1
     assert result.stdout == ""
+
+
+def old_notebook(cells: list[dict[str, object]], minor: int) -> str:
+    """A notebook as older Jupyters wrote it: no cell ids, a kernelspec without ``name`` (nbclient
+    runs these; nbformat's validation refuses the kernelspec)."""
+    return json.dumps(
+        {
+            "cells": cells,
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python"}},
+            "nbformat": 4,
+            "nbformat_minor": minor,
+        }
+    )
+
+
+def code(
+    source: str, outputs: list[dict[str, object]] | None = None, count: int | None = None
+) -> dict[str, object]:
+    return {
+        "cell_type": "code",
+        "execution_count": count,
+        "metadata": {},
+        "outputs": outputs or [],
+        "source": source,
+    }
+
+
+def test_replay_takes_what_nbclient_takes_and_judges_fairly(tmp_path: Path, sandbox_image: str) -> None:
+    long_line = " ".join(f"word{n}" for n in range(60))
+    cells = [
+        code("import no_such_module_here\nframe = no_such_module_here.load()", count=1),
+        code("rows = len(frame)", count=2),
+        code("print(rows)", [{"output_type": "stream", "name": "stdout", "text": ["3\n"]}], count=3),
+        code("print('never run before')"),  # no count, no outputs: never executed
+        code(
+            f"print({long_line!r} + ' now')",
+            [{"output_type": "stream", "name": "stdout", "text": long_line + "\n"}],
+            5,
+        ),
+        code("x = 1", [{"output_type": "mystery", "payload": 1}], count=6),
+        code("print(typo)", count=7),
+    ]
+    for minor in (0, 2, 4):
+        (tmp_path / f"old-{minor}.ipynb").write_text(old_notebook(cells, minor))
+    out = tmp_path / "out.ipynb"
+    result = replay(tmp_path, str(tmp_path / "old-2.ipynb"), "-o", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr  # cell 1 raises now
+    # Nothing from third parties (nbformat's MissingIDFieldWarning, its "invalid" log line).
+    assert result.stderr == "", result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == (
+        "note: cell 6: output 1 has output_type 'mystery', which nbformat does not know: not judged"
+    )
+    assert verdicts(result.stdout) == ["error", "error", "error", "unexecuted", "different", "same", "error"]
+    assert "cell   1  error      ModuleNotFoundError: No module named 'no_such_module_here'" in result.stdout
+    assert "cell   2  error      follows from cell 1: NameError: name 'frame' is not defined" in result.stdout
+    assert "cell   3  error      follows from cell 1: NameError: name 'rows' is not defined" in result.stdout
+    assert "cell   4  unexecuted  not executed in the original; now it ran without an error" in result.stdout
+    assert f"{long_line} now" in result.stdout  # the whole line, not cut mid-word
+    assert "cell   7  error      NameError: name 'typo' is not defined" in result.stdout  # its own
+    assert lines[-2].endswith(
+        ": 1 same, 1 different, 2 error (and 2 that follow from them), 1 unexecuted, 0 skipped"
+    )
+    done = nbformat.read(out, as_version=4)
+    nbformat.validate(done)  # ids given, the kernelspec named
+    assert done.metadata.kernelspec["name"] == "kernelbridge" and all(cell.id for cell in done.cells)
+    # The other minor versions are taken alike (bad input is status 2; these are not).
+    for minor in (0, 4):
+        again = replay(tmp_path, str(tmp_path / f"old-{minor}.ipynb"))
+        assert again.returncode == 1 and again.stderr == "", again.stderr

@@ -98,7 +98,9 @@ def test_doctor_passes_every_check(settings: Settings) -> None:
         ["ok", "limits"],
         ["ok", "kernel"],
     ]
-    assert lines[6][1] == "hub" and len(lines) == 7  # host MCP config: ok, or warn for a bad file
+    assert lines[6][1] == "hub"  # host MCP config: ok, or warn for a bad file
+    assert lines[7][1] == "summary" and len(lines) == 8
+    assert lines[7][0] in ("ok", "warn")
     assert status == 0
 
 
@@ -106,7 +108,8 @@ def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings
     status, lines = doctor(settings, KERNELBRIDGE_IMAGE="localhost/kernelbridge-sandbox:nope")
     expected = [["ok", "state"], ["ok", "runtime"], ["ok", "durable"], ["FAIL", "image"], ["skip", "limits"]]
     assert lines[:6] == [*expected, ["skip", "kernel"]]
-    assert lines[6][1] == "hub" and len(lines) == 7
+    assert lines[6][1] == "hub"
+    assert lines[7] == ["FAIL", "summary"] and len(lines) == 8
     assert status == 1
 
 

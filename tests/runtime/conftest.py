@@ -134,7 +134,7 @@ strict xfails (a fix is noticed), racy ones are skipped (they would hang until t
 
 @pytest.fixture(params=BACKENDS)
 async def backend(
-    request: pytest.FixtureRequest, sandbox_image: str, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, sandbox_image: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> AsyncIterator[RuntimeBackend]:
     """Every backend in turn; absent ones are skipped with the reason."""
     name: str = request.param
@@ -159,7 +159,10 @@ async def backend(
             if engine == "docker":
                 # The docker CLI finds the engine the way users point it: DOCKER_HOST.
                 monkeypatch.setenv("DOCKER_HOST", engine_url(request, name))
-            runtime = await stack.enter_async_context(CliRuntime(engine=engine, executable=executable))
+            # In a directory of the test's own: conmon drops an 'oom' marker into the CLI's working
+            # directory after an OOM kill (it was the repository root, whose `oom` got committed).
+            cli = CliRuntime(engine=engine, executable=executable, workdir=tmp_path / "cli")
+            runtime = await stack.enter_async_context(cli)
         try:
             yield runtime
         finally:

@@ -9,9 +9,9 @@ from bridge_harness import REPO, Bridge
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
 MiB = 1024 * 1024
-WRITABLE = {"/tmp": 64 * MiB, "/workspace": 256 * MiB, "/dev/shm": 64 * MiB}
-"""Every mount sandboxed code may write to, with its size (the defaults of SandboxLimits; /dev/shm
-is the engine's 64m default)."""
+WRITABLE = {"/tmp": 64 * MiB, "/workspace": 256 * MiB, "/packages": 192 * MiB, "/dev/shm": 64 * MiB}
+"""Every mount sandboxed code may write to, with its size (the defaults of SandboxLimits; /packages
+is where `%pip install` puts what the host sends; /dev/shm is the engine's 64m default)."""
 
 WRITE_ATTEMPTS = r"""
 import errno, os

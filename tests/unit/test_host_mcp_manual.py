@@ -84,7 +84,7 @@ def test_doctor_hub_line(tmp_path: Path) -> None:
     assert "2 host MCP servers configured: time, Remote Docs" in line
     assert "launch kernelbridge itself" in line and SECRET not in line
     env = write_home(tmp_path / "b", {"time": SERVERS["time"]})
-    assert hub_line(env).split(None, 2) == ["ok", "hub", "1 host MCP server configured: time"]
+    assert hub_line(env).split(None, 2) == ["ok", "hub", "1 host MCP server configured: time (from ~/MCPs 1)"]
     denied = hub_line({**env, "KERNELBRIDGE_DENY_SERVERS": "time"})
     assert "no host MCP servers configured" in denied and "1 denied by the operator" in denied
     broken = write_home(tmp_path / "c", {}, broken=True)

@@ -158,6 +158,15 @@ def test_remote_entries_and_type_keys(tmp_path: Path) -> None:
         ("python", ["-mkernelbridge"]),
         ("sh", ["-c", "exec /opt/kb/bin/kernelbridge serve"]),
         ("bash", ["-lc", "python -m kernelbridge serve"]),
+        # The distribution's own script serves when given no other command.
+        ("uvx", ["kernelbridge-mcp"]),
+        ("uvx", ["kernelbridge-mcp@0.1.0", "serve", "--http"]),
+        ("uvx", ["--from", "kernelbridge-mcp", "kernelbridge", "serve"]),
+        ("/home/u/.local/bin/kernelbridge-mcp", []),
+        ("kernelbridge-mcp", ["--servers-config", "x.json"]),
+        ("pipx", ["run", "kernelbridge-mcp"]),
+        ("uv", ["tool", "run", "kernelbridge-mcp==0.1.0"]),
+        ("sh", ["-c", "exec uvx kernelbridge-mcp"]),
     ],
 )
 def test_self_launching_entries(command: str, args: list[str]) -> None:
@@ -172,6 +181,10 @@ def test_self_launching_entries(command: str, args: list[str]) -> None:
         ("npx", ["-y", "@modelcontextprotocol/server-everything"]),
         ("kernelbridge", ["doctor"]),
         ("sh", ["-c", "echo kernelbridge"]),
+        ("uvx", ["--from", "kernelbridge-mcp", "kernelbridge", "doctor"]),
+        ("uvx", ["kernelbridge-mcp", "servers"]),
+        ("kernelbridge-mcp-helper", []),
+        ("sh", ["-c", "uvx kernelbridge-mcp doctor"]),
     ],
 )
 def test_other_entries_are_not_self(command: str, args: list[str]) -> None:
@@ -199,9 +212,11 @@ def test_bad_server_names(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     catalog = load_catalog(load_settings(env), env)
     assert catalog.servers == {}
-    assert len(catalog.problems) == 3
-    assert all("a name must be 1 to 128 printable characters" in p for p in catalog.problems)
-    assert all("\n" not in p for p in catalog.problems)
+    # One line for the file, naming each entry skipped (a name with a newline shown escaped).
+    (problem,) = catalog.problems
+    assert problem.startswith("~/MCPs/c.json: 3 entries skipped: server '': a name must be 1 to 128")
+    assert problem.count("a name must be 1 to 128 printable characters") == 3
+    assert "\n" not in problem
 
 
 def test_oversized_file(tmp_path: Path) -> None:

@@ -280,7 +280,8 @@ def test_public_api() -> None:
     import kernelbridge.hub as hub_package
 
     assert set(hub_package.__all__) == {
-        "KINDS", "METHODS", "ClientState", "HttpServer", "Hub", "HubError", "Policy", "RpcCall", "RpcError",
+        "KINDS", "METHODS", "ClientState", "ConfigSource", "Shadowed", "config_sources", "HttpServer",
+        "Hub", "HubError", "Policy", "RpcCall", "RpcError",
         "RpcHandler", "ServerCatalog", "ServerClient", "ServerConfig", "ServerFailure", "Skill", "SkillError",
         "SkillInfo", "StdioServer", "alias", "assign_aliases", "config_files", "launches_kernelbridge",
         "list_skills", "load_catalog", "python_signature", "read_skill", "remove_skill", "save_skill",

@@ -16,9 +16,10 @@ from kernelbridge.errors import SessionError
 from kernelbridge.notebook.convert import KERNELSPEC, journal_to_notebook
 from kernelbridge.notebook.journal import Journal, JournalCell, JournalHeader, JournalReader, read_journal
 from kernelbridge.session.cell import CellError, CellResult
+from kernelbridge.session.generations import export_session
 from kernelbridge.session.outcome import State, Status
 from kernelbridge.session.recording import result_entry
-from kernelbridge.session.store import SessionStore, export_session
+from kernelbridge.session.store import SessionStore
 
 
 def result(**kw: object) -> CellResult:
@@ -77,7 +78,7 @@ def test_a_torn_last_line_and_lines_that_are_no_entries_are_skipped_and_counted(
     path.write_text("\n".join([*junk, '{"type": "cell", "code": "1", "outputs": [7, {}]}', '{"type": "ce']))
     reader = JournalReader(path)
     (cell,) = list(reader)
-    assert reader.skipped == len(junk) + 1
+    assert reader.skipped == len(junk) and reader.unknown == 1  # "mystery": a record of a newer bridge?
     # Fields of the wrong type are read as absent; the rest of the cell is kept.
     assert cell == JournalCell(code="1", outputs=[{}])
 
@@ -98,7 +99,7 @@ def test_export_session_works_from_another_process(tmp_path: Path) -> None:
     out = tmp_path / "out.ipynb"
     code = (
         "import sys; from pathlib import Path; from kernelbridge.config import Settings;"
-        "from kernelbridge.session.store import export_session;"
+        "from kernelbridge.session.generations import export_session;"
         "export_session(Settings(state_dir=Path(sys.argv[1])), 'other', sys.argv[2])"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path), str(out)], check=True, timeout=60)

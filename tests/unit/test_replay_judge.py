@@ -8,6 +8,7 @@ import zlib
 import pytest
 
 from kernelbridge.notebook.replay import CellVerdict, ReplayReport, behaviour, judge, normalize_text
+from kernelbridge.notebook.replay.judge import FailedNames, bound_names, ran_in_original, unexecuted
 
 
 def stream(text: str, name: str = "stdout") -> dict[str, object]:
@@ -121,3 +122,64 @@ def test_report_lines_summary_and_exit_rule() -> None:
     assert not report.failed() and report.failed(strict=True)
     report.cells.append(CellVerdict(4, "error", "KeyError: 'x' (the original did not raise)"))
     assert report.failed()
+
+
+# -- issue 17: unexecuted cells, errors that follow from an earlier one, whole explanations --------
+def test_a_cell_never_run_is_unexecuted_saying_what_it_did_now() -> None:
+    assert not ran_in_original([], None, {}) and ran_in_original([], 3, {})
+    assert ran_in_original([], None, {"source": "client"})
+    verdict = unexecuted(2, behaviour([stream("hi\n")], "ok"))
+    assert verdict == CellVerdict(
+        2, "unexecuted", "not executed in the original; now it ran without an error"
+    )
+    raised = unexecuted(3, behaviour([error("NameError", "name 'x' is not defined")], "error"))
+    assert raised.why.endswith("now it raised NameError: name 'x' is not defined")
+
+
+def test_errors_that_follow_from_a_failed_cell_say_so_and_count_with_it() -> None:
+    failed = FailedNames()
+    root = judge(3, behaviour([]), behaviour([error("ModuleNotFoundError", "No module named 'pandas'")]))
+    failed.failed(root, "import pandas as pd\n%matplotlib inline\nframe, other = pd.DataFrame(), 1")
+    missing = behaviour([error("NameError", "name 'frame' is not defined")])
+    follower = failed.cause(judge(4, behaviour([]), missing), missing)
+    assert follower.follows == 3 and follower.line().startswith("cell   4  error      follows from cell 3: ")
+    failed.failed(follower, "df = frame.copy()")
+    again = behaviour([error("NameError", "name 'df' is not defined")])
+    assert failed.cause(judge(5, behaviour([]), again), again).follows == 3  # through cell 4
+    unrelated = behaviour([error("NameError", "name 'typo' is not defined")])
+    assert failed.cause(judge(6, behaviour([]), unrelated), unrelated).follows is None
+    report = ReplayReport([root, follower, CellVerdict(5, "error", "x", follows=3), CellVerdict(6, "same")])
+    assert report.summary().endswith("1 same, 0 different, 1 error (and 2 that follow from it), 0 skipped")
+    assert report.failed() and report.as_dict()["counts"]["follows"] == 2
+
+
+def test_names_a_cell_binds_are_its_top_level_ones() -> None:
+    source = (
+        "import os.path, numpy as np\nfrom x import (y as z)\nfor i, (j, k) in []: pass\n"
+        "with open('f') as handle: pass\ndef f():\n    hidden = 1\nclass C: pass\n[q for q in ()]\n!ls"
+    )
+    assert bound_names(source) == {"os", "np", "z", "i", "j", "k", "handle", "f", "C"}
+    assert bound_names("def broken(:") == set()
+
+
+def test_explanations_are_whole_and_a_long_value_is_cut_at_a_word_saying_so() -> None:
+    words = " ".join(f"word{n}" for n in range(200))
+    verdict = judge(1, behaviour([stream(words + "\n")]), behaviour([stream(words + " more\n")]))
+    assert "[... " in verdict.why and "more characters]" in verdict.why
+    quoted = verdict.why.split("'")[1]
+    assert quoted.split(" [...")[0].split()[-1].startswith("word")  # ends on a whole word
+    assert all(w.startswith("word") and w[4:].isdigit() for w in quoted.split(" [...")[0].split())
+    was = behaviour([stream("a fairly long line of output that the old report cut\n")])
+    short = judge(
+        1, was, behaviour([stream("a fairly long line of output that the new report keeps whole\n")])
+    )
+    assert short.why.endswith("-> 'a fairly long line of output that the new report keeps whole'")
+
+
+def test_a_summary_names_unexecuted_cells_only_when_there_are_some() -> None:
+    report = ReplayReport([CellVerdict(1, "same"), CellVerdict(2, "unexecuted", "not executed")])
+    assert report.summary().endswith("1 same, 0 different, 0 error, 1 unexecuted, 0 skipped")
+    assert not report.failed(strict=True)
+    assert (
+        ReplayReport([CellVerdict(1, "same")]).summary().endswith("1 same, 0 different, 0 error, 0 skipped")
+    )

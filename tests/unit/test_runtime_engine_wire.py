@@ -88,10 +88,12 @@ def test_create_body_carries_every_sandbox_flag() -> None:
     assert host["Tmpfs"] == {
         "/tmp": "rw,size=64m,mode=1777,nosuid,nodev",
         "/workspace": "rw,size=256m,mode=1777,nosuid,nodev",
+        "/packages": "rw,size=192m,mode=1777,nosuid,nodev",
         # Read-only and empty: podman's read-only root would put unsized writable tmpfs there.
         "/var/tmp": READ_ONLY_TMPFS,
         "/run": READ_ONLY_TMPFS,
     }
+    assert host["Binds"] == []
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]} == {
         "nofile": (1024, 1024),
         "nproc": (4096, 4096),

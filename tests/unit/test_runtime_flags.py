@@ -5,23 +5,39 @@ backend, which cannot reach it again, refuses it."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from kernelbridge.config import SandboxLimits
+from kernelbridge.config import Mount, SandboxLimits
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.runtime import ContainerSpec
 from kernelbridge.runtime.base import DURABLE_LABEL
 from kernelbridge.runtime.cli.backend import CliRuntime
+from kernelbridge.runtime.engine.api import EngineRuntime
 from kernelbridge.runtime.engine.body import create_body
 from kernelbridge.runtime.engine.endpoint import Endpoint
-from kernelbridge.runtime.flags import READ_ONLY_TMPFS, WORKDIR, sandbox_flags, size_bytes
+from kernelbridge.runtime.flags import (
+    BIND_OPTIONS,
+    READ_ONLY_TMPFS,
+    WORKDIR,
+    sandbox_flags,
+    size_bytes,
+    unsupported,
+)
 from kernelbridge.runtime.kube.manifest import pod_manifest
 
 LIMITS = SandboxLimits(
-    memory="300m", pids=77, cpus=0.25, tmp_size="12m", workspace_size="34m", nofile=555, nproc=666
+    memory="300m",
+    pids=77,
+    cpus=0.25,
+    tmp_size="12m",
+    workspace_size="34m",
+    packages_size="56m",
+    nofile=555,
+    nproc=666,
 )
 
 
@@ -41,6 +57,7 @@ def test_the_decisions_are_made_once() -> None:
     assert [(m.path, m.size, m.covers_engine_default) for m in flags.tmpfs] == [
         ("/tmp", "12m", False),
         (WORKDIR, "34m", False),
+        ("/packages", "56m", False),
         ("/var/tmp", "64k", True),
         ("/run", "64k", True),
     ]
@@ -49,7 +66,10 @@ def test_the_decisions_are_made_once() -> None:
     assert (flags.stdin_once, flags.init, flags.auto_remove, flags.pull) == (True, False, False, False)
     assert flags.uid_gid == (65534, 65534) and flags.network_disabled
     writable = sandbox_flags(spec(limits=SandboxLimits(read_only=False)))
-    assert [m.path for m in writable.tmpfs] == ["/tmp", WORKDIR], "no read-only covers without --read-only"
+    assert [m.path for m in writable.tmpfs] == ["/tmp", WORKDIR, "/packages"], (
+        "no read-only covers without --read-only"
+    )
+    assert flags.binds == ()
 
 
 def test_the_three_renderers_say_the_same() -> None:
@@ -76,9 +96,9 @@ def test_the_three_renderers_say_the_same() -> None:
         b.split(":", 1)[0]: b.split(":", 1)[1] for a, b in itertools.pairwise(argv) if a == "--tmpfs"
     }
     assert cli_tmpfs == host["Tmpfs"]
-    assert sorted(m["mountPath"] for m in container["volumeMounts"]) == ["/tmp", WORKDIR]
+    assert sorted(m["mountPath"] for m in container["volumeMounts"]) == ["/packages", "/tmp", WORKDIR]
     sizes = {v["emptyDir"]["sizeLimit"] for v in pod["spec"]["volumes"]}
-    assert sizes == {"12Mi", "34Mi"}
+    assert sizes == {"12Mi", "34Mi", "56Mi"}
     # the rest of the wall
     assert {
         ("--user", "65534:65534"),
@@ -100,6 +120,42 @@ def test_the_three_renderers_say_the_same() -> None:
     )
     assert ("--pull", "never") in pairs and container["imagePullPolicy"] == "Never"
     assert (body["StdinOnce"], container["stdinOnce"]) == (True, True)
+
+
+def test_mounts_are_read_only_nosuid_nodev_noexec_and_not_recursive_in_every_renderer(
+    tmp_path: Path,
+) -> None:
+    data, notebook = tmp_path / "data", tmp_path / "notebook"
+    data.mkdir()
+    notebook.mkdir()
+    s = spec(mounts=(Mount(data, "/data"),))
+    argv = CliRuntime("podman", "podman").create_argv(s)
+    assert ("--volume", f"{data}:/data:ro,nosuid,nodev,noexec,bind") in set(itertools.pairwise(argv))
+    assert create_body(s)["HostConfig"]["Binds"] == [f"{data}:/data:ro,nosuid,nodev,noexec,bind"]
+    pod = pod_manifest(s)
+    (container,) = pod["spec"]["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/data")
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"] == {"path": str(data), "type": "Directory"}
+    # A notebook's own directory on /workspace (the kernelspec) replaces the workspace tmpfs.
+    on_workdir = sandbox_flags(spec(mounts=(Mount(notebook, WORKDIR),)))
+    assert WORKDIR not in [m.path for m in on_workdir.tmpfs]
+    assert [(b.target, b.options) for b in on_workdir.binds] == [(WORKDIR, BIND_OPTIONS)]
+
+
+def test_docker_is_refused_a_mount_it_cannot_make_nosuid_nodev_noexec(tmp_path: Path) -> None:
+    flags = sandbox_flags(spec(mounts=(Mount(tmp_path, "/data"),)))
+    assert unsupported("podman", flags) is None
+    assert "nosuid,nodev,noexec" in (unsupported("docker", flags) or "")
+    assert unsupported("docker", sandbox_flags(spec())) is None
+
+    async def create() -> None:
+        runtime: Any = EngineRuntime(NoClient(), engine="docker")  # type: ignore[arg-type]
+        await runtime.create(spec(mounts=(Mount(tmp_path, "/data"),)))
+
+    with pytest.raises(RuntimeUnavailable, match="use podman for mounts"):
+        anyio.run(create)
 
 
 def test_a_durable_sandbox_is_labelled_and_keeps_stdin_once() -> None:

@@ -270,5 +270,6 @@ def test_structured_content_keeps_the_contract_and_adds_the_codes() -> None:
         "result": None, "error": None, "truncated": True, "duration_ms": 8012, "state": "kept",
         "notes": [render_note(note) for note in done.notes], "note_codes": ["timed_out", "displays_dropped"],
         "tool_calls": [{"server": "edge", "tool": "echo", "ok": True, "duration_ms": 4, "error": None}],
+        "packages": [],
     }  # fmt: skip
     assert to_tool_result(done).is_error and not to_tool_result(result(status=Status.OK)).is_error

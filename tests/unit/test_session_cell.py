@@ -108,22 +108,25 @@ def test_cell_outputs_from_scripted_messages_keep_order_for_the_notebook() -> No
     assert out.images() == [PNG]
     assert out.result == "()"
     kinds = [(o["output_type"], o.get("name")) for o in out.notebook_outputs()]
+    # As Jupyter keeps them: a stream is one output until another output comes between.
     assert kinds == [
         ("stream", "stdout"),
         ("display_data", None),
         ("stream", "stderr"),
+        ("stream", "stdout"),
         ("execute_result", None),
     ]
-    assert out.notebook_outputs()[0]["text"] == "one\ntwo\n"
+    assert out.notebook_outputs()[0]["text"] == "one\n"
+    assert out.stream_text("stdout") == "one\ntwo\n"
 
 
 def test_cell_outputs_cap_rich_outputs_and_clear_output() -> None:
     out = CellOutputs(1000)
     for _ in range(MAX_DISPLAYS + 5):
         out.handle("display_data", {"data": {"text/plain": "x"}, "metadata": {}})
-    assert len(out.displays) == MAX_DISPLAYS and out.dropped_displays == 5 and out.truncated
+    assert out.displays == MAX_DISPLAYS and out.dropped_displays == 5 and out.truncated
     out.handle("clear_output", {"wait": False})
-    assert out.displays == [] and out.notebook_outputs() == []
+    assert out.displays == 0 and out.notebook_outputs() == [] and not out.truncated
 
 
 def test_input_gets_a_plain_message() -> None:

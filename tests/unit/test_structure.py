@@ -18,6 +18,8 @@ repository allows for now, and its public API, are here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from structure_checks import (
     Module,
@@ -42,6 +44,7 @@ TEMPORARY_CYCLES: dict[frozenset[str], str] = {}
 
 PUBLIC_API = frozenset(
     {
+        "DISTRIBUTION",
         "AgentMismatch",
         "ConfigError",
         "EngineRefused",
@@ -251,3 +254,14 @@ def test_a_product_import_of_testing_is_found() -> None:
     assert [line.split(" ")[0] for line in imports_of_testing(made_up(sources))] == [
         "kernelbridge.server.app:2"
     ]
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    # tests/ has no __init__.py files: pytest's default import mode imports each test module by its
+    # basename, so a second test_x.py in another folder fails collection ("import file mismatch")
+    # depending on which one a worker collects first.
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -51,7 +51,11 @@ PYTHONPATH_DIR = Path(__file__).parents[1] / "pythonpath"
 """Put on the kernel's PYTHONPATH: the ``mcp`` package that sandbox code imports."""
 KERNEL_CLASS = "kernelbridge.inside.kernel.kernel_class.SandboxKernel"
 OUTSTREAM_CLASS = "kernelbridge.inside.kernel.capped_outstream.CappedOutStream"
-KERNEL_EXTENSIONS = ("kernelbridge.inside.kernel.bounded_history", "mcp._ipython")
+KERNEL_EXTENSIONS = (
+    "kernelbridge.inside.kernel.bounded_history",
+    "mcp._ipython",
+    "kernelbridge.inside.kernel.pip_magic",
+)
 KERNEL_FLAGS = (
     # Input history answers history_request (%history, a console's up-arrow) from an in-memory
     # database without outputs; bounded_history bounds what it keeps.
@@ -62,7 +66,8 @@ KERNEL_FLAGS = (
     # Bounded output messages and a per-cell cap: see kernelbridge/inside/kernel/capped_outstream.py.
     f"--IPKernelApp.outstream_class={OUTSTREAM_CLASS}",
     # bounded_history stops IPython 9 from keeping every printed byte for the kernel's lifetime;
-    # mcp._ipython binds the host-MCP sandbox API (`runtime`, `mcp_servers`...).
+    # mcp._ipython binds the host-MCP sandbox API (`runtime`, `mcp_servers`...); pip_magic puts
+    # the session's packages on sys.path and makes `%pip install` go through the host.
     f"--IPKernelApp.extensions={json.dumps(list(KERNEL_EXTENSIONS))}",
 )
 """What the agent passes after ``-f <connection file>``; tests start local kernels with the same."""

@@ -4,4 +4,5 @@
 ``kernel_class.py``      ``--IPKernelApp.kernel_class``: IPythonKernel with protocol-exact history replies
 ``capped_outstream.py``  ``--IPKernelApp.outstream_class``: stdout/stderr in bounded messages, capped per cell
 ``bounded_history.py``   ``--IPKernelApp.extensions``: IPython keeps no outputs and bounded inputs
+``pip_magic.py``         ``--IPKernelApp.extensions``: ``%pip`` through the host, packages on sys.path
 """

@@ -14,6 +14,14 @@ of the notebook would call its behaviour:
 
 Tracebacks are not compared (their frames name cells by execution count), nor execution counts.
 
+A cell the original never ran (no execution count, no outputs, nothing recorded) is run but not
+judged: ``unexecuted``, saying what it did now (unless it did nothing either: then it is
+``same``). A cell that raises now because an earlier cell failed (a ``NameError`` for a name that
+the failing cell, or a cell that failed because of it, would have bound) is an ``error`` that
+*follows from* that cell: the report says so on its line and counts it with its cause, instead
+of one more error of its own. Explanations are printed whole: a quoted value may be shortened
+(at a word boundary, saying by how much), the sentence never.
+
 Volatile values are normalized away first (:func:`normalize_text`): memory addresses, dates and
 times, durations, object ids and other long numbers, UUIDs and long hex tokens, and temporary
 paths. The limits: a value that is random in a way not listed (a shuffled list, ``random()``)
@@ -22,21 +30,27 @@ counts as a difference, which is what a reader wants to know.
 
 from __future__ import annotations
 
+import ast
 import base64
 import binascii
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kernelbridge.session.cell import strip_ansi
 
-Verdict = Literal["same", "different", "error", "skipped"]
-VERDICTS: tuple[Verdict, ...] = ("same", "different", "error", "skipped")
+Verdict = Literal["same", "different", "error", "unexecuted", "skipped"]
+VERDICTS: tuple[Verdict, ...] = ("same", "different", "error", "unexecuted", "skipped")
+SHOWN_ALWAYS: frozenset[Verdict] = frozenset({"same", "different", "error", "skipped"})
+"""Counts the summary shows even when zero (scripts read them); ``unexecuted`` only when some."""
 RAISED = frozenset({"error", "timeout", "kernel_died", "cancelled"})
 """Statuses that mean the cell did not complete normally."""
-MAX_WHY_CHARS = 160
-"""A verdict's reason is one line of the report."""
+MAX_QUOTED_CHARS = 1000
+"""Characters of a value quoted in a verdict's reason (a differing line, an exception's message);
+a longer one is shortened at a word boundary, saying how much was left out."""
+_UNDEFINED = re.compile(r"^name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
 
 _VOLATILE: list[tuple[re.Pattern[str], str]] = [
     # ISO dates and times first: their parts would otherwise match the rules below piecemeal.
@@ -144,43 +158,102 @@ class CellVerdict:
     verdict: Verdict
     why: str = ""
     """One line: what differs, what raised, or why the cell was skipped."""
+    follows: int | None = None
+    """An ``error`` caused by the failure of this earlier cell (its number)."""
 
     def line(self) -> str:
-        return f"cell {self.index:>3}  {self.verdict:<9}  {self.why}".rstrip()
+        why = f"follows from cell {self.follows}: {self.why}" if self.follows is not None else self.why
+        return f"cell {self.index:>3}  {self.verdict:<9}  {why}".rstrip()
 
 
 def judge(index: int, original: Behaviour, replayed: Behaviour) -> CellVerdict:
     """Compare a replayed cell with its original."""
     if replayed.raised is not None and original.raised is None:
         ename, evalue = replayed.raised
-        return CellVerdict(index, "error", _clip(f"{ename}: {evalue} (the original did not raise)"))
-    if original.raised is not None and replayed.raised is None:
         return CellVerdict(
-            index, "different", _clip(f"the original raised {original.raised[0]}; now it does not")
+            index, "error", _one_line(f"{ename}: {_quoted(evalue)} (the original did not raise)")
         )
+    if original.raised is not None and replayed.raised is None:
+        return CellVerdict(index, "different", f"the original raised {original.raised[0]}; now it does not")
     if original.raised != replayed.raised:
         assert original.raised is not None and replayed.raised is not None
-        was, now = ": ".join(original.raised), ": ".join(replayed.raised)
-        return CellVerdict(index, "different", _clip(f"raised {now!r}, the original {was!r}"))
+        was, now = _quoted(": ".join(original.raised)), _quoted(": ".join(replayed.raised))
+        return CellVerdict(index, "different", f"raised {now!r}, the original {was!r}")
     for name in ("stdout", "stderr"):
         was, now = getattr(original, name), getattr(replayed, name)
         if was != now:
-            return CellVerdict(index, "different", _clip(f"{name} differs: {_first_difference(was, now)}"))
+            return CellVerdict(index, "different", f"{name} differs: {_first_difference(was, now)}")
     if len(original.displays) != len(replayed.displays):
         n_was, n_now = len(original.displays), len(replayed.displays)
         return CellVerdict(index, "different", f"{n_now} rich outputs, the original had {n_was}")
     for n, (was_d, now_d) in enumerate(zip(original.displays, replayed.displays, strict=True), 1):
         if was_d.keys() != now_d.keys():
-            return CellVerdict(
-                index,
-                "different",
-                _clip(f"output {n} has types {sorted(now_d)}, the original {sorted(was_d)}"),
-            )
+            why = f"output {n} has types {sorted(now_d)}, the original {sorted(was_d)}"
+            return CellVerdict(index, "different", why)
         for mime in was_d:
             if was_d[mime] != now_d[mime]:
                 why = f"output {n} ({mime}) differs: {_first_difference(was_d[mime], now_d[mime])}"
-                return CellVerdict(index, "different", _clip(why))
+                return CellVerdict(index, "different", why)
     return CellVerdict(index, "same")
+
+
+def unexecuted(index: int, replayed: Behaviour) -> CellVerdict:
+    """A cell the original never ran: run now, not judged."""
+    if replayed.raised is not None:
+        ename, evalue = replayed.raised
+        now = f"now it raised {ename}: {_quoted(evalue)}" if evalue else f"now it raised {ename}"
+    else:
+        now = "now it ran without an error"
+    return CellVerdict(index, "unexecuted", f"not executed in the original; {now}")
+
+
+def ran_in_original(cell_outputs: list[Any], execution_count: object, meta: dict[str, Any]) -> bool:
+    """Whether the original notebook records an execution of a cell: an execution count (Jupyter
+    gives every cell it runs one), an output, or kernelbridge's journal saying who ran it."""
+    return bool(cell_outputs) or execution_count is not None or "source" in meta or "status" in meta
+
+
+class FailedNames:
+    """Names that cells which failed in the replay would have bound, and which cell's failure each
+    goes back to: a later ``NameError`` for one of them follows from that cell."""
+
+    def __init__(self) -> None:
+        self._root: dict[str, int] = {}
+
+    def failed(self, verdict: CellVerdict, source: str) -> None:
+        """``verdict`` is the judgement of a cell that raised in the replay (``source``: its code)."""
+        root = verdict.follows if verdict.follows is not None else verdict.index
+        for name in bound_names(source):
+            self._root.setdefault(name, root)
+
+    def cause(self, verdict: CellVerdict, replayed: Behaviour) -> CellVerdict:
+        """``verdict`` as following from an earlier cell, if its new error is a NameError of ours."""
+        if verdict.verdict != "error" or replayed.raised is None or replayed.raised[0] != "NameError":
+            return verdict
+        match = _UNDEFINED.match(replayed.raised[1])
+        root = self._root.get(match.group(1)) if match else None
+        return CellVerdict(verdict.index, "error", verdict.why, follows=root) if root is not None else verdict
+
+
+def bound_names(source: str) -> set[str]:
+    """Names a cell binds at its top level (assignments, imports, definitions, loop and ``with``
+    targets), IPython's syntax (magics, ``!`` commands) translated first; empty if unreadable."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        manager: Any = TransformerManager  # untyped
+        tree = ast.parse(manager().transform_cell(source))
+    except Exception:  # IPython's transformer or the parser: any failure means "nothing known"
+        return set()
+    names: set[str] = set()
+    for node in _top_level(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+    return names
 
 
 def skipped_empty(index: int) -> CellVerdict:
@@ -204,20 +277,44 @@ def skipped_refused(index: int, reason: str) -> CellVerdict:
     return CellVerdict(index, "skipped", reason.splitlines()[0] if reason else "refused")
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+           ast.DictComp, ast.GeneratorExp)  # fmt: skip
+
+
+def _top_level(node: ast.AST) -> Iterator[ast.AST]:
+    """``node`` and what it holds, but not the inside of functions, classes and comprehensions
+    (their names are their own)."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, _SCOPES):
+            yield child
+        else:
+            yield from _top_level(child)
+
+
 def _first_difference(was: str, now: str) -> str:
-    """The first differing line of two texts, shown briefly."""
+    """The first differing line of two texts, each whole (or shortened, saying so)."""
     was_lines, now_lines = was.splitlines() or [""], now.splitlines() or [""]
     for a, b in zip(was_lines, now_lines, strict=False):
         if a != b:
-            return f"{a[:60]!r} -> {b[:60]!r}"
+            return f"{_quoted(a)!r} -> {_quoted(b)!r}"
     if len(was_lines) != len(now_lines):
         return f"{len(now_lines)} lines, the original {len(was_lines)}"
-    return f"{was[-40:]!r} -> {now[-40:]!r}"
+    return f"{_quoted(was[-MAX_QUOTED_CHARS:])!r} -> {_quoted(now[-MAX_QUOTED_CHARS:])!r}"
 
 
-def _clip(text: str) -> str:
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _quoted(text: str) -> str:
+    """``text`` on one line, shortened past :data:`MAX_QUOTED_CHARS` at a word boundary, saying so."""
     text = " ".join(text.split())
-    return text if len(text) <= MAX_WHY_CHARS else text[: MAX_WHY_CHARS - 3] + "..."
+    if len(text) <= MAX_QUOTED_CHARS:
+        return text
+    cut = text.rfind(" ", 0, MAX_QUOTED_CHARS)
+    cut = cut if cut >= MAX_QUOTED_CHARS // 2 else MAX_QUOTED_CHARS
+    return f"{text[:cut].rstrip()} [... {len(text) - cut:,} more characters]"
 
 
 @dataclass(slots=True)
@@ -231,24 +328,47 @@ class ReplayReport:
     seconds: float = 0.0
     """Seconds it took."""
 
+    notes: list[str] = field(default_factory=list)
+    """What the notebook had that the replay could not use (one line each: an output of a type
+    nbformat does not know, a repaired kernelspec)."""
+
     def count(self, verdict: Verdict) -> int:
-        return sum(cell.verdict == verdict for cell in self.cells)
+        """Cells of ``verdict`` (errors that follow from an earlier cell's are counted with it)."""
+        return sum(cell.verdict == verdict and cell.follows is None for cell in self.cells)
+
+    @property
+    def following(self) -> int:
+        """Errors that follow from an earlier cell's failure."""
+        return sum(cell.follows is not None for cell in self.cells)
 
     def failed(self, strict: bool = False) -> bool:
         """A cell raised that did not raise in the original (or, ``strict``, any output differs)."""
         return self.count("error") > 0 or (strict and self.count("different") > 0)
 
     def summary(self) -> str:
-        counts = ", ".join(f"{self.count(v)} {v}" for v in VERDICTS)
-        return f"replayed {len(self.cells)} code cells in {self.where}: {counts}"
+        parts = []
+        for verdict in VERDICTS:
+            count = self.count(verdict)
+            if count or verdict in SHOWN_ALWAYS:
+                parts.append(f"{count} {verdict}")
+            if verdict == "error" and self.following:
+                parts[-1] += f" (and {self.following} that follow from {'it' if count == 1 else 'them'})"
+        return f"replayed {len(self.cells)} code cells in {self.where}: {', '.join(parts)}"
 
     def text(self) -> str:
-        return "\n".join([*(cell.line() for cell in self.cells), self.summary()])
+        notes = [f"note: {note}" for note in self.notes]
+        return "\n".join([*notes, *(cell.line() for cell in self.cells), self.summary()])
 
     def as_dict(self) -> dict[str, Any]:
+        cells: list[dict[str, Any]] = []
+        for c in self.cells:
+            cells.append({"cell": c.index, "verdict": c.verdict, "why": c.why})
+            if c.follows is not None:
+                cells[-1]["follows"] = c.follows
         return {
-            "cells": [{"cell": c.index, "verdict": c.verdict, "why": c.why} for c in self.cells],
-            "counts": {v: self.count(v) for v in VERDICTS},
+            "cells": cells,
+            "counts": {**{v: self.count(v) for v in VERDICTS}, "follows": self.following},
+            "notes": list(self.notes),
             "budget_seconds": self.budget,
             "seconds": round(self.seconds, 2),
         }

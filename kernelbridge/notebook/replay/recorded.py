@@ -96,7 +96,8 @@ class RecordedTools(RpcHandler):
         """``check_grants`` of the session layer: only servers the recording knows."""
         canonical: list[str] = []
         for name in names:
-            real = resolve(name, self._aliases) if isinstance(name, str) else None
+            given: object = name  # from the notebook's metadata: checked whatever the annotation says
+            real = resolve(name, self._aliases) if isinstance(given, str) else None
             if real is None:
                 known = ", ".join(self._aliases) or "none"
                 raise HubError(

@@ -30,19 +30,33 @@ import nbformat
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import HubError, SessionError
-from kernelbridge.notebook.convert import notebook_outputs, read_notebook, valid_cell, write_notebook_file
+from kernelbridge.notebook.convert import (
+    notebook_outputs,
+    read_notebook,
+    unknown_outputs,
+    valid_cell,
+    write_notebook_file,
+)
+from kernelbridge.notebook.displays import journal_entries
+from kernelbridge.notebook.journal import JournalCell
 from kernelbridge.notebook.replay.judge import (
+    Behaviour,
     CellVerdict,
+    FailedNames,
     ReplayReport,
     behaviour,
     judge,
+    ran_in_original,
     skipped_empty,
     skipped_out_of_time,
     skipped_refused,
     skipped_unrecorded,
+    unexecuted,
 )
 from kernelbridge.notebook.replay.recorded import cell_meta
 from kernelbridge.notebook.replay.tools import ReplayTools, live_settings
+from kernelbridge.packages import PackageService, WithPackages
+from kernelbridge.packages.record import records_of
 from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import SessionStore
 
@@ -72,6 +86,8 @@ async def replay_cells(
     *,
     recorded: ReplayTools | None = None,
     budget: float | None = None,
+    packages: PackageService | None = None,
+    originals: dict[int, Behaviour] | None = None,
 ) -> ReplayReport:
     """Run every code cell of ``nb`` in ``session`` of ``registry``, judge it, and put the new
     outputs (and the verdict, in ``metadata.kernelbridge.notebook.replay``) into ``nb``.
@@ -81,11 +97,38 @@ async def replay_cells(
     with a ``budget`` (seconds), all of them together for at most that (plus the grace of one
     cell's timeout), and the cells left after it are skipped. Raises SandboxError/ImageError when
     no sandbox can be started; everything about a single cell (it raised, a server is not
-    configured here) is a verdict, not an exception.
+    configured here) is a verdict, not an exception. ``originals``, if given, is filled with the
+    original behaviour of every cell that ran (by its number), for :func:`judge_final_displays`.
+
+    ``packages``: the package service behind the registry's rpc handler; the ``%pip install``s
+    recorded in the cells' metadata are handed to it for the replay, so that the same requirements
+    install the same wheels again (from the host's cache when they are there).
     """
-    report = ReplayReport(where=f"session {session!r}")
+    report = ReplayReport(where=f"session {session!r}", notes=unknown_outputs(nb))
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    namespace = registry.settings.namespace
+    if packages is not None:
+        installs = [record for cell in code_cells for record in records_of(cell_meta(cell).get("packages"))]
+        packages.prefer(namespace, session, installs)
+    try:
+        await _replay_all(registry, session, code_cells, report, recorded, budget, originals)
+    finally:
+        if packages is not None:  # later installs of the session resolve afresh
+            packages.prefer(namespace, session, [])
+    return report
+
+
+async def _replay_all(
+    registry: SessionRegistry,
+    session: str,
+    code_cells: list[Any],
+    report: ReplayReport,
+    recorded: ReplayTools | None,
+    budget: float | None,
+    originals: dict[int, Behaviour] | None,
+) -> None:
     started = time.monotonic()
+    failed = FailedNames()
     for index, cell in enumerate(code_cells, 1):
         timeout = cell_timeout(cell, registry.settings.default_timeout, registry.settings.max_timeout)
         left = None if budget is None else budget - (time.monotonic() - started)
@@ -93,12 +136,11 @@ async def replay_cells(
             verdict = skipped_out_of_time(index, budget or 0)
         else:
             timeout = timeout if left is None else max(1.0, min(timeout, left))
-            verdict = await _replay_one(registry, session, index, cell, timeout, recorded)
+            verdict = await _replay_one(registry, session, index, cell, timeout, recorded, failed, originals)
         meta = cell.metadata.setdefault("kernelbridge", {})
         if isinstance(meta, dict):
             meta["replay"] = {"verdict": verdict.verdict, "why": verdict.why}
         report.cells.append(verdict)
-    return report
 
 
 async def _replay_one(
@@ -108,6 +150,8 @@ async def _replay_one(
     cell: Any,
     timeout: float,
     recorded: ReplayTools | None,
+    failed: FailedNames,
+    originals: dict[int, Behaviour] | None = None,
 ) -> CellVerdict:
     if not cell.source.strip():
         return skipped_empty(index)
@@ -115,15 +159,55 @@ async def _replay_one(
         if (servers := recorded.unrecorded(cell)) is not None:
             return skipped_unrecorded(index, servers)
         recorded.begin(cell)
-    original = behaviour(cell.outputs, cell_meta(cell).get("status"))
+    meta = cell_meta(cell)
+    ran = ran_in_original(cell.outputs, cell.get("execution_count"), meta)
+    original = behaviour(cell.outputs, meta.get("status"))
     try:
         result = await registry.run(session, cell.source, timeout=timeout, servers=_servers(cell))
     except (HubError, SessionError) as exc:
         return skipped_refused(index, str(exc))
+    if originals is not None:
+        originals[index] = original
     cell.outputs = notebook_outputs(result.outputs, result.execution_count)
     cell.execution_count = result.execution_count
     valid_cell(cell)
-    return judge(index, original, behaviour(result.outputs, result.status))
+    now = behaviour(result.outputs, result.status)
+    verdict = judge(index, original, now)
+    verdict = failed.cause(verdict, now) if ran or verdict.verdict == "same" else unexecuted(index, now)
+    if now.raised is not None and (verdict.verdict == "error" or not ran):
+        failed.failed(verdict, cell.source)  # what it would have bound is missing from now on
+    return verdict
+
+
+def judge_final_displays(
+    report: ReplayReport, nb: nbformat.NotebookNode, originals: dict[int, Behaviour], journal: Path
+) -> None:
+    """Judge again, by what they show at the end, the cells whose outputs a later cell updated.
+
+    A notebook saved by nbclient shows in ``display(x, display_id=...)``'s cell the data of the
+    id's last update, made by a later cell; right after the replayed cell ran, it showed the first
+    value. So a cell that was ``different`` and carries display ids is judged once more on its
+    outputs as the replay session's journal has them at the end (display updates applied, as its
+    export would), and those outputs go into the replayed notebook. Cells are matched to the
+    journal's in order (each cell that ran is one line); if the counts disagree nothing changes.
+    """
+    try:
+        cells = [entry for entry in journal_entries(journal) if isinstance(entry, JournalCell)]
+    except OSError:
+        return
+    code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    ran = sorted(originals)
+    if len(cells) != len(ran):
+        return
+    for index, entry in zip(ran, cells, strict=True):
+        position = index - 1
+        if report.cells[position].verdict != "different" or not entry.display_ids:
+            continue
+        again = judge(index, originals[index], behaviour(entry.outputs, entry.status))
+        if again.verdict == "same":
+            report.cells[position] = again
+            code_cells[position].outputs = notebook_outputs(entry.outputs, entry.execution_count)
+            code_cells[position].metadata["kernelbridge"]["replay"] = {"verdict": "same", "why": ""}
 
 
 async def replay_notebook(
@@ -153,6 +237,7 @@ async def replay_notebook(
                 hub_settings, live = live_settings(settings, grant)
                 hub = await stack.enter_async_context(Hub(hub_settings))
             handler = ReplayTools((c for c in nb.cells if c.cell_type == "code"), settings, hub, live)
+            packages = PackageService(settings)  # %pip cells install the recorded wheels again
             runtime = await stack.enter_async_context(open_runtime(settings))
             image, agent_hash = expected_image(settings)
             registry = await stack.enter_async_context(
@@ -161,11 +246,21 @@ async def replay_notebook(
                     runtime,
                     image=image,
                     agent_hash=agent_hash,
-                    dispatch=handler,
+                    dispatch=WithPackages(packages, handler),
                     check_grants=handler.validate_grants,
                 )
             )
-            report = await replay_cells(registry, session, nb, recorded=handler)
+            originals: dict[int, Behaviour] = {}
+            report = await replay_cells(
+                registry, session, nb, recorded=handler, packages=packages, originals=originals
+            )
+            await registry.close(session)  # its journal complete: the last display updates written
+            try:
+                journal = SessionStore.of(settings).journal(session)
+            except SessionError:
+                journal = None  # nothing journalled (no cell ran): nothing to judge again
+            if journal is not None:
+                judge_final_displays(report, nb, originals, journal)
     finally:
         # The replayed notebook (-o) is this run's record; the scratch session's is not (removed
         # once its registry closed: its record's last write is done).

@@ -38,7 +38,7 @@ from kernelbridge.runtime.base import (
 from kernelbridge.runtime.cli.command import Cli, container_gone, image_missing
 from kernelbridge.runtime.cli.images import CliImages
 from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
-from kernelbridge.runtime.flags import sandbox_flags
+from kernelbridge.runtime.flags import sandbox_flags, unsupported
 
 ATTACH_TIMEOUT = 10.0
 ATTACH_POLL = 0.02
@@ -62,6 +62,7 @@ def container_flags(spec: ContainerSpec) -> list[str]:
         "--pids-limit", str(flags.pids),
         "--cpus", f"{flags.cpus:g}",
         *(arg for mount in flags.tmpfs for arg in ("--tmpfs", f"{mount.path}:{mount.options}")),
+        *(arg for b in flags.binds for arg in ("--volume", f"{b.source}:{b.target}:{','.join(b.options)}")),
         "--workdir", flags.workdir,
         *(arg for u in flags.ulimits for arg in ("--ulimit", f"{u.name}={u.soft}:{u.hard}")),
         "--log-driver", flags.log_driver,
@@ -125,6 +126,8 @@ class CliRuntime(RuntimeBackend):
                 f"the {self.engine} CLI backend keeps no sandbox beyond its bridge;"
                 f" use the engine API (KERNELBRIDGE_RUNTIME={self.engine}-api)"
             )
+        if (why := unsupported(self.engine, sandbox_flags(spec))) is not None:
+            raise RuntimeUnavailable(why)
         try:
             container = (await self.cli.run(*self.create_argv(spec)[1:])).strip().splitlines()[-1]
         except RuntimeUnavailable as exc:

@@ -37,6 +37,7 @@ from kernelbridge.runtime.engine.images import EngineImages, no_such
 from kernelbridge.runtime.engine.service import HelperProcess
 from kernelbridge.runtime.engine.stream import EngineStream
 from kernelbridge.runtime.engine.transport import EngineClient
+from kernelbridge.runtime.flags import sandbox_flags, unsupported
 
 REMOVE_ATTEMPTS = 5
 REMOVE_RETRY_DELAY = 0.2
@@ -97,6 +98,8 @@ class EngineRuntime(RuntimeBackend):
     # -- containers ---------------------------------------------------------------------------------
 
     async def create(self, spec: ContainerSpec) -> str:
+        if (why := unsupported(self.engine, sandbox_flags(spec))) is not None:
+            raise RuntimeUnavailable(why)
         try:
             answer = await self.client.request(
                 "POST",

@@ -23,6 +23,7 @@ def host_config(flags: SandboxFlags) -> dict[str, Any]:
         "PidsLimit": flags.pids,
         "NanoCpus": int(flags.cpus * 1e9),
         "Tmpfs": {mount.path: mount.options for mount in flags.tmpfs},
+        "Binds": [f"{b.source}:{b.target}:{','.join(b.options)}" for b in flags.binds],
         "Ulimits": [{"Name": u.name, "Soft": u.soft, "Hard": u.hard} for u in flags.ulimits],
         "Init": flags.init,
         "AutoRemove": flags.auto_remove,

@@ -11,8 +11,12 @@ root, memory (requests = limits) and cpu limits, memory-backed and sized /tmp an
 workdir, stdin open once (a durable sandbox is reached again through ``pods/exec``), no network (the
 NetworkPolicy), no registry pulls (``imagePullPolicy: Never``). What has no Pod field: the pids
 limit (the kubelet's ``podPidsLimit``), the nofile/nproc ulimits (the container runtime's
-defaults): node settings, listed in the doc; and the read-only tmpfs that only cover podman's own
-extra mounts (a Pod gets none).
+defaults): node settings, listed in the doc; the read-only tmpfs that only cover podman's own
+extra mounts (a Pod gets none); and ``nosuid,nodev,noexec`` on the operator's read-only host
+directories (a ``hostPath`` volume has no mount options: the node's own flags of that directory
+apply, so keep such data on a ``nosuid,nodev,noexec`` file system of the node; the mounts are
+read-only; Kubernetes 1.30's ``recursiveReadOnly`` is left out, as ``podman kube play`` 4.3 cannot
+read it).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """docker and podman run a container whose image sets no PATH with this one; a Pod (containerd,
 ``podman kube play``) gets none, and the sandbox image, imported from a root file system, sets none."""
 _NAME = re.compile(r"[^a-z0-9-]+")
-_VOLUME_SUFFIX = {"/tmp": "tmp", "/workspace": "ws"}
+_VOLUME_SUFFIX = {"/tmp": "tmp", "/workspace": "ws", "/packages": "pkg"}
 """Volume names of the usual mounts (another mount is named after its path)."""
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -110,7 +114,11 @@ def pod_manifest(
             "limits": {"memory": quantity(flags.memory), "cpu": cpu},
             "requests": {"memory": quantity(flags.memory), "cpu": cpu},
         },
-        "volumeMounts": [{"name": volumes[m.path], "mountPath": m.path} for m in mounts],
+        "volumeMounts": [{"name": volumes[m.path], "mountPath": m.path} for m in mounts]
+        + [
+            {"name": _volume_name(name, b.target), "mountPath": b.target, "readOnly": True}
+            for b in flags.binds
+        ],
     }
     if flags.command:
         container["command"] = list(flags.command)
@@ -134,6 +142,10 @@ def pod_manifest(
         "volumes": [
             {"name": volumes[m.path], "emptyDir": {"medium": "Memory", "sizeLimit": quantity(m.size)}}
             for m in mounts
+        ]
+        + [
+            {"name": _volume_name(name, b.target), "hostPath": {"path": b.source, "type": "Directory"}}
+            for b in flags.binds
         ],
     }
     if runtime_class:

@@ -16,6 +16,7 @@ Layout:
 - ``_skills``      save_tool, skill loading
 - ``_ipython``     the IPython extension that binds the API into a kernel's namespace
 - ``_errors``      McpError and its subclasses, one per rpc error kind
+- ``_packages``    ``%pip install`` through the host: fetch wheels over rpc, install them with installer
 
 The host calls :func:`_kernelbridge_refresh` (``import mcp; mcp._kernelbridge_refresh()``, a silent
 execute request) whenever the session's grants change or the kernel restarted.
@@ -38,6 +39,7 @@ from ._errors import (
     McpToolDenied,
     McpUnavailable,
     McpUnknownTool,
+    PackageError,
 )
 from ._registry import REGISTRY, ServerModuleFinder, install_finder, refresh
 from ._skills import SkillFinder, save_tool
@@ -53,6 +55,7 @@ __all__ = [
     "McpToolDenied",
     "McpUnavailable",
     "McpUnknownTool",
+    "PackageError",
     "runtime",
     "save_tool",
     "servers",

@@ -13,6 +13,7 @@ code can catch exactly what it expects::
      +-- McpBusy                   busy: too many calls in flight in this session
      +-- McpCancelled              cancelled: the cell timed out or the session closed
      +-- McpServerError            server_error: the host MCP server failed; message is the server's
+     +-- PackageError              package_error: an install through the host failed (one line)
      +-- McpUnavailable            unavailable: no host connection (not started by kernelbridge, or
                                    the connection closed)
 
@@ -97,6 +98,13 @@ class McpUnavailable(McpError):
     kind = "unavailable"
 
 
+class PackageError(McpError):
+    """``%pip install`` through the host failed: no such package, no wheel for the sandbox, a
+    version conflict, the index unreachable (the message says which; nothing was installed)."""
+
+    kind = "package_error"
+
+
 ERROR_CLASSES: dict[str, type[McpError]] = {
     cls.kind: cls
     for cls in (
@@ -109,6 +117,7 @@ ERROR_CLASSES: dict[str, type[McpError]] = {
         McpCancelled,
         McpServerError,
         McpUnavailable,
+        PackageError,
     )
 }
 

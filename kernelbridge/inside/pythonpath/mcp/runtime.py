@@ -20,6 +20,7 @@ Sync (block; for plain code):
     list_loaded_server_metadata() -> (Server, ...)      the same, with tools (no host round trip)
     capability_summary() -> str                         a short manual for a model
     save_tool(func) -> str, list_skills() -> [{"name", "description", "saved_at"}]
+    pip_install(*requirements, upgrade=False) -> {"installed", "satisfied"}   what %pip install does
 
 Server and tool arguments accept the real name or the alias. Docs work for every server the host
 offers; calling a tool needs the server granted (``run_python(servers=[...])``). Failures raise
@@ -31,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-from . import _transport
+from . import _packages, _transport
 from ._errors import McpError
 from ._proxies import call_params, tool_result
 from ._registry import REGISTRY
@@ -51,6 +52,7 @@ __all__ = [
     "list_skills",
     "list_tools",
     "list_tools_sync",
+    "pip_install",
     "query_tool_docs",
     "query_tool_docs_sync",
     "save_tool",
@@ -241,6 +243,17 @@ def list_loaded_server_metadata() -> tuple[dict[str, Any], ...]:
     return tuple(REGISTRY.records)
 
 
+def pip_install(*requirements: str, upgrade: bool = False) -> dict[str, Any]:
+    """Install packages through the host, as ``%pip install`` does: binary wheels the host's pip
+    resolves for this sandbox (no network here), importable at once. Returns ``{"installed":
+    [{name, version, ...}], "satisfied": ["name version", ...]}``. Raises mcp.PackageError (no such
+    package, no wheel, a conflict, the index down), McpToolDenied (the host's policy) or
+    McpTooLarge (the session's cap), each with one line; nothing is installed half-way."""
+    __tracebackhide__ = True
+    report = _packages.install([str(item) for item in requirements], upgrade=upgrade)
+    return {"installed": report.installed, "satisfied": report.satisfied}
+
+
 def capability_summary() -> str:
     """A short manual of this sandbox for a model: what is granted, how to call it, how to learn more."""
     lines = [
@@ -276,6 +289,7 @@ def capability_summary() -> str:
         " runtime.query_tool_docs_sync(server, tool, detail='full'). Async forms without _sync.",
         "Saved tools: save_tool(func) keeps a function for later sessions; from mcp.skills import <name>"
         " loads one; runtime.list_skills().",
+        "Packages: %pip install NAME (wheels through the host; importable at once), %pip list.",
         "Errors raise mcp.McpError subclasses (McpServerNotAvailable, McpToolDenied, McpInvalidParams, ...);"
         " a tool's own error is returned with isError true.",
     ]

@@ -3,25 +3,66 @@
 Every setting has a ``KERNELBRIDGE_<NAME>`` variable; the stateless predecessor's
 ``MCP_BRIDGE_<NAME>`` is accepted as a fallback so existing client configs keep working.
 A bad value raises :class:`ConfigError` naming the variable, the value and what is expected.
+
+The package (it outgrew one module): ``env`` reads one variable at a time, ``mounts`` checks the
+host directories a sandbox may see, ``packages`` holds ``%pip install``'s settings; this module
+holds the settings records, :func:`load_settings` and the state directory's layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernelbridge.config import env as _env
+from kernelbridge.config.mounts import (
+    PACKAGES_DIR,
+    RESERVED_TARGETS,
+    Mount,
+    check_mount,
+    check_mount_set,
+    check_source,
+    parse_mounts,
+)
+from kernelbridge.config.packages import PackageSettings, parse_policy, tmpfs_size
 from kernelbridge.errors import ConfigError
 
-_SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
+__all__ = [
+    "CLIENTS",
+    "HTTP_DIR",
+    "PACKAGES_DIR",
+    "RESERVED_TARGETS",
+    "RUNTIMES",
+    "ConfigError",
+    "EngineSettings",
+    "HttpSettings",
+    "Mount",
+    "PackageSettings",
+    "SandboxLimits",
+    "Settings",
+    "check_mount",
+    "check_mount_set",
+    "check_source",
+    "check_state_dir",
+    "default_state_dir",
+    "load_settings",
+    "namespace_names",
+    "namespace_state_dir",
+    "parse_mounts",
+]
 
 HTTP_DIR = "http"
 """HTTP tokens' namespaces keep their state in ``<state dir>/http/<namespace>/``."""
 _NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
+CLIENTS = ("claude-code", "claude-desktop", "cursor", "vscode")
+"""The MCP clients whose config files the hub reads (``KERNELBRIDGE_CLIENT_CONFIGS``; see
+:mod:`kernelbridge.hub.sources` for where each keeps its servers)."""
 
 RUNTIMES = ("podman", "docker", "podman-api", "docker-api", "podman-cli", "docker-cli")
 """Values of ``KERNELBRIDGE_RUNTIME``: an engine (its API when one answers, else its CLI), or an
@@ -40,6 +81,10 @@ class SandboxLimits:
     tmp_size: str = "64m"
     """Size of the /tmp tmpfs. Unsized, podman's /tmp is a huge tmpfs counted against memory."""
     workspace_size: str = "256m"
+    packages_size: str = "192m"
+    """Size of the /packages tmpfs where the session's ``%pip install``s go: the bytes that may be
+    installed (``PackageSettings.max_bytes``) and half as much again for the wheel being unpacked
+    (``config.packages.tmpfs_size``). Like every tmpfs it counts against ``memory``."""
     nofile: int = 1024
     nproc: int = 4096
     """RLIMIT_NPROC is per host uid, shared by every container running as 65534: keep it high
@@ -122,11 +167,6 @@ class Settings:
     detached_buffer: int = 32 * 1024 * 1024
     """``KERNELBRIDGE_DETACHED_BUFFER``: bytes of kernel output a detached sandbox holds for its
     next bridge (in the sandbox's own memory); past it the oldest output is dropped, counted."""
-    restore_lost: str = "offer"
-    """``KERNELBRIDGE_RESTORE_LOST``: what the first call on a session whose sandbox was lost while
-    no bridge was attached (e.g. the machine restarted) does: ``offer`` (say so, and how to
-    ``restore=``) or ``auto`` (restore it from its journal, host tool results from the record,
-    before the call's code runs)."""
     warm_pool: int = 1
     """Pre-started sandboxes kept ready so a new session's first call skips the cold start."""
     default_timeout: float = 30.0
@@ -145,6 +185,17 @@ class Settings:
     """``KERNELBRIDGE_DENY_TOOLS``: comma-separated ``server.tool`` patterns (fnmatch wildcards,
     matched against the real names, e.g. ``github.delete_*`` or ``*.shell``). A denied tool is absent
     from every tool list and its calls answer ``denied``."""
+    approve_tools: tuple[str, ...] = ()
+    """``KERNELBRIDGE_APPROVE_TOOLS``: comma-separated ``server.tool`` patterns (as ``deny_tools``;
+    ``*`` alone means every tool). A matching call from sandboxed code waits for a person's answer,
+    asked through MCP elicitation of the client whose ``run_python`` runs the cell."""
+    client_configs: tuple[str, ...] = CLIENTS
+    """``KERNELBRIDGE_CLIENT_CONFIGS``: whose config files are searched for host servers: ``all``
+    (default), ``none``, or some of :data:`CLIENTS` (comma-separated)."""
+    project: Path | None = None
+    """``KERNELBRIDGE_PROJECT`` (or ``--project``): a project directory whose MCP files (``.mcp.json``,
+    ``.cursor/mcp.json``, ``.vscode/mcp.json``, Claude Code's local scope) are read too. Unset: none
+    is, since a project directory is not trusted by default."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     kernel_start_timeout: float = 60.0
     image_budget: int = 50_000
@@ -155,6 +206,10 @@ class Settings:
     number of bytes). Past it the journal gets one ``truncated`` line and nothing more, so no
     sandbox can fill the host's disk; the default keeps every journal restorable and replayable
     (``kernelbridge replay`` reads notebooks of up to 64 MiB)."""
+    history_budget: int = 1024**3
+    """``KERNELBRIDGE_HISTORY_BUDGET``: bytes the old generations of sessions (journals and records
+    of sessions no longer live) may take in the state directory. Nothing is removed on its own:
+    past it the bridge says so when it starts, and ``kernelbridge prune`` removes the oldest."""
     export_dir: Path | None = None
     """``KERNELBRIDGE_EXPORT_DIR``: where ``export_notebook(path=...)`` may write (default
     ``<state_dir>/exports``); a model's export never leaves this directory."""
@@ -177,6 +232,14 @@ class Settings:
     """Bytes this namespace's files may take (``HttpSettings.disk_quota`` for a token's namespace;
     None: no quota, the shared namespace). Set by the server, like ``namespace``."""
     http: HttpSettings = field(default_factory=HttpSettings)
+    packages: PackageSettings = field(default_factory=PackageSettings)
+    mounts: tuple[Mount, ...] = ()
+    """``KERNELBRIDGE_MOUNTS`` and ``serve --mount``: host directories every sandbox sees read-only."""
+
+    @property
+    def packages_dir(self) -> Path:
+        """The wheel cache shared by every session on this state directory."""
+        return self.state_dir / "packages"
 
     @property
     def sessions_dir(self) -> Path:
@@ -195,84 +258,6 @@ class Settings:
     def run_dir(self) -> Path:
         """Working directory of tunnel processes and the runtime helpers they start."""
         return self.state_dir / "run"
-
-
-def _lookup(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
-    for prefix in ("KERNELBRIDGE_", "MCP_BRIDGE_"):
-        value = env.get(prefix + name)
-        if value is not None and value.strip() != "":
-            return prefix + name, value.strip()
-    return None
-
-
-def _number(
-    env: Mapping[str, str],
-    name: str,
-    default: float,
-    *,
-    minimum: float,
-    integer: bool,
-    aliases: tuple[str, ...] = (),
-) -> float:
-    found = _lookup(env, name) or next(filter(None, (_lookup(env, alias) for alias in aliases)), None)
-    if found is None:
-        return default
-    var, raw = found
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"{var}={raw!r} is not {kind}") from None
-    if value < minimum:
-        raise ConfigError(f"{var}={raw!r} must be at least {minimum:g}")
-    return value
-
-
-def _size(env: Mapping[str, str], name: str, default: str) -> str:
-    found = _lookup(env, name)
-    if found is None:
-        return default
-    var, raw = found
-    if not _SIZE.match(raw):
-        raise ConfigError(f"{var}={raw!r} is not a size such as 512m or 1g")
-    return raw.lower()
-
-
-def _names(env: Mapping[str, str], name: str, *, dotted: bool = False) -> tuple[str, ...]:
-    """A comma-separated list of names or fnmatch patterns; ``dotted`` requires ``server.tool``."""
-    found = _lookup(env, name)
-    if found is None:
-        return ()
-    var, raw = found
-    items = tuple(item.strip() for item in raw.split(",") if item.strip())
-    for item in items:
-        if dotted and "." not in item and item != "*":
-            raise ConfigError(f"{var}: {item!r} is not a server.tool pattern (e.g. github.delete_*)")
-    return items
-
-
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def _labels(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    found = _lookup(env, "LABELS")
-    if found is None:
-        return ()
-    var, raw = found
-    labels = []
-    for item in (part.strip() for part in raw.split(",") if part.strip()):
-        key, sep, value = item.partition("=")
-        if (
-            not sep
-            or not _LABEL_KEY.match(key)
-            or (key.startswith("kernelbridge.") and key in _RESERVED_LABELS)
-        ):
-            raise ConfigError(f"{var}: {item!r} is not a key=value label (or uses a reserved key)")
-        labels.append((key, value))
-    return tuple(labels)
-
-
-_RESERVED_LABELS = frozenset({"kernelbridge.session", "kernelbridge.owner", "kernelbridge.host"})
 
 
 def namespace_state_dir(state_dir: Path, namespace: str) -> Path:
@@ -309,132 +294,118 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read settings from ``env`` (default: ``os.environ``). Raises ConfigError on a bad value."""
     env = os.environ if env is None else env
-    state = _lookup(env, "STATE_DIR")
-    runtime = _lookup(env, "RUNTIME")
+    state = _env.lookup(env, "STATE_DIR")
+    runtime = _env.lookup(env, "RUNTIME")
     if runtime and runtime[1] not in RUNTIMES:
         raise ConfigError(
             f"{runtime[0]}={runtime[1]!r}: expected podman or docker "
             "(or podman-api, docker-api, podman-cli, docker-cli to pick how it is driven)"
         )
-    image = _lookup(env, "IMAGE")
-    servers = _lookup(env, "SERVERS_CONFIG")
-    export_dir = _lookup(env, "EXPORT_DIR")
+    image = _env.lookup(env, "IMAGE")
+    servers = _env.lookup(env, "SERVERS_CONFIG")
+    export_dir = _env.lookup(env, "EXPORT_DIR")
     defaults = SandboxLimits()
     limits = SandboxLimits(
-        memory=_size(env, "MEMORY", defaults.memory),
-        pids=int(_number(env, "PIDS", defaults.pids, minimum=8, integer=True)),
-        cpus=_number(env, "CPUS", defaults.cpus, minimum=0.1, integer=False),
-        tmp_size=_size(env, "TMP_SIZE", defaults.tmp_size),
-        workspace_size=_size(env, "WORKSPACE_SIZE", defaults.workspace_size),
+        memory=_env.size(env, "MEMORY", defaults.memory),
+        pids=int(_env.number(env, "PIDS", defaults.pids, minimum=8, integer=True)),
+        cpus=_env.number(env, "CPUS", defaults.cpus, minimum=0.1, integer=False),
+        tmp_size=_env.size(env, "TMP_SIZE", defaults.tmp_size),
+        workspace_size=_env.size(env, "WORKSPACE_SIZE", defaults.workspace_size),
     )
+    packages = _package_settings(env)
+    limits = dataclasses.replace(limits, packages_size=tmpfs_size(packages.max_bytes))
     # The predecessor called it MCP_BRIDGE_TIMEOUT; both of its spellings are honoured.
-    default_timeout = _number(env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False, aliases=("TIMEOUT",))
-    max_timeout = _number(env, "MAX_TIMEOUT", 600.0, minimum=1, integer=False)
+    default_timeout = _env.number(
+        env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False, aliases=("TIMEOUT",)
+    )
+    max_timeout = _env.number(env, "MAX_TIMEOUT", 600.0, minimum=1, integer=False)
     if default_timeout > max_timeout:
         raise ConfigError(f"default timeout {default_timeout:g}s exceeds the maximum {max_timeout:g}s")
+    state_dir = Path(state[1]).expanduser() if state else default_state_dir(env)
+    mounts = _env.lookup(env, "MOUNTS")
     return Settings(
-        state_dir=Path(state[1]).expanduser() if state else default_state_dir(env),
+        state_dir=state_dir,
         runtime=runtime[1] if runtime else None,
         image=image[1] if image else None,
-        max_sessions=int(_number(env, "MAX_SESSIONS", 8, minimum=1, integer=True)),
-        idle_timeout=_number(env, "IDLE_TIMEOUT", 1800.0, minimum=1, integer=False),
-        warm_pool=int(_number(env, "WARM_POOL", 1, minimum=0, integer=True)),
-        durable=_flag(env, "DURABLE", default=True),
-        detached_buffer=_bytes(env, "DETACHED_BUFFER", 32 * 1024 * 1024, minimum=64 * 1024),
-        restore_lost=_choice(env, "RESTORE_LOST", ("offer", "auto")),
+        max_sessions=int(_env.number(env, "MAX_SESSIONS", 8, minimum=1, integer=True)),
+        idle_timeout=_env.number(env, "IDLE_TIMEOUT", 1800.0, minimum=1, integer=False),
+        warm_pool=int(_env.number(env, "WARM_POOL", 1, minimum=0, integer=True)),
+        durable=_env.flag(env, "DURABLE", default=True),
+        detached_buffer=_env.byte_size(env, "DETACHED_BUFFER", 32 * 1024 * 1024, minimum=64 * 1024),
         default_timeout=default_timeout,
         max_timeout=max_timeout,
-        output_limit=int(_number(env, "OUTPUT_LIMIT", 20_000, minimum=200, integer=True)),
+        output_limit=int(_env.number(env, "OUTPUT_LIMIT", 20_000, minimum=200, integer=True)),
         servers_config=tuple(Path(p).expanduser() for p in servers[1].split(os.pathsep)) if servers else (),
-        allow_servers=_names(env, "ALLOW_SERVERS"),
-        deny_servers=_names(env, "DENY_SERVERS"),
-        deny_tools=_names(env, "DENY_TOOLS", dotted=True),
+        allow_servers=_env.names(env, "ALLOW_SERVERS"),
+        deny_servers=_env.names(env, "DENY_SERVERS"),
+        deny_tools=_env.names(env, "DENY_TOOLS", dotted=True),
+        approve_tools=_env.names(env, "APPROVE_TOOLS", dotted=True),
+        client_configs=_clients(env),
+        project=_project(env),
         limits=limits,
-        kernel_start_timeout=_number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
-        labels=_labels(env),
+        kernel_start_timeout=_env.number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
+        labels=_env.labels(env),
         engine=_engine_settings(env),
-        image_packages=_requirements(env, "IMAGE_PACKAGES"),
-        image_requirements=_path(env, "IMAGE_REQUIREMENTS"),
-        allow_unlimited=_flag(env, "ALLOW_UNLIMITED"),
+        image_packages=_env.requirements(env, "IMAGE_PACKAGES"),
+        image_requirements=_env.path(env, "IMAGE_REQUIREMENTS"),
+        allow_unlimited=_env.flag(env, "ALLOW_UNLIMITED"),
         http=_http_settings(env),
-        image_budget=int(_number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
+        image_budget=int(_env.number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
         export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
-        journal_budget=_bytes(env, "JOURNAL_BUDGET", 64 * 1024 * 1024, minimum=64 * 1024),
+        journal_budget=_env.byte_size(env, "JOURNAL_BUDGET", 64 * 1024 * 1024, minimum=64 * 1024),
+        packages=packages,
+        mounts=parse_mounts(mounts[1], state_dir, where=mounts[0]) if mounts else (),
+        history_budget=_env.byte_size(env, "HISTORY_BUDGET", 1024**3, minimum=0),
     )
 
 
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-
-
-def _bytes(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
-    """A size in bytes: a number, or a number with k, m or g (binary units)."""
-    found = _lookup(env, name)
-    raw = _size(env, name, "")
-    if found is None or not raw:
-        return default
-    unit = raw[-1] if raw[-1].isalpha() else ""
-    value = int(float(raw[: len(raw) - len(unit)]) * _UNITS[unit])
-    if value < minimum:
-        raise ConfigError(f"{found[0]}={raw!r} must be at least {minimum // 1024} KiB")
-    return value
-
-
-# Between two requirements: spaces, or a comma before the next name ("polars>=1,<2" stays one).
-_REQUIREMENT_SEPARATOR = re.compile(r"\s+|,\s*(?=[A-Za-z0-9])")
-
-
-def _requirements(env: Mapping[str, str], name: str) -> tuple[str, ...]:
-    """Python package requirements separated by spaces or commas (checked by the image module)."""
-    found = _lookup(env, name)
+def _clients(env: Mapping[str, str]) -> tuple[str, ...]:
+    found = _env.lookup(env, "CLIENT_CONFIGS")
     if found is None:
+        return CLIENTS
+    var, raw = found
+    items = [item.strip().lower() for item in raw.split(",") if item.strip()]
+    if items == ["all"]:
+        return CLIENTS
+    if items == ["none"]:
         return ()
-    return tuple(item for item in _REQUIREMENT_SEPARATOR.split(found[1]) if item)
+    for item in items:
+        if item not in CLIENTS:
+            raise ConfigError(f"{var}: {item!r} is not one of all, none, {', '.join(CLIENTS)}")
+    return tuple(c for c in CLIENTS if c in items)
 
 
-def _path(env: Mapping[str, str], name: str) -> Path | None:
-    found = _lookup(env, name)
-    return Path(found[1]).expanduser() if found else None
+def _project(env: Mapping[str, str]) -> Path | None:
+    found = _env.lookup(env, "PROJECT")
+    return Path(found[1]).expanduser().absolute() if found else None
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
-    """One of ``choices`` (the first is the default)."""
-    found = _lookup(env, name)
-    if found is None:
-        return choices[0]
-    var, raw = found
-    if raw.lower() not in choices:
-        raise ConfigError(f"{var}={raw!r}: expected {' or '.join(choices)}")
-    return raw.lower()
-
-
-def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
-    found = _lookup(env, name)
-    if found is None:
-        return default
-    var, raw = found
-    if raw.lower() not in _TRUE + _FALSE:
-        raise ConfigError(f"{var}={raw!r}: expected 1 or 0")
-    return raw.lower() in _TRUE
+def _package_settings(env: Mapping[str, str]) -> PackageSettings:
+    found = _env.lookup(env, "PACKAGES")
+    policy, allowed = parse_policy(*found) if found is not None else ("any", frozenset[str]())
+    return PackageSettings(
+        policy=policy,
+        allowed=allowed,
+        max_bytes=_env.byte_size(env, "PACKAGES_MAX_BYTES", 128 * 1024**2, minimum=1024**2),
+        max_installs=int(_env.number(env, "PACKAGES_MAX_INSTALLS", 32, minimum=0, integer=True)),
+        cache_bytes=_env.byte_size(env, "PACKAGES_CACHE", 4 * 1024**3, minimum=16 * 1024**2),
+    )
 
 
 def _http_settings(env: Mapping[str, str]) -> HttpSettings:
-    tokens = _lookup(env, "HTTP_TOKENS")
+    tokens = _env.lookup(env, "HTTP_TOKENS")
     return HttpSettings(
         tokens=tuple(t.strip() for t in tokens[1].split(",") if t.strip()) if tokens else (),
-        tokens_file=_path(env, "HTTP_TOKENS_FILE"),
-        allowed_hosts=_names(env, "HTTP_ALLOWED_HOSTS"),
-        max_sessions=int(_number(env, "HTTP_MAX_SESSIONS", 4, minimum=1, integer=True)),
-        max_calls=int(_number(env, "HTTP_MAX_CALLS", 4, minimum=1, integer=True)),
-        disk_quota=_bytes(env, "HTTP_DISK_QUOTA", 2 * 1024**3, minimum=1024**2),
+        tokens_file=_env.path(env, "HTTP_TOKENS_FILE"),
+        allowed_hosts=_env.names(env, "HTTP_ALLOWED_HOSTS"),
+        max_sessions=int(_env.number(env, "HTTP_MAX_SESSIONS", 4, minimum=1, integer=True)),
+        max_calls=int(_env.number(env, "HTTP_MAX_CALLS", 4, minimum=1, integer=True)),
+        disk_quota=_env.byte_size(env, "HTTP_DISK_QUOTA", 2 * 1024**3, minimum=1024**2),
     )
 
 
 def _engine_settings(env: Mapping[str, str]) -> EngineSettings:
-    urls = _lookup(env, "ENGINES")
+    urls = _env.lookup(env, "ENGINES")
     cert_path = (env.get("DOCKER_CERT_PATH") or "").strip()
     return EngineSettings(
         urls=tuple(u for u in re.split(r"[\s,]+", urls[1]) if u) if urls else (),
@@ -444,22 +415,8 @@ def _engine_settings(env: Mapping[str, str]) -> EngineSettings:
         tls_verify=bool((env.get("DOCKER_TLS_VERIFY") or "").strip()),
         tls=bool((env.get("DOCKER_TLS") or "").strip()),
         cert_path=Path(cert_path).expanduser() if cert_path else None,
-        ssh_command=_ssh_command(env),
+        ssh_command=_env.ssh_command(env),
     )
-
-
-def _ssh_command(env: Mapping[str, str]) -> tuple[str, ...]:
-    found = _lookup(env, "SSH_COMMAND")
-    if found is None:
-        return ("ssh",)
-    var, raw = found
-    try:
-        words = tuple(shlex.split(raw))
-    except ValueError as exc:
-        raise ConfigError(f"{var}={raw!r} is not a command line: {exc}") from None
-    if not words:
-        raise ConfigError(f"{var} is empty")
-    return words
 
 
 def check_state_dir(settings: Settings) -> None:

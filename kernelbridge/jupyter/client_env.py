@@ -1,0 +1,107 @@
+"""What a Jupyter client may tell its sandbox about itself: who the person is, how their terminal shows text.
+
+Two things reach a sandbox from a client, and nothing else of the host:
+
+- **The person** (:func:`real_username`): a cell an attached client sends is journalled with the
+  username of its Jupyter session (``Session.username``). jupyter_client fills that in from
+  ``$USER``, and where ``$USER`` is unset with the word ``username``, which names nobody; then the
+  person is the operating system user running the bridge (whoever can read the connection file,
+  mode 0600, is that user or root). ``kernelbridge attach`` passes the person's name itself
+  (:func:`os_username`).
+- **Display settings** (:func:`display_env`): the width and height of the client's terminal and
+  how it renders text (``COLUMNS``, ``LINES``, ``TERM``, the locale, colour preferences), so that
+  IPython formats tracebacks and pagers for the client's terminal as a local kernel would. Only
+  the names of :data:`DISPLAY_VARIABLES`, each value checked against its own pattern and bounded:
+  a secret in the host's environment never crosses, and no value can smuggle one (a ``TERM`` of
+  a megabyte, a ``LANG`` with a newline). A local kernel also sees a terminal that the client's
+  process runs in (ipykernel inherits it): the provisioner reads its size when ``COLUMNS`` and
+  ``LINES`` are not set (:func:`terminal_size`).
+
+No I/O beyond asking a file descriptor for its terminal size; nothing here knows containers.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from collections.abc import Mapping
+
+JUPYTER_DEFAULT_USERNAME = "username"
+"""jupyter_client's ``Session.username`` when ``$USER`` is unset: no one's name."""
+MAX_USERNAME = 64
+
+_NUMBER = re.compile(r"^[1-9][0-9]{0,4}$")
+_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+_LOCALE = re.compile(r"^[A-Za-z0-9_.@+-]{1,64}$")
+_LANGUAGE = re.compile(r"^[A-Za-z0-9_.@:+-]{1,128}$")
+_FLAG = re.compile(r"^[A-Za-z0-9]{0,16}$")
+
+DISPLAY_VARIABLES: dict[str, re.Pattern[str]] = {
+    "COLUMNS": _NUMBER,
+    "LINES": _NUMBER,
+    "TERM": _TOKEN,
+    "COLORTERM": _TOKEN,
+    "LANG": _LOCALE,
+    "LC_ALL": _LOCALE,
+    "LC_CTYPE": _LOCALE,
+    "LC_MESSAGES": _LOCALE,
+    "LC_NUMERIC": _LOCALE,
+    "LC_TIME": _LOCALE,
+    "LANGUAGE": _LANGUAGE,
+    "NO_COLOR": _FLAG,
+    "FORCE_COLOR": _FLAG,
+    "CLICOLOR": _FLAG,
+    "CLICOLOR_FORCE": _FLAG,
+}
+"""The client's settings a sandbox kernel gets, each with the pattern its value must match: how
+text is laid out and rendered, nothing that names a path, a host, a program or a secret (not
+``PAGER``, ``EDITOR``, ``MPLBACKEND``, ``TZ``...)."""
+Env = tuple[tuple[str, str], ...]
+"""Variables for a container (``ContainerSpec.env``)."""
+MAX_TERMINAL = 10_000
+"""Columns or lines taken from a terminal (a real one has a few hundred)."""
+
+
+def display_env(environ: Mapping[str, str], *, terminal: tuple[int, int] | None = None) -> Env:
+    """The allowed display settings of a client's ``environ`` (see the module docstring), with
+    ``COLUMNS`` and ``LINES`` from the client's ``terminal`` (columns, lines) where the environment
+    has none: what a sandbox kernel's container gets."""
+    chosen: dict[str, str] = {}
+    for name, pattern in DISPLAY_VARIABLES.items():
+        value = environ.get(name)
+        if isinstance(value, str) and pattern.match(value):
+            chosen[name] = value
+    if terminal is not None:
+        columns, lines = terminal
+        if "COLUMNS" not in chosen and 0 < columns <= MAX_TERMINAL:
+            chosen["COLUMNS"] = str(columns)
+        if "LINES" not in chosen and 0 < lines <= MAX_TERMINAL:
+            chosen["LINES"] = str(lines)
+    return tuple(sorted(chosen.items()))
+
+
+def terminal_size(fd: int) -> tuple[int, int] | None:
+    """The size of the terminal on ``fd`` (the client process's stdout), or None if it is none."""
+    try:
+        size = os.get_terminal_size(fd)
+    except (OSError, ValueError):
+        return None
+    return size.columns, size.lines
+
+
+def os_username() -> str:
+    """The name of the operating system user running this process (its uid's, not ``$USER``)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name[:MAX_USERNAME]
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+def real_username(claimed: str) -> str:
+    """Who sent a client's cell: its session's username when it names someone, else the bridge's
+    operating system user (see the module docstring)."""
+    claimed = claimed.strip()[:MAX_USERNAME]
+    if not claimed or claimed == JUPYTER_DEFAULT_USERNAME or not claimed.isprintable():
+        return os_username()
+    return claimed

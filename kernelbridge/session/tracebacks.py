@@ -1,0 +1,136 @@
+"""Tracebacks for the model: the user's frames and the frame that raised, the library frames
+between them left out with one line saying how many. Pure functions, no I/O.
+
+The problem: an error inside a library returns every frame of the library, each with its
+context lines and its whole signature (IPython prints ``in read_csv(filepath_or_buffer, sep,
+delimiter, header, ...)`` with all 49 parameters): ~3.5 KB for a ``FileNotFoundError`` in the
+user's own ``pd.read_csv("nope.csv")``. That costs the model context in every error, and the
+model needs none of it: it can fix only its own lines, and the frame that raised says what went
+wrong there.
+
+The approach works on IPython's structured traceback (the list of parts ipykernel sends: a rule,
+a header, one part per frame, the exception line; chained exceptions repeat header and frames
+after a "During handling..." part), ANSI codes already removed:
+
+- a frame is the **user's** when it is a cell (``Cell In[3], line 2``, ``Input In [3]``,
+  ``<ipython-input-...>``) or a file outside the installed packages and the standard library
+  (a module the user wrote in /workspace, ``<string>``); every other frame is a **library** frame;
+- in each exception of a chain, every user frame is kept, and so is the last frame (where it was
+  raised, library or not, its signature shortened to ``name(...)``); library frames before it are
+  left out;
+- one line, before the last frame kept, says how many library frames were left out, of which
+  packages, and that the full traceback is in the session's notebook (the journal keeps every
+  part as the kernel sent it).
+
+Limits: the classification reads IPython's frame headers (``File <path>:<line>, in <name>(...)``,
+``Cell In[...]``); a part it does not recognise is kept as it is, so an unknown format is never
+shortened wrongly, only not shortened.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_KEPT_SIGNATURE = 120
+"""A kept library frame's header longer than this has its parameter list shortened to ``(...)``."""
+
+_CELL = re.compile(r"^\s*(Cell In\s*\[|Input In\s*\[|<ipython-input-)")
+_FILE = re.compile(r"^\s*File (?P<path>.+?):(?P<line>\d+)(?:, in (?P<name>[^\s(]+)(?P<args>\(.*\))?)?\s*$")
+_LIBRARY_PATH = re.compile(r"/(?:site|dist)-packages/|/lib/python3(?:\.\d+)?/|^<frozen ")
+_PACKAGE = re.compile(r"/(?:site|dist)-packages/(?P<package>[A-Za-z0-9_.]+)")
+_HEADER = re.compile(r"^\s*\S.*\s{2,}Traceback \(most recent call last\)\s*$")
+_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+@dataclass(frozen=True, slots=True)
+class Trimmed:
+    """A traceback for the model, and what was left out of it."""
+
+    parts: list[str]
+    left_out: int
+    """Library frames left out (0: ``parts`` is the traceback as it came)."""
+
+
+def trim_traceback(parts: Sequence[str], *, notebook_hint: str = "the session's notebook") -> Trimmed:
+    """``parts`` (IPython's structured traceback, without ANSI codes) with library frames before
+    the raising frame of each exception left out, and one note line saying so."""
+    kinds = [_kind(part) for part in parts]
+    keep = [True] * len(parts)
+    left_out: list[int] = []
+    # Each exception of a chain: the frames after its header, up to its last frame.
+    for start, end in _sections(kinds):
+        frames = [i for i in range(start, end) if kinds[i] in ("user", "library")]
+        if not frames:
+            continue
+        for i in frames[:-1]:
+            if kinds[i] == "library":
+                keep[i] = False
+                left_out.append(i)
+    if not left_out:
+        return Trimmed(list(parts), 0)
+    packages = list(dict.fromkeys(p for i in left_out if (p := _package(parts[i]))))
+    which = f" ({', '.join(packages[:4])}{', ...' if len(packages) > 4 else ''})" if packages else ""
+    count = len(left_out)
+    note = (
+        f"[... {count} library frame{'s' * (count != 1)}{which} left out; the full traceback is in"
+        f" {notebook_hint} ...]"
+    )
+    out: list[str] = []
+    noted = False
+    last_kept_frame = max(i for i in range(len(parts)) if keep[i] and kinds[i] in ("user", "library"))
+    for i, part in enumerate(parts):
+        if not keep[i]:
+            continue
+        if i == last_kept_frame and not noted:
+            out.append(note)
+            noted = True
+        out.append(_short_signature(part) if kinds[i] == "library" else part)
+    return Trimmed(out, count)
+
+
+def _kind(part: str) -> str:
+    first = part.lstrip("\n").split("\n", 1)[0]
+    if first.startswith("-" * 20):
+        return "rule"
+    if _HEADER.match(first):
+        return "header"
+    if any(marker in part for marker in _CHAIN) and len(part) < 200:
+        return "chain"
+    if _CELL.match(first):
+        return "user"
+    match = _FILE.match(first)
+    if match is not None:
+        return "library" if _LIBRARY_PATH.search(match["path"]) else "user"
+    return "other"
+
+
+def _sections(kinds: list[str]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each exception's parts: from after a header to the next chain part."""
+    sections: list[tuple[int, int]] = []
+    start = 0
+    for i, kind in enumerate(kinds):
+        if kind in ("header", "chain"):
+            if i > start:
+                sections.append((start, i))
+            start = i + 1
+    sections.append((start, len(kinds)))
+    return sections
+
+
+def _package(part: str) -> str | None:
+    first = part.lstrip("\n").split("\n", 1)[0]
+    match = _PACKAGE.search(first)
+    if match is None:
+        return "the standard library" if _LIBRARY_PATH.search(first) else None
+    return match["package"].split(".")[0]
+
+
+def _short_signature(part: str) -> str:
+    head, sep, rest = part.lstrip("\n").partition("\n")
+    match = _FILE.match(head)
+    if match is None or len(head) <= MAX_KEPT_SIGNATURE or not match["args"]:
+        return part
+    short = f"File {match['path']}:{match['line']}, in {match['name']}(...)"
+    return short + sep + rest

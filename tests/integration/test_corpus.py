@@ -1,0 +1,135 @@
+"""Third-party notebooks (``tests/corpus``: nbclient's and nbconvert's own test notebooks) run
+through the ``kernelbridge`` kernelspec by nbclient give the outputs a local kernel gives, and
+``kernelbridge replay`` of what the sandbox made says ``same`` for every cell.
+
+Real parts: nbclient with the installed kernelspec (the provisioner, its tunnel process, a real
+sandbox per notebook, as ``jupyter nbconvert --execute`` starts one) against nbclient with the
+venv's ``python3`` kernel (the same ipykernel and IPython as the sandbox's, checked), each notebook
+in a copy of its own directory (which the kernelspec mounts read-only on the sandbox's
+/workspace); then ``replay_notebook`` (what ``kernelbridge replay`` runs) in a fresh sandbox each.
+
+Volatile values are masked the way replay's judge masks them (addresses, times, ids), and paths of
+installed packages in tracebacks (``.venv/.../site-packages`` here, ``/usr/local/.../dist-packages``
+in the sandbox). What a sandbox must differ in is named below, notebook by notebook (:data:`DIFFERS`):
+nothing else may differ.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from kernelbridge.config import load_settings
+from kernelbridge.notebook.replay import normalize_text, replay_notebook
+from kernelbridge.notebook.replay.judge import png_size
+from kernelbridge.session.text import strip_ansi
+
+pytestmark = [pytest.mark.anyio, pytest.mark.podman]
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+NOTEBOOKS = sorted([*CORPUS.glob("nbclient/*.ipynb"), *CORPUS.glob("nbconvert/*.ipynb")])
+
+DIFFERS: dict[str, tuple[int, str, str]] = {
+    # notebook: (code cell, what the sandbox shows instead, why it must)
+    "Check History in Memory": (
+        2,
+        "AssertionError",
+        "no host directory: the sandbox's input history lives in memory by its own design "
+        "(inside/kernel/bounded_history), not in the file nbclient names with --HistoryManager.hist_file",
+    ),
+}
+"""The cells where a sandbox must differ from a local kernel, with why; a notebook not named here
+must match cell for cell, and each named cell must differ exactly so (or not at all)."""
+_SITE = re.compile(r"""[^\s"'()]*/(?:site|dist)-packages/""")
+
+
+def masked(outputs: list[Any]) -> list[dict[str, Any]]:
+    """Outputs without what varies between two runs of the same code (see the module docstring)."""
+    kept = []
+    for output in copy.deepcopy(list(outputs)):
+        output = dict(output)
+        if output.get("output_type") == "error":
+            output["traceback"] = [
+                _SITE.sub("<site>/", normalize_text(strip_ansi(line))) for line in output["traceback"]
+            ]
+            output["evalue"] = normalize_text(output["evalue"])
+        elif output.get("output_type") == "stream":
+            output["text"] = normalize_text(output["text"])
+        elif "data" in output:
+            output["data"] = {
+                mime: png_size(value) if mime == "image/png" else normalize_text(str(value))
+                for mime, value in output["data"].items()
+            }
+        kept.append(output)
+    return kept
+
+
+async def execute_all(kernel_name: str, workdir: Path) -> dict[str, nbformat.NotebookNode]:
+    """Every notebook of the corpus executed by nbclient as its users run it (a kernel of
+    ``kernel_name`` per notebook, started and shut down by nbclient), each in its own directory
+    (a copy, as nbclient's ``path``)."""
+    done: dict[str, nbformat.NotebookNode] = {}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+        client = NotebookClient(nb, timeout=60, allow_errors=True, kernel_name=kernel_name)
+        await client.async_execute(cwd=str(workdir / path.parent.name))
+        done[path.stem] = nb
+    return done
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    for folder in ("nbclient", "nbconvert"):
+        shutil.copytree(CORPUS / folder, root / folder)
+    return root
+
+
+async def test_the_corpus_runs_in_a_sandbox_as_on_a_local_kernel_and_replays_the_same(
+    jupyter_env: dict[str, str], workdir: Path, tmp_path: Path
+) -> None:
+    with anyio.fail_after(600):
+        local = await execute_all("python3", workdir)
+        sandboxed = await execute_all("kernelbridge", workdir)
+    seen_differences: set[str] = set()
+    for name, nb in sandboxed.items():
+        code = [cell for cell in nb.cells if cell.cell_type == "code"]
+        reference = [cell for cell in local[name].cells if cell.cell_type == "code"]
+        for index, (cell, want) in enumerate(zip(code, reference, strict=True), 1):
+            if name in DIFFERS and DIFFERS[name][0] == index and masked(cell.outputs) != masked(want.outputs):
+                errors = {o["ename"] for o in cell.outputs if o["output_type"] == "error"}
+                assert errors == {DIFFERS[name][1]}, (name, index, errors)
+                seen_differences.add(name)
+                continue
+            assert masked(cell.outputs) == masked(want.outputs), f"{name}, cell {index}"
+            assert cell.execution_count == want.execution_count, f"{name}, cell {index}"
+    assert seen_differences <= set(DIFFERS)
+
+    # What the sandbox made, replayed: every cell the same (the named ones raise as recorded).
+    settings = load_settings()
+    for name, nb in sandboxed.items():
+        path = tmp_path / f"{name}.ipynb"
+        nbformat.write(nb, path)
+        with anyio.fail_after(120):
+            report = await replay_notebook(settings, path)
+        verdicts = {cell.verdict for cell in report.cells} - {"skipped"}  # skipped: empty cells only
+        assert verdicts <= {"same"}, f"{name}: {report.text()}"
+        assert all(c.why == "empty cell" for c in report.cells if c.verdict == "skipped"), report.text()
+
+
+def test_the_corpus_keeps_its_licences() -> None:
+    assert NOTEBOOKS and (CORPUS / "LICENSE-nbclient").is_file() and (CORPUS / "LICENSE-nbconvert").is_file()
+    assert "BSD 3-Clause" in (CORPUS / "LICENSE-nbclient").read_text()
+    for path in NOTEBOOKS:
+        nbformat.read(path, as_version=4)
