@@ -117,7 +117,7 @@ async def test_sigkill_mid_cell_then_a_new_bridge_hears_how_the_cell_ended(state
         async def long_cell() -> None:
             with pytest.raises(Exception):  # noqa: B017 - the bridge is killed under it
                 await bridge.run(
-                    "open('/workspace/started', 'w').close()\ntime.sleep(3)\ny += 1\nprint('late', y)", "s"
+                    "open('/workspace/started', 'w').close()\ntime.sleep(8)\ny += 1\nprint('late', y)", "s"
                 )
 
         async with anyio.create_task_group() as tg:
