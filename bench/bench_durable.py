@@ -54,21 +54,23 @@ def running(state: Path) -> list[str]:
     return out.split()
 
 
-def host_processes_of(containers: list[str]) -> tuple[int, int]:
-    """(kernelbridge processes, conmon processes) on the host that serve ``containers``."""
+def host_processes_of(state: Path, containers: list[str]) -> tuple[int, int]:
+    """(kernelbridge processes of ``state``'s bridges, conmon processes of ``containers``) on the
+    host (other bridges on the machine, with other state directories, are not counted)."""
     ours = conmon = 0
+    marker = f"KERNELBRIDGE_STATE_DIR={state}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"kernelbridge" in cmdline and b"serve" in cmdline:
+        if b"kernelbridge" in cmdline and marker in environ:
             ours += 1
-        if cmdline.startswith(b"/usr/bin/conmon") or b"conmon " in cmdline[:40]:
-            if any(c.encode() in cmdline for c in containers):
-                conmon += 1
+        if b"conmon" in cmdline[:40] and any(c.encode() in cmdline for c in containers):
+            conmon += 1
     return ours, conmon
 
 
@@ -133,11 +135,11 @@ async def many_adopted(root: Path, sessions: int) -> None:
             result = await bridge.run(f"x = {name!r}", name)
             assert result.status == "ok", result.text
     detached = running(state)
-    ours, conmon = host_processes_of(detached)
+    ours, conmon = host_processes_of(state, detached)
     print(
-        f"{len(detached)} detached sandboxes with no bridge: {ours} kernelbridge processes on the host "
-        f"({ours / max(len(detached), 1):.2f} per detached sandbox; target 0), {conmon} conmon (the "
-        "engine's own monitor, one per container whatever kernelbridge does)"
+        f"{len(detached)} detached sandboxes with no bridge: {ours} kernelbridge processes of this state "
+        f"directory ({ours / max(len(detached), 1):.2f} per detached sandbox; target 0), {conmon} conmon "
+        "(the engine's own monitor, one per container whatever kernelbridge does)"
     )
     async with open_bridge(state, **DURABLE) as bridge:
         started = time.monotonic()
