@@ -168,13 +168,17 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", choices=["adopted", "warm", "many"], help="one of the three measurements")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-durable-") as tmp:
         root = Path(tmp)
-        await adopted_vs_warm(root, args.rounds, 0.0)  # the call waits for the adoption begun at start
-        await adopted_vs_warm(root, args.rounds, 1.0)  # a person typing: adopted by then
-        await adopted_warm_pool(root, args.rounds)
-        await many_adopted(root, args.sessions)
+        if args.only in (None, "adopted"):
+            await adopted_vs_warm(root, args.rounds, 0.0)  # the call waits for the adoption begun at start
+            await adopted_vs_warm(root, args.rounds, 1.0)  # a person typing: adopted by then
+        if args.only in (None, "warm"):
+            await adopted_warm_pool(root, args.rounds)
+        if args.only in (None, "many"):
+            await many_adopted(root, args.sessions)
 
 
 if __name__ == "__main__":
