@@ -317,3 +317,19 @@ async def test_a_kernel_that_dies_while_detached_is_said_by_the_next_bridge(stat
         assert (await bridge.run("print('fresh')", "s")).stdout == "fresh\n"
         await bridge.close("s")
     assert not sandboxes_of(state), "the dead sandbox was removed once its loss was said"
+
+
+async def test_the_cli_backend_says_so_in_doctor_and_keeps_sessions_ending_with_their_bridge(
+    state: Path,
+) -> None:
+    cli = {**DURABLE, "KERNELBRIDGE_RUNTIME": "podman-cli"}
+    doctor = await anyio.run_process([KERNELBRIDGE, "doctor"], env={**cli_env(state), **cli}, check=False)
+    lines = doctor.stdout.decode().splitlines()
+    (durable,) = [line for line in lines if line.split()[1:2] == ["durable"]]
+    assert durable.startswith("warn") and "sessions end with their bridge" in durable, durable
+    async with open_bridge(state, **cli) as bridge:
+        assert (await bridge.run("c = 1", "s")).status == "ok"
+        container = await bridge.container("s")
+    assert not podman("ps", "-a", "-q", "--filter", f"name={container}").split()
+    stored = SessionStore(state).current("s")
+    assert stored is not None and not stored.durable and stored.ended is not None
