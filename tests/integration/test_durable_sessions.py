@@ -333,3 +333,34 @@ async def test_the_cli_backend_says_so_in_doctor_and_keeps_sessions_ending_with_
     assert not podman("ps", "-a", "-q", "--filter", f"name={container}").split()
     stored = SessionStore(state).current("s")
     assert stored is not None and not stored.durable and stored.ended is not None
+
+
+async def test_kernel_code_cannot_read_its_sandboxs_secret(state: Path) -> None:
+    """The secret travels once in the first hello and lives in the agent's memory (non-dumpable)
+    and in a 0600 file on the host: not in any environment, argv or file the kernel can read."""
+    probe = """
+import os
+verdict = {"found": [], "refused": []}
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for what in ("environ", "cmdline", "mem", "fd/0"):
+        try:
+            with open(f"/proc/{pid}/{what}", "rb") as f:
+                data = f.read(1 << 20)
+        except OSError:
+            verdict["refused"].append(f"{pid}/{what}")
+            continue
+        if SECRET in data:
+            verdict["found"].append(f"{pid}/{what}")
+verdict["env"] = any(SECRET.decode() in v for v in os.environ.values())
+"""
+    async with open_bridge(state, **DURABLE) as bridge:
+        assert (await bridge.run("print('hi')", "s")).status == "ok"
+        stored = SessionStore(state).current("s")
+        assert stored is not None and stored.secret is not None
+        secret_file = SessionStore(state).session_dir("s") / stored.secret
+        assert secret_file.stat().st_mode & 0o777 == 0o600
+        secret = secret_file.read_text()
+        found = await bridge.probe(f"SECRET = {secret.encode()!r}\n" + probe, "s")
+        assert found["found"] == [] and found["env"] is False, found
+        assert "1/mem" in found["refused"] and "1/environ" in found["refused"], found
+        await bridge.close("s")
