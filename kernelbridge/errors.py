@@ -10,6 +10,7 @@ boundaries (e.g. a failing ``podman`` call becomes RuntimeUnavailable inside ``r
     │   ├── AgentMismatch             the image's agent is not the one this host expects
     │   ├── KernelDied                the kernel process in the sandbox exited
     │   ├── SandboxStartFailed        the sandbox ended (or never came) before its kernel was ready
+    │   │   └── PortsInUse            the ports a Jupyter client chose were taken before they were bound
     │   ├── SandboxStartTimeout       its kernel was not ready within the start timeout
     │   ├── LimitsNotEnforced         the runtime ignores memory/pid limits and that is not allowed
     │   ├── AdoptionFailed            a sandbox that outlived its bridge could not be taken over
@@ -92,6 +93,12 @@ class SandboxStartFailed(SandboxError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"the sandbox failed to start: {reason}")
         self.reason = reason
+
+
+class PortsInUse(SandboxStartFailed):
+    """The Jupyter ports a client chose were taken by another process before the tunnel bound
+    them (a client picks free ports, closes them and hands them over: a race on a busy host). The
+    kernelspec's provisioner picks new ones and starts again."""
 
 
 class SandboxStartTimeout(SandboxError):
@@ -213,6 +220,8 @@ class ExitKind(enum.Enum):
     """Asked for."""
     PROTOCOL = frames.EXIT_PROTOCOL
     """The sandbox broke the frame protocol."""
+    PORTS_IN_USE = frames.EXIT_PORTS_IN_USE
+    """The tunnel could not bind the ports it was given (:class:`PortsInUse`)."""
 
     @classmethod
     def from_wire(cls, value: object) -> ExitKind:
@@ -243,6 +252,8 @@ def start_error(
         return KernelDied(reason or "the kernel exited while starting")
     if kind is ExitKind.START_TIMEOUT:
         return SandboxStartTimeout(reason)
+    if kind is ExitKind.PORTS_IN_USE:
+        return PortsInUse(reason or "the kernel ports are in use")
     return SandboxStartFailed(reason or detail or "the container exited before its kernel was ready")
 
 
@@ -257,6 +268,8 @@ def exit_of(exc: BaseException) -> tuple[ExitKind, str]:
         return ExitKind.KERNEL_DIED, str(exc)
     if isinstance(exc, SandboxStartTimeout):
         return ExitKind.START_TIMEOUT, str(exc)
+    if isinstance(exc, PortsInUse):
+        return ExitKind.PORTS_IN_USE, exc.reason
     if isinstance(exc, SandboxStartFailed):
         return ExitKind.START_FAILED, exc.reason
     return ExitKind.START_FAILED, str(exc)

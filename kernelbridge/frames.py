@@ -141,10 +141,12 @@ EXIT_OOM = "oom"
 EXIT_CONTAINER_EXITED = "container_exited"
 EXIT_SHUTDOWN = "shutdown"
 EXIT_PROTOCOL = "protocol"
+EXIT_PORTS_IN_USE = "ports_in_use"
 EXIT_KINDS = frozenset(
     {
         EXIT_AGENT_MISMATCH, EXIT_IMAGE_MISSING, EXIT_START_FAILED, EXIT_START_TIMEOUT,
         EXIT_KERNEL_DIED, EXIT_OOM, EXIT_CONTAINER_EXITED, EXIT_SHUTDOWN, EXIT_PROTOCOL,
+        EXIT_PORTS_IN_USE,
     }
 )  # fmt: skip
 CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})

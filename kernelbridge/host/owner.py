@@ -55,6 +55,7 @@ from kernelbridge.errors import (
     AdoptionFailed,
     ExitKind,
     KernelBridgeError,
+    PortsInUse,
     SandboxError,
     SandboxStartFailed,
     SandboxStartTimeout,
@@ -211,7 +212,8 @@ class TunnelOwner:
                     tg.start_soon(self.commands.pump, owner_end)
                     await self._wait_ready(container)
                 except zmq.ZMQError as exc:
-                    failure = SandboxStartFailed(f"cannot bind the kernel ports: {exc}")
+                    error = PortsInUse if exc.errno == zmq.EADDRINUSE else SandboxStartFailed
+                    failure = error(f"cannot bind the kernel ports: {exc}")
                 except KernelBridgeError as exc:
                     failure = exc
                 if failure is None:

@@ -55,12 +55,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.connect import KernelConnectionInfo, LocalPortCache
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
 from kernelbridge.config import Mount, Settings, check_source, load_settings
-from kernelbridge.errors import ConfigError, KernelBridgeError, SandboxStartTimeout, start_error
+from kernelbridge.errors import ConfigError, KernelBridgeError, PortsInUse, SandboxStartTimeout, start_error
 from kernelbridge.host.container import container_spec
 from kernelbridge.host.policy import expected_image
 from kernelbridge.jupyter.client_env import Env, display_env, terminal_size
@@ -77,6 +77,8 @@ REMOVE_TIMEOUT = 20.0
 # Tunnel logs kept for post-mortems: each is at most 2 MiB (one backup).
 KEEP_LOGS = 100
 ANSWER_MARGIN = 5.0
+PORT_ATTEMPTS = 3
+"""Starts of one kernel when the ports jupyter_client picked were taken before the tunnel bound them."""
 """Seconds the tunnel process gets beyond the start timeout to answer a launch or a restart: its
 own bound is the start timeout, and its answer says more than ours would."""
 
@@ -157,10 +159,38 @@ class SandboxProvisioner(LocalProvisioner):
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         """Start the tunnel and wait until the sandboxed kernel is ready.
 
+        jupyter_client picks the ports (free when it looked) and the tunnel binds them later: on a
+        busy host another process may take one in between, and then new ports are picked and the
+        start tried again (:data:`PORT_ATTEMPTS` times in all), as the client's connection file
+        is rewritten before the client reads it.
+
         Raises ImageError (image missing), AgentMismatch (stale image), KernelDied or
         SandboxError (any other start failure: :func:`~kernelbridge.errors.start_error` of the
         tunnel's ``Exited``), each with a one-line reason.
         """
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return await self._launch_once(cmd, dict(kwargs))
+            except PortsInUse as exc:
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                self.log.warning("kernelbridge: %s; starting again on new ports", exc.reason)
+                self._new_ports()
+        raise AssertionError("unreachable")
+
+    def _new_ports(self) -> None:
+        """Fresh ports in the kernel manager and its connection file, from jupyter_client's port
+        cache as LocalProvisioner takes them (the old ones stay reserved there: one is taken)."""
+        km = self.kernel_manager
+        km.cleanup_connection_file()
+        cache = LocalPortCache.instance()
+        km.shell_port, km.iopub_port, km.stdin_port, km.hb_port, km.control_port = (
+            cache.find_available_port(km.ip) for _ in range(5)
+        )
+        km.write_connection_file()
+        self.connection_info = km.get_connection_info()
+
+    async def _launch_once(self, cmd: list[str], kwargs: dict[str, Any]) -> KernelConnectionInfo:
         self.exit_event = None
         settings = self.settings
         image, agent_hash = expected_image(settings)

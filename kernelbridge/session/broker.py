@@ -86,6 +86,11 @@ client's, a forged cell id) are dropped oldest first."""
 LATE_CALL_GRACE = 2.0
 """Seconds after its cell ended during which a call claiming that cell is still admitted as its own."""
 MAX_TRACKED_CELLS = 64
+CLAIM_WAIT = 2.0
+"""Seconds a host call claiming a cell that is not running yet waits for it to begin: a Jupyter
+client's cell begins when the recorder reads its first iopub message, which travels apart from
+the rpc frames, so a call made in the cell's first line may arrive before it."""
+MAX_WAITING_CLAIMS = 16
 """Running and recently ended cells remembered (a session runs one at a time, plus a few clients')."""
 MAX_INSTALLS_PER_CELL = 64
 """``%pip install`` records kept per cell (each is small: names, versions, hashes)."""
@@ -196,6 +201,8 @@ class RpcBroker:
         self._running: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Cells running now, in the order they began."""
         self._ended: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._claims: dict[str, anyio.Event] = {}
+        """Cells that calls claim and wait for (:data:`CLAIM_WAIT`), set when they begin."""
         """Cells that ended, with when (monotonic), the latest last."""
         self._approvers: dict[str, Approver] = {}
         """Who can approve the calls of a cell (the ``run_python`` call running it), by cell."""
@@ -210,6 +217,8 @@ class RpcBroker:
         self._ended.pop(msg_id, None)
         self._running[msg_id] = None
         self._running.move_to_end(msg_id)
+        if (claim := self._claims.pop(msg_id, None)) is not None:
+            claim.set()
         while len(self._running) > MAX_TRACKED_CELLS:
             self._running.popitem(last=False)
 
@@ -246,12 +255,32 @@ class RpcBroker:
         request_id = request.id
         if not isinstance(request_id, int) or isinstance(request_id, bool) or request_id <= 0:
             return  # no id to answer to; the agent already drops these
+        cell = self.cell_of(request.cell)
+        claimed = request.cell
+        may_begin = isinstance(claimed, str) and claimed and claimed not in self._ended
+        if cell is None and may_begin and len(self._claims) < MAX_WAITING_CLAIMS:
+            assert isinstance(claimed, str)
+            claim = self._claims.setdefault(claimed, anyio.Event())
+            self._spawn(self._admit_when_begun, request, claimed, claim)
+            return
+        await self._admit(request, cell)
+
+    async def _admit_when_begun(self, request: RpcRequest, claimed: str, claim: anyio.Event) -> None:
+        """Admit ``request`` once the cell it claims begins, or refuse it after :data:`CLAIM_WAIT`."""
+        with anyio.move_on_after(CLAIM_WAIT):
+            await claim.wait()
+        if self._claims.get(claimed) is claim:
+            del self._claims[claimed]
+        await self._admit(request, self.cell_of(claimed))
+
+    async def _admit(self, request: RpcRequest, cell: str | None) -> None:
+        request_id = request.id
+        assert isinstance(request_id, int)
         if request_id in self._in_flight:
             await self._answer(
                 request_id, error=_error("invalid_params", f"request id {request_id} is in flight")
             )
             return
-        cell = self.cell_of(request.cell)
         if cell is None:
             self.refused += 1
             await self._answer(request_id, error=_error("cancelled", _no_cell(request.cell)))

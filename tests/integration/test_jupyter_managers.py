@@ -90,3 +90,31 @@ def test_jupyter_run_exits_cleanly(jupyter_env: dict[str, str], tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "42"
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_kernel_port_taken_before_the_tunnel_binds_it_is_picked_again(jupyter_env: dict[str, str]) -> None:
+    """jupyter_client picks free ports and hands them over; another process may take one first
+    (a busy host, parallel test workers). The provisioner picks new ones and starts again."""
+    import socket
+
+    from jupyter_client import KernelManager
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        km = KernelManager(kernel_name="kernelbridge", cache_ports=False)
+        km.shell_port = busy  # as if it was free when jupyter_client looked
+        km.start_kernel()
+        try:
+            assert km.shell_port != busy
+            client = km.client()
+            client.start_channels()
+            try:
+                client.wait_for_ready(timeout=READY_TIMEOUT)
+                reply = client.execute_interactive("6 * 7", timeout=60)
+            finally:
+                client.stop_channels()
+            assert reply["content"]["status"] == "ok"
+        finally:
+            km.shutdown_kernel(now=False)

@@ -211,3 +211,20 @@ async def test_a_call_belongs_to_a_running_cell_or_is_refused(task_group: anyio.
         await broker.on_request(request(6, cell="real"))
         assert (await host.answer_of(6))["error"]["kind"] == "cancelled"
     assert broker.refused == 3
+
+
+async def test_a_call_that_arrives_before_its_cell_begins_waits_for_it(
+    task_group: anyio.abc.TaskGroup,
+) -> None:
+    """A Jupyter client's cell begins when the recorder reads its iopub, which travels apart from
+    the rpc frames: a call from its first line may come first, and is admitted once it begins."""
+    host = Host()
+    broker = RpcBroker("s", host, host.answer, task_group.start_soon, lambda: frozenset({"edge"}))
+    with anyio.fail_after(TIMEOUT):
+        await broker.on_request(request(1, cell="client-cell"))
+        await anyio.wait_all_tasks_blocked()
+        assert 1 not in host.answers, "neither refused nor run before the cell begins"
+        broker.open_cell("client-cell")
+        assert "result" in await host.answer_of(1)
+        assert [r.ok for r in broker.take_records("client-cell")] == [True]
+    assert broker.refused == 0
