@@ -65,9 +65,9 @@ class Loss:
 
 
 def restore_uri(record: SessionRecord) -> str:
-    """The ``restore=`` argument that rebuilds ``record``'s generation from its journal (the
-    session's current one until its next call starts a fresh sandbox: restore right away)."""
-    return f"kernelbridge://sessions/{record.session}/notebook"
+    """The ``restore=`` argument that rebuilds ``record``'s generation from its journal
+    (``NAME@N``: that generation, also once the session has started a newer one)."""
+    return f"kernelbridge://sessions/{record.session}@{record.generation}/notebook"
 
 
 def ours(info: ContainerInfo, record: SessionRecord, state_dir: Path) -> bool:

@@ -211,7 +211,7 @@ async def test_after_a_machine_restart_the_session_says_so_and_offers_restore(st
         assert result.status != "ok" and "sandbox_lost" in result.codes, result.text
         assert "gone" in result.notes and "restore=" in result.notes, result.notes
         restore = result.notes.split("restore='", 1)[1].split("'", 1)[0]
-        assert restore == "kernelbridge://sessions/s/notebook", restore
+        assert restore == "kernelbridge://sessions/s@1/notebook", restore
         restored = await bridge.run("print(u)", "s", restore=restore)  # rebuilt in place
         assert restored.status == "ok" and restored.stdout == "5\n", restored.text
         await bridge.close("s")
