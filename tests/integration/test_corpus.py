@@ -116,10 +116,12 @@ async def test_the_corpus_runs_in_a_sandbox_as_on_a_local_kernel_and_replays_the
             assert cell.execution_count == want.execution_count, f"{name}, cell {index}"
     assert seen_differences <= set(DIFFERS)
 
-    # What the sandbox made, replayed: every cell the same (the named ones raise as recorded).
+    # What the sandbox made, replayed beside the files it read (replay mounts a notebook's folder
+    # as the kernelspec does): every cell the same (the named ones raise as recorded).
     settings = load_settings()
+    folders = {path.stem: path.parent.name for path in NOTEBOOKS}
     for name, nb in sandboxed.items():
-        path = tmp_path / f"{name}.ipynb"
+        path = workdir / folders[name] / f"replayed {name}.ipynb"
         nbformat.write(nb, path)
         with anyio.fail_after(120):
             report = await replay_notebook(settings, path)
