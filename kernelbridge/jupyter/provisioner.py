@@ -40,7 +40,7 @@ unchanged; writing there fails with "Read-only file system" (/tmp is writable). 
 ``KERNELBRIDGE_MOUNTS`` hold (:func:`~kernelbridge.config.mounts.notebook_mount`): a directory
 that is, holds or lies inside the state directory (a notebook in ``~``) is not mounted, and the
 kernel starts in an empty /workspace, said in Jupyter's log. Without ``cwd`` (``jupyter
-console``) nothing is mounted. ``kernelbridge replay`` mounts a notebook's folder the same way.
+console``) nothing is mounted.
 """
 
 from __future__ import annotations

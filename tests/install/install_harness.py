@@ -69,6 +69,7 @@ class TestUser:
             "LOGNAME": self.name,
             "LANG": "C.UTF-8",
             "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
+            "KERNELBRIDGE_DURABLE": os.environ["KERNELBRIDGE_DURABLE"],
             **extra,
         }
 

@@ -80,7 +80,14 @@ def user_ready(test_user: TestUser, user_venv: Path) -> TestUser:
 
 @asynccontextmanager
 async def user_bridge(user: TestUser, venv: Path, state: Path, **extra: str) -> AsyncIterator[Client]:
-    env = {"KERNELBRIDGE_STATE_DIR": str(state), "KERNELBRIDGE_IMAGE_PACKAGES": EXTRA, **extra}
+    # Sessions end with the bridge (the suite's default, tests/conftest.py): these tests check
+    # that nothing is left once it exits; durable sessions have their own suite.
+    env = {
+        "KERNELBRIDGE_STATE_DIR": str(state),
+        "KERNELBRIDGE_IMAGE_PACKAGES": EXTRA,
+        "KERNELBRIDGE_DURABLE": "0",
+        **extra,
+    }
     command = user.argv(str(venv / "bin" / "kernelbridge"), "serve", **env)
     params = StdioServerParameters(command=command[0], args=command[1:], cwd="/")
     async with Client(params, read_timeout_seconds=180) as client:

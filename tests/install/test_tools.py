@@ -92,7 +92,16 @@ def _passed_on(key: str) -> bool:
     (this machine reaches the index through a TLS proxy of its own), pip's and uv's settings."""
     upper = key.upper()
     return (
-        key in ("PATH", "LANG", "KERNELBRIDGE_LABELS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
+        key
+        in (
+            "PATH",
+            "LANG",
+            "KERNELBRIDGE_LABELS",
+            "KERNELBRIDGE_DURABLE",
+            "SSL_CERT_FILE",
+            "SSL_CERT_DIR",
+            "REQUESTS_CA_BUNDLE",
+        )
         or upper.endswith("_PROXY")
         or key.startswith(("PIP_", "UV_"))
     )

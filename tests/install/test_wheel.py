@@ -105,6 +105,7 @@ async def test_a_real_session_with_the_installed_package(
         env={
             "KERNELBRIDGE_STATE_DIR": str(elsewhere / "state"),
             "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
+            "KERNELBRIDGE_DURABLE": os.environ["KERNELBRIDGE_DURABLE"],
             "PATH": os.environ["PATH"],
         },
         cwd=str(elsewhere),

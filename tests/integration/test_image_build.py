@@ -72,7 +72,7 @@ def test_image_is_current_and_labelled_with_the_agent_hash(tag: str, runtime: st
 def test_image_contents(tag: str) -> None:
     script = (
         "import json, pathlib, ipykernel, numpy, pandas, matplotlib, PIL;"
-        "import kernelbridge.inside.agent.host_link as agent;"
+        "import kernelbridge.inside.agent.hello as agent;"
         "print(json.dumps({'ipykernel': ipykernel.__version__,"
         " 'hash': agent.AGENT_HASH_FILE.read_text().strip(),"
         " 'cached': any(pathlib.Path(ipykernel.__file__).parent.glob('__pycache__/*.cpython-311.pyc'))}))"

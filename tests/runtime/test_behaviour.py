@@ -82,6 +82,7 @@ async def test_the_same_session_behaves_the_same_on_every_runtime(
     env = {
         "KERNELBRIDGE_STATE_DIR": str(tmp_path / "state"),
         "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
+        "KERNELBRIDGE_DURABLE": os.environ["KERNELBRIDGE_DURABLE"],
         **runtime_env,
     }
     params = StdioServerParameters(command=str(KERNELBRIDGE), args=["serve"], env=env)

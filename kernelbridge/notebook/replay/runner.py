@@ -28,7 +28,7 @@ from typing import Any
 
 import nbformat
 
-from kernelbridge.config import Settings, notebook_mount
+from kernelbridge.config import Settings
 from kernelbridge.errors import HubError, SessionError
 from kernelbridge.notebook.convert import (
     notebook_outputs,
@@ -210,16 +210,6 @@ def judge_final_displays(
             code_cells[position].metadata["kernelbridge"]["replay"] = {"verdict": "same", "why": ""}
 
 
-def _with_notebook_folder(settings: Settings, path: str | Path) -> tuple[Settings, str]:
-    """``settings`` whose sandboxes see the notebook's folder read-only on /workspace, as under the
-    kernelspec (nbclient runs a notebook in its own directory): a notebook that opened a file
-    beside it replays the same. And why not, when that folder may not be mounted."""
-    mount, why = notebook_mount(Path(path).resolve().parent, settings.state_dir, settings.mounts)
-    if mount is None:
-        return settings, why
-    return replace(settings, mounts=(*settings.mounts, mount)), ""
-
-
 async def replay_notebook(
     settings: Settings,
     path: str | Path,
@@ -237,7 +227,7 @@ async def replay_notebook(
     from kernelbridge.runtime import open_runtime
 
     nb = read_notebook(path)
-    settings, why = _with_notebook_folder(replace(settings, warm_pool=0), path)
+    settings = replace(settings, warm_pool=0)
     session = f"replay-{secrets.token_hex(4)}"
     try:
         async with AsyncExitStack() as stack:
@@ -276,8 +266,6 @@ async def replay_notebook(
         # once its registry closed: its record's last write is done).
         shutil.rmtree(SessionStore.of(settings).session_dir(session), ignore_errors=True)
     report.where = "a fresh sandbox"
-    if why:
-        report.notes.append(why.replace("the kernel starts", "the replay starts"))
     if handler.live:
         report.where += f" (host tools: {', '.join(handler.live)} live, others recorded)"
     elif handler.recording.servers:
