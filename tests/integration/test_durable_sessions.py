@@ -55,9 +55,15 @@ def state(tmp_path: Path, sandbox_image: str) -> Iterator[Path]:
     """The state directory the test's bridges share; its sandboxes are removed afterwards."""
     state_dir = tmp_path / "state"
     yield state_dir
-    left = sandboxes_of(state_dir)
-    if left:
-        podman("rm", "-f", "-t", "0", *left, timeout=120)
+    # Every namespace's (an HTTP token's state is state/http/<name>), and a sandbox whose create
+    # was in flight at the engine when its bridge exited, which appears a moment later.
+    namespaces = [state_dir, *sorted((state_dir / "http").glob("*"))]
+    for attempt in range(2):
+        left = [name for namespace in namespaces for name in sandboxes_of(namespace)]
+        if left:
+            podman("rm", "-f", "-t", "0", *left, timeout=120)
+        if attempt == 0:
+            time.sleep(1.0)
 
 
 async def wait_for(condition: Callable[[], object], what: str, timeout: float = WAIT) -> None:
