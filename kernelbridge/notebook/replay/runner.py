@@ -207,7 +207,9 @@ def judge_final_displays(
         if again.verdict == "same":
             report.cells[position] = again
             code_cells[position].outputs = notebook_outputs(entry.outputs, entry.execution_count)
-            code_cells[position].metadata["kernelbridge"]["replay"] = {"verdict": "same", "why": ""}
+            meta = code_cells[position].metadata.get("kernelbridge")
+            if isinstance(meta, dict):  # a notebook from anywhere: its metadata may be anything
+                meta["replay"] = {"verdict": "same", "why": ""}
 
 
 async def replay_notebook(
