@@ -27,7 +27,6 @@ from kernelbridge.config.mounts import (
     check_mount,
     check_mount_set,
     check_source,
-    notebook_mount,
     parse_mounts,
 )
 from kernelbridge.config.packages import PackageSettings, parse_policy, tmpfs_size
@@ -54,7 +53,6 @@ __all__ = [
     "load_settings",
     "namespace_names",
     "namespace_state_dir",
-    "notebook_mount",
     "parse_mounts",
 ]
 

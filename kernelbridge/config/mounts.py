@@ -17,9 +17,6 @@ from pathlib import Path
 
 from kernelbridge.errors import ConfigError
 
-WORKSPACE = "/workspace"
-"""The sandbox kernel's working directory (``runtime.flags.WORKDIR``), where a notebook's own
-directory is mounted."""
 PACKAGES_DIR = "/packages"
 """Where a sandbox's ``%pip install``s go: a tmpfs of ``SandboxLimits.packages_size``."""
 RESERVED_TARGETS = (
@@ -117,22 +114,3 @@ def check_mount_set(mounts: list[Mount], *, where: str) -> tuple[Mount, ...]:
             if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
                 raise ConfigError(f"{where}: the mounts on {a} and {b} overlap; give each its own path")
     return tuple(mounts)
-
-
-def notebook_mount(cwd: object, state_dir: Path, mounts: tuple[Mount, ...]) -> tuple[Mount | None, str]:
-    """The read-only mount of a notebook's directory (a kernel's ``cwd``, a replayed notebook's
-    folder) on /workspace, beside the operator's ``mounts``, or None and why not (empty when there
-    is no ``cwd`` to mount)."""
-    if not cwd:
-        return None, ""
-    try:
-        source = check_source(str(cwd), state_dir, where="the notebook's directory")
-    except ConfigError as exc:
-        return None, f"{exc}; the kernel starts in an empty /workspace"
-    nested = [mount.target for mount in mounts if mount.target.startswith(WORKSPACE + "/")]
-    if nested:
-        return None, (
-            f"the notebook's directory is not mounted: KERNELBRIDGE_MOUNTS puts {nested[0]} inside"
-            " /workspace; the kernel starts in an empty /workspace"
-        )
-    return Mount(source, WORKSPACE), ""

@@ -37,10 +37,9 @@ with ``cwd`` set to the notebook's directory (jupyter_client hands it to ``launc
 directory is bound read-only (``nosuid,nodev,noexec``, as every host directory) on the sandbox's
 /workspace, the kernel's working directory, so a notebook that opens ``data.csv`` beside it runs
 unchanged; writing there fails with "Read-only file system" (/tmp is writable). The rules of
-``KERNELBRIDGE_MOUNTS`` hold (:func:`~kernelbridge.config.mounts.notebook_mount`): a directory
-that is, holds or lies inside the state directory (a notebook in ``~``) is not mounted, and the
-kernel starts in an empty /workspace, said in Jupyter's log. Without ``cwd`` (``jupyter
-console``) nothing is mounted.
+``KERNELBRIDGE_MOUNTS`` hold (:func:`notebook_mount`): a directory that is, holds or lies inside the
+state directory (a notebook in ``~``) is not mounted, and the kernel starts in an empty
+/workspace, said in Jupyter's log. Without ``cwd`` (``jupyter console``) nothing is mounted.
 """
 
 from __future__ import annotations
@@ -60,13 +59,14 @@ from jupyter_client.connect import KernelConnectionInfo, LocalPortCache
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from kernelbridge.config import Settings, load_settings, notebook_mount
-from kernelbridge.errors import KernelBridgeError, PortsInUse, SandboxStartTimeout, start_error
+from kernelbridge.config import Mount, Settings, check_source, load_settings
+from kernelbridge.errors import ConfigError, KernelBridgeError, PortsInUse, SandboxStartTimeout, start_error
 from kernelbridge.host.container import container_spec
 from kernelbridge.host.policy import expected_image
 from kernelbridge.jupyter.client_env import Env, display_env, terminal_size
 from kernelbridge.jupyter.launch import launch_for
 from kernelbridge.runtime import ContainerSpec, open_runtime
+from kernelbridge.runtime.flags import WORKDIR
 from kernelbridge.tunnel import ControlMessage, Exited, Interrupt, Ready, Restart, SocketControlChannel
 
 # Why 10 s: a graceful container stop is: kernel shutdown_reply, agent exit, the runtime tearing
@@ -195,7 +195,7 @@ class SandboxProvisioner(LocalProvisioner):
         settings = self.settings
         image, agent_hash = expected_image(settings)
         self.spec = dataclasses.replace(container_spec(settings, self.session_name, image), env=self.display)
-        mount, why = notebook_mount(kwargs.get("cwd"), settings.state_dir, settings.mounts)
+        mount, why = notebook_mount(kwargs.get("cwd"), settings)
         if mount is not None:
             self.spec = dataclasses.replace(self.spec, mounts=(*self.spec.mounts, mount))
         elif why:
@@ -345,6 +345,24 @@ class SandboxProvisioner(LocalProvisioner):
         if self.exit_event is None:
             return None
         return self.exit_event.reason or "the sandbox exited"
+
+
+def notebook_mount(cwd: object, settings: Settings) -> tuple[Mount | None, str]:
+    """The read-only mount of a kernel's ``cwd`` (a notebook's directory) on /workspace, or None and
+    why not (empty when there is no ``cwd`` to mount)."""
+    if not cwd:
+        return None, ""
+    try:
+        source = check_source(str(cwd), settings.state_dir, where="the notebook's directory")
+    except ConfigError as exc:
+        return None, f"{exc}; the kernel starts in an empty /workspace"
+    nested = [mount.target for mount in settings.mounts if mount.target.startswith(WORKDIR + "/")]
+    if nested:
+        return None, (
+            f"the notebook's directory is not mounted: KERNELBRIDGE_MOUNTS puts {nested[0]} inside"
+            " /workspace; the kernel starts in an empty /workspace"
+        )
+    return Mount(source, WORKDIR), ""
 
 
 def single_use(settings: Settings) -> Settings:
