@@ -83,7 +83,8 @@ async def measure(calls: int, rounds: int, runs: int, state: Path) -> Figures:
     servers = state / "servers.json"
     edge = edge_server()
     servers.write_text(json.dumps({"mcpServers": {"edge": {"command": edge.command, "args": edge.args}}}))
-    env = {"HOME": str(state), "KERNELBRIDGE_STATE_DIR": str(state / "state")}
+    # A throwaway state directory: sessions end with the bridge (none is left running detached).
+    env = {"HOME": str(state), "KERNELBRIDGE_STATE_DIR": str(state / "state"), "KERNELBRIDGE_DURABLE": "0"}
     if "KERNELBRIDGE_LABELS" in os.environ:  # the test suite labels every sandbox it causes
         env["KERNELBRIDGE_LABELS"] = os.environ["KERNELBRIDGE_LABELS"]
     params = StdioServerParameters(

@@ -41,7 +41,8 @@ IMAGE_DEPENDENCIES = ["numpy==2.4.6", "scipy==1.17.1", "joblib", "threadpoolctl"
 
 
 def kernelbridge_env(state: Path) -> dict[str, str]:
-    env = {"KERNELBRIDGE_STATE_DIR": str(state), "KERNELBRIDGE_WARM_POOL": "1"}
+    # A throwaway state directory: sessions end with the bridge (none is left running detached).
+    env = {"KERNELBRIDGE_STATE_DIR": str(state), "KERNELBRIDGE_WARM_POOL": "1", "KERNELBRIDGE_DURABLE": "0"}
     env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_") or k in ("PATH", "HOME")})
     return env
 

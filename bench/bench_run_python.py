@@ -54,7 +54,7 @@ async def kernelbridge_calls(calls: int) -> list[float]:
         params = StdioServerParameters(
             command=str(Path(sys.executable).with_name("kernelbridge")),
             args=["serve"],
-            env={"KERNELBRIDGE_STATE_DIR": state},
+            env={"KERNELBRIDGE_STATE_DIR": state, "KERNELBRIDGE_DURABLE": "0"},  # a throwaway state dir
         )
         async with Client(params, read_timeout_seconds=120) as client:
             await client.call_tool("run_python", {"code": "1+1"})  # session start, not measured

@@ -122,7 +122,8 @@ async def sandbox_kernel(
 @asynccontextmanager
 async def bridge(runtime_name: str | None, **extra: str) -> AsyncIterator[tuple[Client, Path]]:
     with tempfile.TemporaryDirectory() as state:
-        env = {"KERNELBRIDGE_STATE_DIR": state, **extra}
+        # A throwaway state directory: sessions end with the bridge (none is left running detached).
+        env = {"KERNELBRIDGE_STATE_DIR": state, "KERNELBRIDGE_DURABLE": "0", **extra}
         if runtime_name:
             env["KERNELBRIDGE_RUNTIME"] = runtime_name
         params = StdioServerParameters(command=KERNELBRIDGE, args=["serve"], env=env)

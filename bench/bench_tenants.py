@@ -53,7 +53,7 @@ def workers_of(pid: int) -> list[int]:
 @contextlib.asynccontextmanager
 async def bridge(state: Path, source: Path | None) -> AsyncIterator[tuple[int, dict[str, Client]]]:
     """The test suite's HTTP bridge (tests/bridge_harness.py), from ``source`` when given."""
-    env = {"KERNELBRIDGE_WARM_POOL": "0"}
+    env = {"KERNELBRIDGE_WARM_POOL": "0", "KERNELBRIDGE_DURABLE": "0"}  # a throwaway state dir
     command = None
     if source is not None:  # -P: not this checkout from the working directory, the given tree
         env["PYTHONPATH"] = str(source)

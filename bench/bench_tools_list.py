@@ -26,7 +26,12 @@ BYTES_PER_TOKEN = 4  # a rough rule for JSON/English with common tokenizers
 def measure() -> tuple[int, int, dict[str, int]]:
     """Return (bytes of the whole JSON-RPC response line, bytes of its result, bytes per tool)."""
     with tempfile.TemporaryDirectory() as state:
-        env = {**os.environ, "KERNELBRIDGE_STATE_DIR": state, "KERNELBRIDGE_WARM_POOL": "0"}
+        env = {
+            **os.environ,
+            "KERNELBRIDGE_STATE_DIR": state,
+            "KERNELBRIDGE_WARM_POOL": "0",
+            "KERNELBRIDGE_DURABLE": "0",
+        }
         proc = subprocess.Popen(
             [str(KERNELBRIDGE), "serve"],
             stdin=subprocess.PIPE,

@@ -123,7 +123,9 @@ async def _run(state_dir: Path) -> None:
     params = StdioServerParameters(
         command=str(Path(sys.executable).with_name("kernelbridge")),
         args=["serve", *servers],
-        env={"KERNELBRIDGE_STATE_DIR": str(state_dir), **_passthrough_env()},
+        # Its state directory goes when the demo ends, so its sessions end with the bridge: a
+        # durable one would run on, detached, for a bridge that can never adopt it.
+        env={**_passthrough_env(), "KERNELBRIDGE_STATE_DIR": str(state_dir), "KERNELBRIDGE_DURABLE": "0"},
     )
     print("kernelbridge demo: an MCP client spawns `kernelbridge serve` over stdio\n")
     async with Client(params, read_timeout_seconds=CALL_TIMEOUT) as client:
@@ -142,10 +144,9 @@ async def _run(state_dir: Path) -> None:
 
 
 def _passthrough_env() -> dict[str, str]:
-    """Settings the user set for the bridge apply to the demo too (except the state dir)."""
-    return {
-        k: v for k, v in os.environ.items() if k.startswith("KERNELBRIDGE_") and k != "KERNELBRIDGE_STATE_DIR"
-    }
+    """Settings the user set for the bridge apply to the demo too (but for its state directory
+    and durability: see :func:`_run`)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("KERNELBRIDGE_")}
 
 
 def main() -> int:

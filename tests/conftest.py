@@ -56,9 +56,14 @@ def sandbox_image() -> str:
 
 
 def leftover_containers() -> list[str]:
-    """Sandbox containers started by this test run (by the test process or a bridge it spawned)."""
+    """Sandbox containers started by this test run (by the test process or a bridge it spawned),
+    each with what says where it came from: its state, whether it was durable (a bridge spawned
+    without the suite's KERNELBRIDGE_DURABLE=0 lets its sessions run on), its bridge's pid."""
     runtime = cli_runtime(load_settings())
-    return [c.name for c in anyio.run(runtime.list, {TEST_RUN_LABEL: TEST_RUN})]
+    return [
+        f"{c.name} ({c.state.value}, durable={c.durable}, bridge pid {c.owner_pid})"
+        for c in anyio.run(runtime.list, {TEST_RUN_LABEL: TEST_RUN})
+    ]
 
 
 @pytest.fixture(scope="session", autouse=True)

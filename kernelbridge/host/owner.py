@@ -32,10 +32,10 @@ part; waiting for the agent alone would hang on a wedged one. So, shielded from 
 Its limit: a container that survives ``rm -f`` within the bound is left for reaping, logged.
 
 A durable sandbox (``durability``) may instead be let go of (:meth:`TunnelOwner.request_detach`,
-when the bridge leaves): the tunnel sends ``detach``, waits at most :data:`DETACH_GRACE` for the
-agent to let go of the stream, and the container source closes the stream and leaves the
-container running. An adopted one (``durability.adopting``) starts with the handshake instead of
-a kernel start (bounded by :data:`ADOPT_TIMEOUT`); its failure is AdoptionFailed.
+when the bridge leaves): the tunnel writes ``detach`` (bounded by :data:`DETACH_GRACE`), and the
+container source closes the stream and leaves the container running. An adopted one
+(``durability.adopting``) starts with the handshake instead of a kernel start (bounded by
+:data:`ADOPT_TIMEOUT`); its failure is AdoptionFailed.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE = 2.0
 """Seconds a closing sandbox gets to stop its kernel cleanly before the container is removed."""
 DETACH_GRACE = 2.0
-"""Seconds the agent gets to let go of the stream after ``detach`` (it does at once)."""
+"""Bound on writing ``detach`` (a sandbox that reads nothing cannot hold its bridge's exit)."""
 ADOPT_TIMEOUT = 15.0
 """Bound on an adoption's handshake (an exec and a challenge: ~0.1 s here; a busy engine more)."""
 SEND_TIMEOUT = 5.0
@@ -293,10 +293,15 @@ class TunnelOwner:
         return f"the sandbox closed the attachment without a word{said}"
 
     async def _let_go(self) -> None:
-        """Detach (module docstring): ``detach``, then a moment for the agent to let go."""
+        """Detach (module docstring): ``detach``, and done once it is written. The stream never
+        ends by itself here: the agent points its stdio at /dev/null and runs on, so waiting for
+        its end would cost every durable bridge's exit the whole grace."""
+        tunnel = self._tunnel
+        if tunnel is None:
+            return
         with anyio.CancelScope(shield=True), anyio.move_on_after(DETACH_GRACE):
             self.commands.put(Detach())
-            await self._tunnel_ended.wait()
+            await _first(self._tunnel_ended.wait, tunnel.detach_sent.wait)
 
     async def _stop_gracefully(self) -> None:
         """Step 1 of the shutdown escalation (module docstring): ask, wait at most SHUTDOWN_GRACE."""

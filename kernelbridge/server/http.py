@@ -348,7 +348,7 @@ async def serve_http(app: MCPServer[Any], options: HttpOptions) -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
                 async for signum in signals:
                     if not server.should_exit:
-                        log.warning("received %s; closing every session", signal.Signals(signum).name)
+                        log.warning("received %s; the bridge stops", signal.Signals(signum).name)
                     server.should_exit = True
 
         tg.start_soon(on_signal)

@@ -138,7 +138,7 @@ async def serve_stdio(app: MCPServer[Any]) -> None:
         async def on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
                 async for signum in signals:
-                    log.warning("received %s; closing every session", signal.Signals(signum).name)
+                    log.warning("received %s; the bridge stops", signal.Signals(signum).name)
                     tg.cancel_scope.cancel()
                     return
 

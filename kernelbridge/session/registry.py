@@ -137,6 +137,9 @@ class SessionRegistry(Closing):
         sessions, self._sessions = list(self._sessions.values()), {}
         pool = self._pool.drain()
         adopter = self._adopter
+        if sessions or pool:
+            what = "closing" if adopter is None else "letting go of (they run on for the next bridge)"
+            log.info("%s %d session(s) and %d warm sandbox(es)", what, len(sessions), len(pool))
         with anyio.CancelScope(shield=True), anyio.move_on_after(TEARDOWN_TIMEOUT):
             async with anyio.create_task_group() as tg:
                 for session in sessions:

@@ -174,6 +174,8 @@ class Tunnel:
         self.exited: Exited | None = None
         """The agent's own exit frame, once it sent one."""
         self.dropped = 0
+        self.detach_sent = anyio.Event()
+        """``detach`` is written: what this bridge reads after it, the next one gets again."""
         self._send_lock = anyio.Lock()
         who = session.replace("%", "%%")
         self._sandbox_log = RateLimitedLog(
@@ -280,15 +282,19 @@ class Tunnel:
                 return
             batch: list[bytes] = []
             size = 0
+            detaching = False
             message: ControlMessage | None = frame
             while message is not None:
                 data = self.from_owner(message)
                 if data:
                     batch.append(data)
                     size += len(data)
+                    detaching = detaching or isinstance(message, Detach)
                 message = self.control.receive_nowait() if size < BATCH_BYTES else None
             if batch:
                 await self.send_bytes(b"".join(batch), f"{len(batch)} frame(s) from the owner")
+            if detaching:
+                self.detach_sent.set()
 
     def from_owner(self, command: ControlMessage) -> bytes | None:
         """The encoded frame if ``command`` is one the owner may send to the sandbox, else None
@@ -489,8 +495,5 @@ class _HandshakeFailed(Exception):
 
 
 def _container_exited() -> Exited:
-    return Exited(
-        None,
-        ExitKind.CONTAINER_EXITED,
-        "the sandbox's stdout closed without an exit frame (the container ended)",
-    )
+    reason = "the sandbox's stdout closed without an exit frame (the container ended)"
+    return Exited(None, ExitKind.CONTAINER_EXITED, reason)
