@@ -17,7 +17,8 @@ setup-venv:
 # Two workers: most tests wait on containers, not on the CPU (tests/conftest.py keeps tests that
 # share a machine-wide resource in one worker). TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
+# The slowest tests are listed at the end: the default suite is kept under 15 minutes.
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 # The static checks, before any test: ruff (lint and format) and mypy (pyproject.toml's [tool.mypy]).
 # mypy runs twice: the sandbox's `mcp` package (kernelbridge/inside/pythonpath) takes the MCP SDK's

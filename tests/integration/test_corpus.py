@@ -68,7 +68,9 @@ def masked(outputs: list[Any]) -> list[dict[str, Any]]:
         output = dict(output)
         if output.get("output_type") == "error":
             output["traceback"] = [
-                _SITE.sub("<site>/", normalize_text(strip_ansi(line))) for line in output["traceback"]
+                # Site first: a checkout under /tmp has its venv's site-packages there too.
+                normalize_text(_SITE.sub("<site>/", strip_ansi(line)))
+                for line in output["traceback"]
             ]
             output["evalue"] = normalize_text(output["evalue"])
         elif output.get("output_type") == "stream":
