@@ -80,6 +80,12 @@ class Namespaces:
                     tg.start_soon(registry.aclose)
         await self._stack.aclose()
 
+    async def settle(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until every registry adopted what a bridge before left."""
+        async with anyio.create_task_group() as tg:
+            for registry in self._registries.values():
+                tg.start_soon(registry.settle, timeout)
+
     def registry(self, namespace: str) -> SessionRegistry:
         """The registry of ``namespace``. Raises SessionError for a namespace this bridge does not
         serve (a request that reached a tool without the token the bridge requires)."""

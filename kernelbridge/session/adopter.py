@@ -92,6 +92,8 @@ class Adopter:
         self._registry = registry
         self.store = registry.store
         self.settings = registry.settings
+        self.adopted_at_start = anyio.Event()
+        """Set once :meth:`adopt_all` is done (each session adopted, found lost, or left be)."""
 
     # -- start: the warm pool a bridge before left -----------------------------------------------
     async def open(self, tg: anyio.abc.TaskGroup, pool: WarmPool[Seat]) -> None:
@@ -156,10 +158,13 @@ class Adopter:
             records = await anyio.to_thread.run_sync(self.store.adoptable)
         except OSError as exc:
             log.warning("reading the session records failed: %s", exc)
-            return
-        async with anyio.create_task_group() as tg:
-            for record in records[: self.settings.max_sessions]:
-                tg.start_soon(self._adopt_early, record.session)
+            records = []
+        try:
+            async with anyio.create_task_group() as tg:
+                for record in records[: self.settings.max_sessions]:
+                    tg.start_soon(self._adopt_early, record.session)
+        finally:
+            self.adopted_at_start.set()
 
     async def _adopt_early(self, name: str) -> None:
         try:

@@ -114,6 +114,12 @@ class SessionRegistry(Closing):
             self._tg.start_soon(self._adopter.adopt_all)
         return self
 
+    async def settle(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until the sessions a bridge before left are adopted."""
+        if self._adopter is not None:
+            with anyio.move_on_after(timeout):
+                await self._adopter.adopted_at_start.wait()
+
     @property
     def durable(self) -> bool:
         """Whether this registry's sessions outlive it."""

@@ -100,6 +100,9 @@ async def test_a_client_exit_and_restart_keeps_variables_files_and_imports(state
     assert [(s["name"], s["state"], s["container"]) for s in shown] == [("s", "detached", container)], shown
 
     async with open_bridge(state, **DURABLE) as bridge:
+        # Adopted before the bridge answered initialize: its first call finds it attached.
+        listed = await bridge.listed()
+        assert [(name, s["state"]) for name, s in listed.items()] == [("s", "idle")], listed
         again = await bridge.run("print(x, open('/workspace/kept.txt').read(), fractions.__name__)", "s")
         assert again.status == "ok" and again.stdout == "3/7 file fractions\n", again.text
         assert again.data["state"] == "kept" and "adopted" in again.codes, again.text

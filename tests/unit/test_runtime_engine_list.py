@@ -1,4 +1,5 @@
-"""The engine backend's container listing against podman's listing race, with a stand-in client."""
+"""The engine backend against a stand-in client: its container listing under podman's listing
+race, and how often it asks for the engine's info."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from kernelbridge.errors import EngineRefused
 from kernelbridge.runtime.engine.api import LIST_ATTEMPTS, EngineRuntime
+from kernelbridge.runtime.engine.endpoint import parse_endpoint
 
 pytestmark = pytest.mark.anyio
 
@@ -60,3 +62,37 @@ async def test_a_lasting_race_or_another_refusal_is_raised() -> None:
     with pytest.raises(EngineRefused, match="no space"):
         await EngineRuntime(other, engine="podman").list()  # type: ignore[arg-type]
     assert other.calls == 1
+
+
+class InfoClient:
+    """Answers /info and /libpod/info (a root podman on cgroups v2), counting the asks."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.endpoint = parse_endpoint("unix:///run/podman/podman.sock")
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        self.paths.append(path)
+        facts = {"CgroupVersion": "2", "ServerVersion": "4.3.1", "MemoryLimit": True, "PidsLimit": True}
+        libpod = {"host": {"security": {"rootless": False}}}
+
+        class Info:
+            def json(self) -> Any:
+                return facts if path == "/info" else libpod
+
+        return Info()
+
+
+async def test_a_bridge_start_asks_the_engine_for_its_info_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbridge.runtime.engine import api
+
+    client = InfoClient()
+    runtime = EngineRuntime(client, engine="podman")  # type: ignore[arg-type]
+    clock = [100.0]
+    monkeypatch.setattr(api.time, "monotonic", lambda: clock[0])
+    first = await runtime.info()
+    assert await runtime.info() == first and first.limits_enforced and not first.rootless
+    assert client.paths == ["/info", "/libpod/info"]
+    clock[0] += api.INFO_TTL  # later asks see a daemon changed meanwhile
+    await runtime.info()
+    assert client.paths == ["/info", "/libpod/info"] * 2

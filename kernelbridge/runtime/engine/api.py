@@ -15,6 +15,7 @@ containers that are gone; ``inspect`` returns None.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -59,6 +60,9 @@ _STATES = {
     "removing": ContainerState.REMOVING,
 }
 PODMAN_COMPONENT = "Podman Engine"
+INFO_TTL = 10.0
+"""Seconds an engine's info is taken as still true (a daemon reconfigured meanwhile is seen at the
+next ask after that; limits and image are checked again at each call while they refuse)."""
 SIGKILLED = 128 + 9
 
 
@@ -87,6 +91,8 @@ class EngineRuntime(RuntimeBackend):
         self._never_started: set[str] = set()
         """Ids of containers this backend created and has not attached to yet: ``attach`` starts
         them without asking the engine for their state first."""
+        self._info: tuple[float, RuntimeInfo] | None = None
+        """The last :meth:`info` and when it was asked (see INFO_TTL)."""
 
     @property
     def endpoint(self) -> Endpoint:
@@ -270,6 +276,16 @@ class EngineRuntime(RuntimeBackend):
     # -- the engine ---------------------------------------------------------------------------------
 
     async def info(self) -> RuntimeInfo:
+        """The engine's facts, asked again once :data:`INFO_TTL` has passed: a bridge's start
+        asks several times in a row (limits, image, re-attach), and podman takes ~0.5 s to answer."""
+        now = time.monotonic()
+        if self._info is not None and now - self._info[0] < INFO_TTL:
+            return self._info[1]
+        info = await self._ask_info()
+        self._info = (now, info)
+        return info
+
+    async def _ask_info(self) -> RuntimeInfo:
         info = (await self.client.request("GET", "/info", what="for its info")).json() or {}
         security = [str(s) for s in info.get("SecurityOptions") or []]
         rootless = any("rootless" in s for s in security)
