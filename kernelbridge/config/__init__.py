@@ -164,6 +164,10 @@ class Settings:
     """``KERNELBRIDGE_DURABLE``: sessions outlive their bridge (a client restart, a crash, an
     upgrade): the sandbox runs on detached and the next bridge on this state directory adopts
     it. 0: sessions end with their bridge (no sandbox is left behind)."""
+    auto_restore: bool = False
+    """``KERNELBRIDGE_AUTO_RESTORE``: a session whose sandbox was lost (the machine restarted) is
+    rebuilt from its journal by its next call, host tool calls answered from the recording, before
+    that call's code runs; off: the call says so and offers ``restore=``."""
     detached_buffer: int = 32 * 1024 * 1024
     """``KERNELBRIDGE_DETACHED_BUFFER``: bytes of kernel output a detached sandbox holds for its
     next bridge (in the sandbox's own memory); past it the oldest output is dropped, counted."""
@@ -331,6 +335,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         idle_timeout=_env.number(env, "IDLE_TIMEOUT", 1800.0, minimum=1, integer=False),
         warm_pool=int(_env.number(env, "WARM_POOL", 1, minimum=0, integer=True)),
         durable=_env.flag(env, "DURABLE", default=True),
+        auto_restore=_env.flag(env, "AUTO_RESTORE", default=False),
         detached_buffer=_env.byte_size(env, "DETACHED_BUFFER", 32 * 1024 * 1024, minimum=64 * 1024),
         default_timeout=default_timeout,
         max_timeout=max_timeout,

@@ -53,7 +53,7 @@ from kernelbridge.server.manual import ServerLine, packages_section, render_manu
 from kernelbridge.server.namespaces import Namespaces
 from kernelbridge.server.notes import LimitsNotEnforced, Restored
 from kernelbridge.server.render import notes_result, restore_result, to_tool_result
-from kernelbridge.server.restore import restore_session
+from kernelbridge.server.restore import SessionCalls, restore_session
 from kernelbridge.server.schema import compact_tool
 from kernelbridge.server.stdio import serve_stdio
 from kernelbridge.session.adopter import lost_result
@@ -86,6 +86,8 @@ class BridgeContext:
     """One journal reader (export, notebook and outputs resources) at a time per namespace."""
     runs: RunTable = dataclasses.field(default_factory=RunTable)
     """The cells of ``run_python`` calls, run as the bridge's tasks (see :mod:`.approval`)."""
+    calls: SessionCalls | None = None
+    """The registries' rpc handler in front of the hub: an automatic restore's answers."""
 
     @property
     def registry(self) -> SessionRegistry:
@@ -173,7 +175,8 @@ def build_server(
             stack.callback(hubs.remove, hub)
             # %pip install through the host: one service (and wheel cache) for every namespace.
             packages = PackageService(settings)
-            rpc = WithPackages(packages, hub)
+            calls = SessionCalls(hub)
+            rpc = WithPackages(packages, calls)
 
             def make_registry(registry_settings: Settings) -> SessionRegistry:
                 if policy.refusal:  # a warm pool would only fail (or run unlimited sandboxes)
@@ -201,7 +204,7 @@ def build_server(
             # call waiting for its own) makes that call as quick as any other.
             await spaces.settle(ADOPTION_WAIT)
             runs = await stack.enter_async_context(RunTable())  # closed first: cells before sessions
-            yield BridgeContext(settings, spaces, hub, gate, runs=runs, packages=packages)
+            yield BridgeContext(settings, spaces, hub, gate, runs=runs, packages=packages, calls=calls)
 
     async def run_python(
         code: str,
@@ -244,9 +247,11 @@ def build_server(
                 registry, own = bridge.namespaces.registry(namespace), bridge.namespaces.settings(namespace)
                 bridge.namespaces.check_new_session(namespace, session)
                 # In order: rebuild from a notebook, place files, run the code; each step optional.
-                restored = None
+                restored, auto, lost = None, None, None
                 if not restore and (lost := await registry.adopt_or_lost(session)) is not None:
-                    return to_tool_result(lost_result(session, lost))  # nothing ran: the model chooses
+                    if not (own.auto_restore and lost.restore and bridge.calls is not None):
+                        return to_tool_result(lost_result(session, lost))  # nothing ran: the model chooses
+                    restore, auto = lost.restore, bridge.calls  # rebuilt from its recording first
                 if restore:
                     reader = bridge.exports.of(namespace)
                     restored = await restore_session(
@@ -257,10 +262,13 @@ def build_server(
                         budget=timeout,
                         reader=reader,
                         packages=bridge.packages,
+                        recorded=auto,
                     )
-                notes: list[Note] = (
-                    [await place_files(await registry.sandbox(session), placed)] if placed else []
-                )
+                notes: list[Note] = []
+                if auto is not None and lost is not None:
+                    notes.append(dataclasses.replace(lost, rebuilt=True))
+                if placed:
+                    notes.append(await place_files(await registry.sandbox(session), placed))
                 if not code.strip():
                     if restored is not None:
                         return restore_result(session, restored, notes)
@@ -276,7 +284,7 @@ def build_server(
                     if policy is not None and policy.unlimited and result.execution_count == 1:
                         notes.append(LimitsNotEnforced())
                     if restored is not None:
-                        notes.insert(0, Restored(session, restored))
+                        notes.insert(1 if auto is not None else 0, Restored(session, restored))
                     result.notes[:0] = notes
                     fitted = await fit_images(result.images, session, settings.image_budget)
                     result.notes.extend(fitted.notes)

@@ -147,8 +147,14 @@ def _session_note(note: SessionNote) -> str:
             )
         case Adopted():
             return _adopted(note)
-        case SandboxLost(reason=reason, cells=cells, restore=restore, ran=ran):
+        case SandboxLost(reason=reason, cells=cells, restore=restore, ran=ran, rebuilt=rebuilt):
             head = f"This session's sandbox, which outlived its bridge, could not be taken over: {reason}."
+            if rebuilt:
+                return head + (
+                    f" Its {cells} cell(s) were re-run from its journal ({restore}) in a fresh sandbox"
+                    " first (KERNELBRIDGE_AUTO_RESTORE), host tool calls answered from the recording;"
+                    " this call's code ran after them."
+                )
             lost = " Its variables, imports and files in /workspace are lost."
             offer = (
                 f" Its {cells} cell(s) are in its journal: run_python(restore={restore!r}) re-runs them "

@@ -21,14 +21,23 @@ left when it runs out skipped, and the result says so. The notebook is read in a
 bytes. What the restore says is rendered by :func:`kernelbridge.server.render.restore_text`.
 
 A session that is open and has run cells is not overwritten: the model closes it first or picks
-another name. An option of ``run_python`` rather than a tool of
-its own: every tool costs ``tools/list`` bytes in every conversation, an argument far fewer.
+another name.
+
+An automatic restore (``KERNELBRIDGE_AUTO_RESTORE``: the sandbox of a session with a journal was
+lost) answers the cells' host tool calls from the journal's recording instead (:class:`SessionCalls`
+routes that session's calls to a :class:`~kernelbridge.notebook.replay.tools.ReplayTools` while it
+runs): nobody asked for those calls again, and the rebuilt state is the one the recording made.
+
+An option of ``run_python`` rather than a tool of its own: every tool costs ``tools/list`` bytes
+in every conversation, an argument far fewer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -38,10 +47,12 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
+from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.notebook.convert import read_restorable
 from kernelbridge.notebook.export import restorable_notebook
 from kernelbridge.notebook.journal import journal_read_limit
 from kernelbridge.notebook.replay import ReplayReport, replay_cells
+from kernelbridge.notebook.replay.tools import ReplayTools
 from kernelbridge.packages import PackageService
 from kernelbridge.server.exports import in_worker
 from kernelbridge.session.generations import journal_of, parse_ref
@@ -49,6 +60,26 @@ from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import SessionStore
 
 _SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
+
+
+class SessionCalls(RpcHandler):
+    """The bridge's rpc handler, except for the sessions being rebuilt from their recording."""
+
+    def __init__(self, default: RpcHandler) -> None:
+        self._default = default
+        self._instead: dict[tuple[str, str], RpcHandler] = {}
+
+    async def dispatch(self, call: RpcCall) -> object:
+        return await self._instead.get((call.namespace, call.session), self._default).dispatch(call)
+
+    @contextlib.contextmanager
+    def answered_by(self, namespace: str, session: str, handler: RpcHandler) -> Iterator[None]:
+        """``session``'s calls go to ``handler`` for the duration of the block."""
+        self._instead[(namespace, session)] = handler
+        try:
+            yield
+        finally:
+            self._instead.pop((namespace, session), None)
 
 
 def exports_dir(settings: Settings) -> Path:
@@ -93,10 +124,12 @@ async def restore_session(
     budget: float,
     reader: anyio.CapacityLimiter,
     packages: PackageService | None = None,
+    recorded: SessionCalls | None = None,
 ) -> ReplayReport:
     """Run the notebook's code cells into ``session`` within ``budget`` seconds (the calling
-    ``run_python``'s timeout); returns the per-cell report. Raises ToolError (a bad source, an
-    open session, no sandbox)."""
+    ``run_python``'s timeout); returns the per-cell report. With ``recorded`` (the bridge's
+    router), host tool calls are answered from the notebook's recording. Raises ToolError (a bad
+    source, an open session, no sandbox)."""
     current = registry.session(session)
     if current is not None and current.journal is not None and current.journal.cells:
         raise ToolError(
@@ -105,10 +138,20 @@ async def restore_session(
         )
     nb = await load_source(settings, notebook, reader)
     started = time.monotonic()
+    answers = None
+    routed: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if recorded is not None:
+        answers = ReplayTools((c for c in nb.cells if c.cell_type == "code"), settings, None, [])
+        routed = recorded.answered_by(settings.namespace, session, answers)
     try:
-        report = await replay_cells(registry, session, nb, budget=budget, packages=packages)
+        with routed:
+            report = await replay_cells(
+                registry, session, nb, recorded=answers, budget=budget, packages=packages
+            )
     except KernelBridgeError as exc:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    if answers is not None and answers.recording.servers:
+        report.where += " (host tools answered from the recording)"
     report.budget = budget
     report.seconds = time.monotonic() - started
     return report

@@ -247,6 +247,8 @@ class SandboxLost(Note):
     """The ``restore=`` argument that rebuilds them (None: nothing to rebuild)."""
     ran: bool = True
     """This call's code ran (in a fresh sandbox); False: it did not, so the model can choose."""
+    rebuilt: bool = False
+    """Its cells were re-run from the journal first (``KERNELBRIDGE_AUTO_RESTORE``)."""
 
 
 SessionNote = (

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -223,6 +224,37 @@ async def test_after_a_machine_restart_the_session_says_so_and_offers_restore(st
         assert restore == "kernelbridge://sessions/s@1/notebook", restore
         restored = await bridge.run("print(u)", "s", restore=restore)  # rebuilt in place
         assert restored.status == "ok" and restored.stdout == "5\n", restored.text
+        await bridge.close("s")
+
+
+@asynccontextmanager
+async def time_bridge(state_dir: Path, servers: Path, **env: str) -> AsyncIterator[Bridge]:
+    """A durable bridge with the ``time`` host MCP server (mcp-server-time) configured."""
+    params = serve_params(state_dir, "--servers-config", str(servers), **DURABLE, **env)
+    async with Client(params, read_timeout_seconds=CLIENT_TIMEOUT) as client:
+        (pid,) = serve_pids(state_dir)
+        yield Bridge(client, state_dir, pid)
+
+
+async def test_auto_restore_rebuilds_a_lost_session_with_its_recorded_tool_results(
+    state: Path, tmp_path: Path
+) -> None:
+    servers = tmp_path / "servers.json"
+    time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+    servers.write_text(json.dumps({"mcpServers": {"time": time_server}}))
+    ask = "(await mcp_time.get_current_time(timezone='UTC'))['structuredContent']['datetime']"
+    async with time_bridge(state, servers) as bridge:
+        made = await bridge.run(f"then = {ask}\nu = 5\nprint(then)", "s", servers=["time"])
+        assert made.status == "ok", made.text
+        then = made.stdout.strip()
+    podman("rm", "-f", "-t", "0", *sandboxes_of(state), timeout=120)  # what a reboot leaves: nothing
+    async with time_bridge(state, servers, KERNELBRIDGE_AUTO_RESTORE="1") as bridge:
+        result = await bridge.run(f"print(u, then)\nprint({ask} != then)", "s")
+        # Rebuilt first, the tool call answered from the journal (a live one tells a later time).
+        assert result.status == "ok" and result.stdout == f"5 {then}\nTrue\n", result.text
+        assert result.codes[:2] == ["sandbox_lost", "restored"], result.codes
+        assert "re-run from its journal" in result.notes, result.notes
+        assert "answered from the recording" in result.notes, result.notes
         await bridge.close("s")
 
 

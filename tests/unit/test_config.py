@@ -15,6 +15,8 @@ def test_defaults() -> None:
     assert s.state_dir == Path("/home/u/.local/state/kernelbridge")
     assert s.limits.memory == "512m" and s.limits.pids == 128 and s.warm_pool == 1
     assert s.output_limit == 20_000 and s.max_timeout == 600
+    assert s.durable and not s.auto_restore  # a lost session offers restore= unless asked otherwise
+    assert load_settings({"HOME": "/h", "KERNELBRIDGE_AUTO_RESTORE": "1"}).auto_restore
 
 
 def test_xdg_state_home_and_overrides() -> None:
