@@ -45,6 +45,7 @@ from kernelbridge.server.approval import (
     elicitation_mode,
     take_answers,
 )
+from kernelbridge.server.departure import Departure
 from kernelbridge.server.exports import ExportLimiters, export_to_file, notebook_for_model
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
 from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
@@ -135,8 +136,10 @@ def build_server(
     *,
     runtime: RuntimeBackend | None = None,
     namespaces: list[str] | None = None,
+    departure: Departure | None = None,
 ) -> MCPServer[BridgeContext]:
-    """The kernelbridge MCP server. ``runtime`` is a test seam (default: the configured engine).
+    """The kernelbridge MCP server. ``runtime`` is a test seam (default: the configured engine);
+    ``departure`` is announced by the transport when the bridge is about to go.
 
     ``namespaces``: the HTTP tokens' namespaces, each with sessions of its own; None serves one
     shared namespace (stdio, or HTTP without authentication).
@@ -199,6 +202,8 @@ def build_server(
                 max_calls=settings.http.max_calls if namespaces is not None else None,
             )
             await stack.enter_async_context(spaces)
+            if departure is not None:
+                stack.callback(departure.subscribe(spaces.leave))
             # A restarted client's first call comes right after initialize: adopting the sessions
             # the bridge before left first (bounded; the rest go on in the background, a first
             # call waiting for its own) makes that call as quick as any other.
@@ -418,12 +423,13 @@ def serve(settings: Settings, *, http: HttpOptions | None = None) -> None:
     a namespace of their own; without tokens (loopback only) all clients share one.
     """
     check_state_dir(settings)  # one line and exit 1, not a traceback from inside the lifespan
+    departure = Departure()
     if http is None:
-        anyio.run(serve_stdio, build_server(settings))
+        anyio.run(serve_stdio, build_server(settings, departure=departure), departure)
         return
     names = http.tokens.namespaces if http.tokens is not None else None
-    app = build_server(settings, namespaces=names)
-    anyio.run(serve_http, app, http)
+    app = build_server(settings, namespaces=names, departure=departure)
+    anyio.run(serve_http, app, http, departure)
 
 
 @dataclass(slots=True)

@@ -52,6 +52,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import ConfigError
+from kernelbridge.server.departure import Departure
 
 log = logging.getLogger("kernelbridge.server")
 
@@ -319,8 +320,9 @@ def namespace_of(ctx: Context) -> str:
 
 
 # -- serving ----------------------------------------------------------------------------------------------
-async def serve_http(app: MCPServer[Any], options: HttpOptions) -> None:
-    """Serve ``app`` over streamable HTTP behind :class:`HttpGuard` until SIGTERM/SIGINT."""
+async def serve_http(app: MCPServer[Any], options: HttpOptions, departure: Departure | None = None) -> None:
+    """Serve ``app`` over streamable HTTP behind :class:`HttpGuard` until SIGTERM/SIGINT
+    (``departure`` is announced first)."""
     import uvicorn
 
     # Our guard checks Host and Origin for every request first; the SDK's own check would need
@@ -349,6 +351,8 @@ async def serve_http(app: MCPServer[Any], options: HttpOptions) -> None:
                 async for signum in signals:
                     if not server.should_exit:
                         log.warning("received %s; the bridge stops", signal.Signals(signum).name)
+                        if departure is not None:
+                            departure.announce()
                     server.should_exit = True
 
         tg.start_soon(on_signal)

@@ -80,6 +80,10 @@ class Namespaces:
                     tg.start_soon(registry.aclose)
         await self._stack.aclose()
 
+    def leave(self) -> None:
+        for registry in self._registries.values():
+            registry.leave()
+
     async def settle(self, timeout: float) -> None:
         """Wait (at most ``timeout``) until every registry adopted what a bridge before left."""
         async with anyio.create_task_group() as tg:

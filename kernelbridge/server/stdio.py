@@ -9,7 +9,7 @@ import os
 import re
 import signal
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,6 +19,7 @@ from mcp.server.stdio import stdio_server
 from mcp_types import jsonrpc_message_adapter
 
 from kernelbridge.frames import clip
+from kernelbridge.server.departure import Departure
 
 log = logging.getLogger("kernelbridge.server")
 
@@ -32,8 +33,10 @@ class _PipeLines:
     instead makes the read cancellable. Only for pipes and sockets (epoll refuses regular files).
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, at_end: Callable[[], None] = lambda: None) -> None:
         self._fd = fd
+        self._at_end = at_end
+        """Told when stdin ends, before the SDK sees it (and cancels the requests in flight)."""
         self._buf = bytearray()
         self._scanned = 0
 
@@ -46,6 +49,7 @@ class _PipeLines:
             await anyio.wait_readable(self._fd)
             chunk = os.read(self._fd, READ_CHUNK)
             if not chunk:
+                self._at_end()
                 if not self._buf:
                     raise StopAsyncIteration
                 end = len(self._buf)
@@ -131,14 +135,17 @@ def _claim_stdin() -> Iterator[int | None]:
         os.close(private)
 
 
-async def serve_stdio(app: MCPServer[Any]) -> None:
-    """Serve until stdin closes or SIGTERM/SIGINT/SIGHUP; the lifespan then stops every sandbox."""
+async def serve_stdio(app: MCPServer[Any], departure: Departure | None = None) -> None:
+    """Serve until stdin closes or SIGTERM/SIGINT/SIGHUP (``departure`` is announced first); the
+    lifespan then stops every sandbox, or lets go of the durable ones."""
+    leaving = departure or Departure()
     async with anyio.create_task_group() as tg:
 
         async def on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
                 async for signum in signals:
                     log.warning("received %s; the bridge stops", signal.Signals(signum).name)
+                    leaving.announce()
                     tg.cancel_scope.cancel()
                     return
 
@@ -151,6 +158,7 @@ async def serve_stdio(app: MCPServer[Any]) -> None:
                 # server is reached through a private attribute: MCPServer has no public way to
                 # run on given streams.
                 lowlevel = app._lowlevel_server
-                async with stdio_server(stdin=_PipeLines(fd)) as (read_stream, write_stream):  # type: ignore[arg-type]
+                stdin = _PipeLines(fd, leaving.announce)
+                async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
                     await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
         tg.cancel_scope.cancel()

@@ -114,6 +114,10 @@ class SessionRegistry(Closing):
             self._tg.start_soon(self._adopter.adopt_all)
         return self
 
+    def leave(self) -> None:
+        """The bridge is going: a cancelled call leaves a durable sandbox's cell running."""
+        self._leaving = True
+
     async def settle(self, timeout: float) -> None:
         """Wait (at most ``timeout``) until the sessions a bridge before left are adopted."""
         if self._adopter is not None:

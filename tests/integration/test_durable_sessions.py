@@ -147,6 +147,40 @@ async def test_sigkill_mid_cell_then_a_new_bridge_hears_how_the_cell_ended(state
         await bridge.close("s")
 
 
+async def test_a_client_exit_mid_cell_lets_the_cell_finish_for_the_next_bridge(state: Path) -> None:
+    async with open_bridge(state, **DURABLE) as bridge:
+        assert (await bridge.run("import time\ny = 41", "s")).status == "ok"
+        container = await bridge.container("s")
+    # A client that quits mid-call: it closes the bridge's stdin without cancelling the request
+    # (the SDK's client would send notifications/cancelled first, which stops the cell).
+    cell = "open('/workspace/started', 'w').close()\ntime.sleep(5)\ny += 1\nprint('late', y)"
+    params = serve_params(state, **DURABLE)
+    call = {"name": "run_python", "arguments": {"code": cell, "session": "s", "timeout": 60}}
+    async with await anyio.open_process([params.command, *params.args], env=params.env, stderr=None) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        for message in (
+            {"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                                         "clientInfo": {"name": "quitter", "version": "1"}}},
+            {"method": "notifications/initialized"},
+            {"id": 2, "method": "tools/call", "params": call},
+        ):  # fmt: skip
+            await proc.stdin.send((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+        await wait_for(lambda: "started" in podman("exec", container, "ls", "/workspace").split(), "it began")
+        await proc.stdin.aclose()
+        with anyio.fail_after(WAIT):
+            await proc.wait()
+    assert sandboxes_of(state, every=False), "the sandbox ended with its bridge"
+
+    async with open_bridge(state, **DURABLE) as bridge:
+        result = await bridge.run("print('now', y)", "s")
+        assert result.status == "ok" and "adopted" in result.codes, result.text
+        assert result.stdout == "now 42\n" and "late 42" in result.notes, result.text
+        journal = [json.loads(line) for line in bridge.journal("s").read_text().splitlines() if line]
+        codes = [entry.get("code", "") for entry in journal if entry.get("type") == "cell"]
+        assert [code.count("time.sleep(5)") for code in codes] == [0, 1, 0], codes  # journalled once
+        await bridge.close("s")
+
+
 async def test_sigkill_mid_idle_then_a_new_bridge(state: Path) -> None:
     async with open_bridge(state, **DURABLE) as bridge:
         assert (await bridge.run("z = [1, 2, 3]", "s")).status == "ok"
