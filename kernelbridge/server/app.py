@@ -67,9 +67,9 @@ log = logging.getLogger(__name__)
 
 MAX_CODE_CHARS = 1_000_000
 """Longer code is almost certainly data pasted by mistake; it would also bloat the journal."""
-ADOPTION_WAIT = 2.0
+ADOPTION_WAIT = 5.0
 """Longest a start waits for the adoption of the sessions the bridge before left (~0.1 s for one
-here, 4.6 s for 50) before it answers initialize."""
+here, 4.6 s for 50) before it answers initialize (clients allow tens of seconds for that)."""
 
 
 @dataclass(slots=True)
