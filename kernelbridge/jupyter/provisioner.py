@@ -77,10 +77,10 @@ REMOVE_TIMEOUT = 20.0
 # Tunnel logs kept for post-mortems: each is at most 2 MiB (one backup).
 KEEP_LOGS = 100
 ANSWER_MARGIN = 5.0
-PORT_ATTEMPTS = 3
-"""Starts of one kernel when the ports jupyter_client picked were taken before the tunnel bound them."""
 """Seconds the tunnel process gets beyond the start timeout to answer a launch or a restart: its
 own bound is the start timeout, and its answer says more than ours would."""
+PORT_ATTEMPTS = 3
+"""Starts of one kernel when the ports jupyter_client picked were taken before the tunnel bound them."""
 
 
 class SandboxProvisioner(LocalProvisioner):

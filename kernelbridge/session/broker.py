@@ -86,12 +86,13 @@ client's, a forged cell id) are dropped oldest first."""
 LATE_CALL_GRACE = 2.0
 """Seconds after its cell ended during which a call claiming that cell is still admitted as its own."""
 MAX_TRACKED_CELLS = 64
+"""Running and recently ended cells remembered (a session runs one at a time, plus a few clients')."""
 CLAIM_WAIT = 2.0
 """Seconds a host call claiming a cell that is not running yet waits for it to begin: a Jupyter
 client's cell begins when the recorder reads its first iopub message, which travels apart from
 the rpc frames, so a call made in the cell's first line may arrive before it."""
 MAX_WAITING_CLAIMS = 16
-"""Running and recently ended cells remembered (a session runs one at a time, plus a few clients')."""
+"""Cells waited for so at once; a call claiming one more cell that is not running is refused at once."""
 MAX_INSTALLS_PER_CELL = 64
 """``%pip install`` records kept per cell (each is small: names, versions, hashes)."""
 MAX_IN_FLIGHT_BYTES = 2 * frames.MAX_RPC_BYTES
@@ -201,9 +202,9 @@ class RpcBroker:
         self._running: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Cells running now, in the order they began."""
         self._ended: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Cells that ended, with when (monotonic), the latest last."""
         self._claims: dict[str, anyio.Event] = {}
         """Cells that calls claim and wait for (:data:`CLAIM_WAIT`), set when they begin."""
-        """Cells that ended, with when (monotonic), the latest last."""
         self._approvers: dict[str, Approver] = {}
         """Who can approve the calls of a cell (the ``run_python`` call running it), by cell."""
         self.refused = 0

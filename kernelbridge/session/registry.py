@@ -143,7 +143,7 @@ class SessionRegistry(Closing):
     async def aclose(self) -> None:
         """Let go of every sandbox and pooled sandbox (durable: they run on for the next bridge),
         or stop them; in parallel, shielded and bounded."""
-        self._leaving = True
+        self.leave()
         sessions, self._sessions = list(self._sessions.values()), {}
         pool = self._pool.drain()
         adopter = self._adopter
