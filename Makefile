@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: all setup setup-venv test test-fast lint typecheck format demo bench image clean
+.PHONY: all setup setup-venv test test-fast test-kube test-under-load lint typecheck format demo bench image clean
 
 all: test
 
@@ -34,8 +34,16 @@ define CHECKS
 	$(TYPECHECK)
 endef
 
+# The kube tier (tests/kube, and the kube backend of the runtime suite) runs in `make test` when the
+# cluster's binaries are built on this machine; when they are not, its tests skip and this says so.
+KUBE_BUILT = scripts/kube-cluster.sh built 2>/dev/null
+define KUBE_NOTE
+	@$(KUBE_BUILT) || echo "kube tier skipped: the Kubernetes binaries are not built; \`make test-kube\` builds them (once, ~35 min) and runs it"
+endef
+
 test: setup
 	$(CHECKS)
+	$(KUBE_NOTE)
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL)
 
 # Everything but the slow tests (building and installing the package, the unprivileged user):
@@ -43,6 +51,20 @@ test: setup
 test-fast: setup
 	$(CHECKS)
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -m "not install"
+
+# The kube tier: a real single-node Kubernetes cluster (scripts/kube-cluster.sh), built once (about
+# 25 minutes on 2 cores the first time; cached in ~/.cache/kernelbridge/kube) and started and
+# stopped by the tier's fixture. Root only.
+test-kube: setup
+	scripts/kube-cluster.sh build
+	$(VENV)/bin/pytest --durations=10 tests/kube tests/runtime/test_conformance.py -k kube
+
+# The suite (or the tests named in TESTS) on a machine made busy: LOAD busy-loop processes beside
+# it (scripts/under-load), all at nice 10, bounded, ended with the run. What CI and users have.
+LOAD ?= 4
+TESTS ?=
+test-under-load: setup
+	nice -n 10 scripts/under-load $(LOAD) $(VENV)/bin/pytest $(PYTEST_PARALLEL) $(TESTS)
 
 lint: setup-venv
 	$(CHECKS)

@@ -280,7 +280,63 @@ def median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000
 
 
+async def warm_beside_local(
+    runtime_name: str | None, rounds: int
+) -> tuple[list[float], list[float], list[float]]:
+    """Warm ``run_python`` calls (the SDK's ``Client``, and its ``ClientSession`` on the same stdio
+    streams) and local ``1+1`` round trips, interleaved round by round so that both see the same
+    load: (local, Client, ClientSession) seconds."""
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import stdio_client
+
+    km = AsyncKernelManager(kernel_name="python3")
+    await km.start_kernel()
+    kc = await connect_client(km)
+    local: list[float] = []
+    via_client: list[float] = []
+    via_session: list[float] = []
+    try:
+        await round_trips(kc, 5)
+        async with bridge(runtime_name) as (client, state):
+            await warm_calls(client, 5)
+            env = {"KERNELBRIDGE_STATE_DIR": str(state / "second"), "KERNELBRIDGE_DURABLE": "0"}
+            if runtime_name:
+                env["KERNELBRIDGE_RUNTIME"] = runtime_name
+            params = StdioServerParameters(command=KERNELBRIDGE, args=["serve"], env=env)
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                for _ in range(6):
+                    await session.call_tool("run_python", {"code": "1+1"})
+                for _ in range(rounds):
+                    local += await round_trips_only(kc, 1)
+                    via_client.append(await call(client, "1+1"))
+                    began = time.perf_counter()
+                    await session.call_tool("run_python", {"code": "1+1"})
+                    via_session.append(time.perf_counter() - began)
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+    return local, via_client, via_session
+
+
+async def round_trips_only(kc: AsyncKernelClient, count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        began = time.perf_counter()
+        await run_cell(kc, "1+1")
+        times.append(time.perf_counter() - began)
+    return times
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.only == "warm":
+        local, via_client, via_session = await warm_beside_local(args.runtime, 40 if args.quick else 200)
+        print(f"warm `run_python` vs local `1+1`, interleaved ({len(local)} rounds):")
+        for name, times in (("Client", via_client), ("ClientSession", via_session)):
+            ratio = median_ms(times) / median_ms(local)
+            measured = f"{median_ms(times):.2f} ms vs {median_ms(local):.2f} ms = {ratio:.2f}x"
+            print(f"  {name}: {measured} (target <= 1.3x)")
+        return
     quick = args.quick
     starts, trips, calls = (2, 30, 20) if quick else (5, 200, 100)
     extra, idle, concurrent = (3, 5, 5) if quick else (10, args.idle, 20)
@@ -341,4 +397,5 @@ if __name__ == "__main__":
         "--runtime", default=None, help="KERNELBRIDGE_RUNTIME for the sandboxes (default: auto)"
     )
     parser.add_argument("--idle", type=int, default=100, help="idle sessions beside the measured one")
+    parser.add_argument("--only", choices=["warm"], help="one measure: the warm call beside a local 1+1")
     anyio.run(main, parser.parse_args())

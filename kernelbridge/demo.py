@@ -91,11 +91,7 @@ def _show_result(name: str, result: Any, elapsed: float) -> None:
         if block.type == "image":
             print(f"bridge > [image {block.mime_type}, {len(block.data)} base64 characters]")
         elif block.type == "text":
-            text = block.text
-            if name == "export_notebook":
-                nb = json.loads(text)
-                text = f"(a notebook: nbformat {nb['nbformat']}, {len(nb['cells'])} code cells)"
-            print(_indent(text, "bridge > "))
+            print(_indent(block.text, "bridge > "))
     flag = "  [isError]" if result.is_error else ""
     print(f"         ({elapsed * 1000:.0f} ms round trip){flag}")
 

@@ -33,7 +33,9 @@ Sandboxes that outlive their bridge (``hello`` with ``durable``; see "Durable li
 ack            host -> sandbox  seq: every frame up to this one was handled (also the heartbeat)
 detach         host -> sandbox  seq (as ack): the host leaves on purpose; the sandbox runs on
 challenge      sandbox -> host  nonce, agent_hash: the first frame to a host that attaches again
-adopted        sandbox -> host  proof, next, resend, dropped, detached, idle, how, cells, versions
+hello          host -> sandbox  (to a challenge) session, agent_hash, nonce, proof
+adopted        sandbox -> host  next, resend, dropped, detached, idle, how, cells, versions,
+                                agent_hash, at, and proof (a MAC over every other field)
 refused        sandbox -> host  reason: this attachment is refused (the sandbox runs on)
 resume         host -> sandbox  (none): the adopting host is ready for what was held back
 =============  ===============  =====================================================================
@@ -45,7 +47,7 @@ kernel provisioner of a plain Jupyter client), which is local and never crosses 
 launch         owner -> tunnel  connection_file, session, agent_hash, container (a ContainerSpec as
                                 a dict), runtime: what a tunnel *process* must start
 ready          tunnel -> owner  versions, agent_hash: the kernel proved iopub delivers
-exit           tunnel -> owner  status, kind (EXIT_KINDS), reason: the sandbox is gone or never came
+exit           tunnel -> owner  status, kind (EXIT_*), reason: the sandbox is gone or never came
 rpc_request    tunnel -> owner  as from the sandbox, relayed for the owner's hub to answer
 rpc_response   owner -> tunnel  relayed to the sandbox
 fs_response    tunnel -> owner  as from the sandbox
@@ -75,11 +77,15 @@ for the next host.
 A later host reaches the sandbox through a new stdio pair (an exec'd handover, see
 ``inside/handover.py``) and must prove it knows the secret: the sandbox sends ``challenge {nonce}``,
 the host answers ``hello {session, agent_hash, nonce, proof}`` with
-``proof = adoption_proof(secret, HOST_ROLE, nonce, host nonce)``, and the sandbox answers
+``proof = adoption_proof(secret, HOST_ROLE, nonce, host nonce, hello)``, and the sandbox answers
 ``adopted`` (with its own proof, ``AGENT_ROLE``, so the host knows it is the sandbox it made) or
-``refused``. A fresh nonce on each side makes an old proof worthless. After ``adopted`` the sandbox
-sends nothing until the host says ``resume``: then the held frames (``resend`` of them, the
-first numbered ``next``) and the live ones.
+``refused``. Each proof is an HMAC under the secret of its role, both nonces and every other field
+of its frame in a canonical form (:func:`canonical`): a fresh nonce on each side makes an old proof
+worthless, and the facts the host reports from ``adopted`` (how long it was detached, how its last
+host left, the inherited cells, what was dropped) cannot be changed by anything that relays the
+frames without the secret. After ``adopted`` the sandbox sends nothing until the host says
+``resume``: then the held frames (``resend`` of them, the first numbered ``next``) and the live
+ones.
 
 Both ends also translate between ``kernel`` frames and the Jupyter wire protocol (ZMQ multipart:
 routing ids, ``<IDS|MSG>``, HMAC signature, header, parent_header, metadata, content, buffers):
@@ -142,13 +148,6 @@ EXIT_CONTAINER_EXITED = "container_exited"
 EXIT_SHUTDOWN = "shutdown"
 EXIT_PROTOCOL = "protocol"
 EXIT_PORTS_IN_USE = "ports_in_use"
-EXIT_KINDS = frozenset(
-    {
-        EXIT_AGENT_MISMATCH, EXIT_IMAGE_MISSING, EXIT_START_FAILED, EXIT_START_TIMEOUT,
-        EXIT_KERNEL_DIED, EXIT_OOM, EXIT_CONTAINER_EXITED, EXIT_SHUTDOWN, EXIT_PROTOCOL,
-        EXIT_PORTS_IN_USE,
-    }
-)  # fmt: skip
 CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
 
 HEARTBEAT = 5.0
@@ -203,11 +202,20 @@ class FrameError:
     """The first HEAD_BYTES of an oversized line (empty otherwise)."""
 
 
-def adoption_proof(secret: str, role: bytes, sandbox_nonce: str, host_nonce: str) -> str:
-    """HMAC-SHA256 of both nonces under the sandbox's secret, for ``role`` (:data:`HOST_ROLE` or
-    :data:`AGENT_ROLE`): what each end of an adoption shows the other (see "Durable links")."""
-    message = b"\0".join((role, sandbox_nonce.encode(), host_nonce.encode()))
+def adoption_proof(secret: str, role: bytes, sandbox_nonce: str, host_nonce: str, frame: Frame) -> str:
+    """HMAC-SHA256 under the sandbox's secret of ``role`` (:data:`HOST_ROLE` or :data:`AGENT_ROLE`),
+    both nonces and ``frame`` but its ``proof`` (:func:`canonical`): what each end of an adoption
+    shows the other, and the proof that no field of its frame was changed (see "Durable links")."""
+    message = b"\0".join((role, sandbox_nonce.encode(), host_nonce.encode(), canonical(frame)))
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def canonical(frame: Frame) -> bytes:
+    """``frame`` without its ``proof`` as one byte string both ends compute alike: JSON with sorted
+    keys, no spaces, ASCII only (what the sender signs and the receiver checks after decoding, so
+    a float or an escape survives the trip; keys are strings, as JSON's are)."""
+    signed = {key: value for key, value in frame.items() if key != "proof"}
+    return json.dumps(signed, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def proof_matches(expected: str, given: object) -> bool:

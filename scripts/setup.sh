@@ -2,7 +2,8 @@
 # One-command set-up of a kernelbridge checkout on Debian or Ubuntu; safe to re-run (each step is
 # skipped when its result is already there, so a second run takes about a second).
 #
-#   scripts/setup.sh              system packages, .venv, the sandbox image, the npm test peers
+#   scripts/setup.sh              system packages (chromium for the lab tier too), .venv, the sandbox
+#                                 image, the npm test peers
 #   scripts/setup.sh --venv-only  system python bits and .venv only (enough for lint)
 #
 # As root it installs missing Debian packages itself; otherwise it prints what to install and
@@ -42,6 +43,9 @@ if ((!venv_only)); then
     need runc runc
     need mmdebstrap mmdebstrap
     need newuidmap uidmap
+    # the lab tier (tests/lab) looks at `kernelbridge lab` in Debian's chromium through its driver
+    need chromium chromium
+    need chromedriver chromium-driver
     if [[ ${KERNELBRIDGE_SKIP_NPM:-0} != 1 ]] && ! command -v npx >/dev/null 2>&1; then
         missing+=(nodejs npm)
     fi
@@ -74,17 +78,17 @@ if [[ ! -x $VENV/bin/python ]]; then
     "$PYTHON" -m venv "$VENV"
 fi
 if [[ ! -f $STAMP || pyproject.toml -nt $STAMP ]]; then
-    say "installing kernelbridge and its test dependencies into $VENV ..."
+    say "installing kernelbridge, its lab extra and its test dependencies into $VENV ..."
     # The distribution was called `kernelbridge` before it took its index name (kernelbridge-mcp):
     # an old editable install of that name would claim the same scripts and entry points.
     if "$VENV/bin/python" -m pip show -q kernelbridge >/dev/null 2>&1; then
         "$VENV/bin/python" -m pip uninstall -y -q kernelbridge >/dev/null 2>&1 || true
     fi
     # setuptools is chatty on stderr during an editable build: keep its output for failures only.
-    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[test]' >"$VENV/pip-install.log" 2>&1
+    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[test,lab]' >"$VENV/pip-install.log" 2>&1
     then
         tail -n 20 "$VENV/pip-install.log" >&2
-        say "pip install -e '.[test]' failed (full log: $VENV/pip-install.log)"
+        say "pip install -e '.[test,lab]' failed (full log: $VENV/pip-install.log)"
         exit 1
     fi
     touch "$STAMP"
@@ -93,12 +97,13 @@ fi
 
 # -- the sandbox image -----------------------------------------------------------------------------------
 if [[ ${KERNELBRIDGE_SKIP_IMAGE:-0} != 1 ]]; then
-    # The image of this tree and of the configured extra packages (KERNELBRIDGE_IMAGE_PACKAGES...),
+    # The image of this tree and of the configured profile and extra packages
+    # (KERNELBRIDGE_IMAGE_PROFILE, KERNELBRIDGE_IMAGE_PACKAGES...),
     # in the store of the runtime a bridge would use: `image status` prints "<tag>: <status>".
     status=$("$VENV/bin/kernelbridge" image status 2>&1) || true
     status=${status##*: }
     if [[ $status != current ]]; then
-        say "sandbox image is $status: building it (about a minute) ..."
+        say "sandbox image is $status: building it (2-5 minutes here) ..."
         "$VENV/bin/python" -m kernelbridge.image
     fi
 fi

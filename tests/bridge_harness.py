@@ -41,31 +41,80 @@ VERDICT = "@@verdict@@"
 PASSED_ON = (
     "KERNELBRIDGE_ALLOW_UNLIMITED",
     "KERNELBRIDGE_IMAGE_PACKAGES",
-    "KERNELBRIDGE_DURABLE",
+    "KERNELBRIDGE_IMAGE_PROFILE",
     "PYTHONPATH",
 )
 """Variables of the test process that the spawned bridges get too: the suite run as an
 unprivileged user on cgroup v1 (tests/install) allows unlimited sandboxes, with an image of extra
-packages and the checkout's code; whether sessions outlive their bridge (tests/conftest.py: not
-unless a test asks); the MCP client passes only a few variables on by itself."""
+packages and the checkout's code; the MCP client passes only a few variables on by itself."""
+
+STATE_DIRS: set[Path] = set()
+"""Every state directory a bridge of this test process was started on (:func:`uses_state_dir`)
+and not swept yet. Sessions outlive their bridge by default, so a test's sandboxes run on,
+detached, after its bridges exit, as they would for a user; :func:`end_detached_sandboxes` removes
+them once no bridge of the run uses their state directory any more (tests/conftest.py, after
+each test and module)."""
+EVERY_STATE_DIR: set[Path] = set()
+""":data:`STATE_DIRS` and those already swept: the run's last sweep looks at every one again (a
+sandbox whose create was in flight when its bridge exited appears a moment later)."""
+
+
+def uses_state_dir(state_dir: Path) -> Path:
+    """Remember that a bridge is started on ``state_dir`` (its detached sandboxes are removed
+    after the test); returns it."""
+    STATE_DIRS.add(Path(os.path.realpath(state_dir)))
+    EVERY_STATE_DIR.add(Path(os.path.realpath(state_dir)))
+    return state_dir
+
+
+def sandboxes_of_state_dirs(state_dirs: set[Path]) -> list[str]:
+    """Ids of this run's durable sandboxes of ``state_dirs`` and of their HTTP namespaces,
+    running or not (one engine listing)."""
+    from kernelbridge.host.container import STATE_LABEL, state_identity
+
+    identities = set()
+    for state_dir in state_dirs:
+        for namespace in [state_dir, *sorted((state_dir / "http").glob("*"))]:
+            identities.add(state_identity(namespace))
+    run_label = os.environ["KERNELBRIDGE_LABELS"]
+    listing = podman("ps", "-a", "--filter", f"label={run_label}", "--format", "{{.ID}} {{.Labels}}")
+    found = []
+    for line in listing.splitlines():
+        container, _, labels = line.partition(" ")
+        if any(f"{STATE_LABEL}:{identity}" in labels for identity in identities):
+            found.append(container)
+    return found
+
+
+def end_detached_sandboxes(*, every: bool = False) -> list[Path]:
+    """Remove the sandboxes of every remembered state directory that no bridge uses any more (a
+    module's bridge still running keeps its own); ``every``: those swept before too. Returns the
+    state directories swept."""
+    unused = {d for d in (EVERY_STATE_DIR if every else STATE_DIRS) if not serve_pids(d)}
+    if unused and (left := sandboxes_of_state_dirs(unused)):
+        podman("rm", "-f", "-t", "0", *left, timeout=120)
+    STATE_DIRS.difference_update(unused)
+    return sorted(unused)
 
 
 def ensure_image() -> str:
-    """The current sandbox image of the configured extra packages (``KERNELBRIDGE_IMAGE_PACKAGES``,
-    none by default: the bridges the tests start expect that image), built once if missing or
+    """The current sandbox image of the configured profile and extra packages
+    (``KERNELBRIDGE_IMAGE_PROFILE``, ``KERNELBRIDGE_IMAGE_PACKAGES``; the full profile and none by
+    default: the bridges the tests start expect that image), built once if missing or
     stale (about two minutes); skips without podman."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
     from kernelbridge.config import load_settings
-    from kernelbridge.image import extras_from_settings
+    from kernelbridge.image import contents_from_settings
     from kernelbridge.testing import ensure_sandbox_image
 
-    return ensure_sandbox_image(extras=extras_from_settings(load_settings()))
+    return ensure_sandbox_image(contents=contents_from_settings(load_settings()))
 
 
 def serve_params(state_dir: Path, *args: str, **env: str) -> StdioServerParameters:
     """``kernelbridge serve ARGS`` with its state in ``state_dir``: this test run's label, PATH and
     :data:`PASSED_ON` from the test process, then ``env``."""
+    uses_state_dir(state_dir)
     base = {
         "KERNELBRIDGE_STATE_DIR": str(state_dir),
         "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
@@ -85,8 +134,9 @@ def free_port() -> int:
 
 
 def serve_pids(state_dir: Path) -> list[int]:
-    """PIDs of ``kernelbridge serve`` processes using ``state_dir`` (found via /proc environ)."""
-    marker = f"KERNELBRIDGE_STATE_DIR={state_dir}".encode()
+    """PIDs of ``kernelbridge serve`` processes using ``state_dir`` (found via /proc environ: its
+    KERNELBRIDGE_STATE_DIR, or the HOME whose default state directory it is)."""
+    state_dir = Path(os.path.realpath(state_dir))
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -96,9 +146,18 @@ def serve_pids(state_dir: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if marker in environ.split(b"\0") and b"serve" in cmdline.split(b"\0"):
+        if b"serve" in cmdline.split(b"\0") and _state_dir_of(environ) == state_dir:
             pids.append(int(entry.name))
     return pids
+
+
+def _state_dir_of(environ: bytes) -> Path | None:
+    variables = dict(item.partition(b"=")[::2] for item in environ.split(b"\0") if item)
+    if explicit := variables.get(b"KERNELBRIDGE_STATE_DIR"):
+        return Path(os.path.realpath(os.fsdecode(explicit)))
+    if (home := variables.get(b"HOME")) and b"XDG_STATE_HOME" not in variables:
+        return Path(os.path.realpath(os.fsdecode(home))) / ".local" / "state" / "kernelbridge"
+    return None
 
 
 def status_kib(pid: int, key: str) -> int:
@@ -232,6 +291,10 @@ class Bridge:
         text = text_of(answer)
         return bool(answer.is_error), text
 
+    async def notebook(self, session: str) -> str:
+        """``session``'s notebook as the resource serves it (``export_notebook`` only says where)."""
+        return await notebook_of(self.client, session)
+
     async def listed(self) -> dict[str, dict[str, Any]]:
         _, text = await self.call("list_sessions")
         return {s["session"]: s for s in json.loads(text)["sessions"]}
@@ -273,17 +336,19 @@ def module_bridge(name: str) -> Any:
     @pytest.fixture(scope="module")
     async def bridge(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> AsyncIterator[Bridge]:
         state = tmp_path_factory.mktemp(name) / "state"
-        async with open_bridge(state, KERNELBRIDGE_MAX_SESSIONS="16", KERNELBRIDGE_WARM_POOL="1") as opened:
+        async with open_bridge(state, KERNELBRIDGE_MAX_SESSIONS="16") as opened:
             yield opened
 
     return bridge
 
 
 @asynccontextmanager
-async def open_bridge(state_dir: Path, **env: str) -> AsyncIterator[Bridge]:
-    """A fresh ``kernelbridge serve`` over stdio with its state in ``state_dir``."""
+async def open_bridge(state_dir: Path, *, mode: str = "auto", **env: str) -> AsyncIterator[Bridge]:
+    """A fresh ``kernelbridge serve`` over stdio with its state in ``state_dir`` (``mode``: the
+    SDK client's, e.g. "legacy" for a 2025-11-25 client)."""
     await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
-    async with Client(serve_params(state_dir, **env), read_timeout_seconds=CLIENT_TIMEOUT) as client:
+    params = serve_params(state_dir, **env)
+    async with Client(params, mode=mode, read_timeout_seconds=CLIENT_TIMEOUT) as client:  # type: ignore[arg-type]
         pids = serve_pids(state_dir)
         assert len(pids) == 1, pids
         yield Bridge(client, state_dir, pids[0])
@@ -291,7 +356,12 @@ async def open_bridge(state_dir: Path, **env: str) -> AsyncIterator[Bridge]:
 
 @asynccontextmanager
 async def open_http_bridge(
-    state_dir: Path, tokens: dict[str, str], *, command: list[str] | None = None, **env: str
+    state_dir: Path,
+    tokens: dict[str, str],
+    *,
+    command: list[str] | None = None,
+    mode: str = "auto",
+    **env: str,
 ) -> AsyncIterator[dict[str, Bridge]]:
     """A fresh ``kernelbridge serve --http`` on a free loopback port with one bearer token per
     namespace (``{"alice": token, ...}``), and a real MCP client over streamable HTTP for each:
@@ -303,6 +373,7 @@ async def open_http_bridge(
 
     port = free_port()
     await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
+    uses_state_dir(state_dir)
     environ = {
         **os.environ,
         "KERNELBRIDGE_STATE_DIR": str(state_dir),
@@ -326,7 +397,7 @@ async def open_http_bridge(
                     http = create_mcp_http_client(headers={"authorization": f"Bearer {token}"})
                     transport = streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)
                     client = await stack.enter_async_context(
-                        Client(transport, read_timeout_seconds=CLIENT_TIMEOUT)
+                        Client(transport, mode=mode, read_timeout_seconds=CLIENT_TIMEOUT)  # type: ignore[arg-type]
                     )
                     bridges[name] = Bridge(client, state_dir / "http" / name, proc.pid)
                 yield bridges
@@ -361,6 +432,13 @@ async def local_bridge(state_dir: Path, **env: str) -> AsyncIterator[Client]:
         app = build_server(settings, runtime=runtime)
         async with Client(app, read_timeout_seconds=CLIENT_TIMEOUT) as client:
             yield client
+
+
+async def notebook_of(client: Client, session: str) -> str:
+    """The text of ``session``'s notebook resource (``kernelbridge://sessions/NAME/notebook``)."""
+    with anyio.fail_after(CLIENT_TIMEOUT):
+        answer = await client.read_resource(f"kernelbridge://sessions/{session}/notebook")
+    return "".join(getattr(part, "text", "") for part in answer.contents)
 
 
 def text_of(answer: Any) -> str:

@@ -373,6 +373,9 @@ class CellResult:
     stderr: str = ""
     result: str | None = None
     error: dict[str, Any] | None = None
+    """The iopub ``error`` message (else, for an error, the execute reply)."""
+    reply: dict[str, Any] = field(default_factory=dict)
+    """The execute reply's content."""
 
     @property
     def value(self) -> Any:
@@ -440,6 +443,7 @@ class SandboxKernel:
             except queue.Empty:
                 continue
             if reply["parent_header"].get("msg_id") == msg_id:
+                cell.reply = reply["content"]
                 cell.status = reply["content"]["status"]
                 if cell.status == "error" and cell.error is None:
                     cell.error = reply["content"]

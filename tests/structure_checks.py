@@ -2,7 +2,8 @@
 
 :func:`package_modules` parses every module of ``kernelbridge/`` (the sandbox's ``mcp`` package,
 ``kernelbridge/inside/pythonpath/mcp``, under its name in the kernel: ``mcp``) with its imports,
-lazy ones (inside functions) marked, and those under ``if TYPE_CHECKING:`` marked as never run.
+lazy ones (inside functions) marked, and those under ``if TYPE_CHECKING:`` marked as never run
+(but in a package whose names are imported on first use, ``kernelbridge.lazy``: lazy there).
 Each check takes parsed modules and returns one line per offence, naming the module and line:
 tests/unit/test_structure.py runs them on the package, and on made-up sources (:func:`made_up`)
 to show each can fail.
@@ -23,7 +24,9 @@ PACKAGE = REPO / "kernelbridge"
 SANDBOX_PATH = PACKAGE / "inside" / "pythonpath"
 """On the kernel's path in the container: its ``mcp`` package is top-level ``mcp`` there."""
 
-MAX_LINES = 500
+LONG_MODULE = 800
+"""Past this many lines a module is worth a second look (is it still one concept?): a warning,
+never a failure. Size follows the concept; nothing is split for length alone."""
 CONTAINER_CLIS = frozenset({"podman", "docker"})
 SPAWNERS = frozenset(
     {
@@ -144,13 +147,24 @@ def _raw_imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, b
     yield from walk(tree, False, False)
 
 
+def _lazy_exports(module: Module) -> bool:
+    """A package whose names are imported on first use (``kernelbridge.lazy``): its imports under
+    ``if TYPE_CHECKING:`` do run, lazily."""
+    return module.package and any(
+        isinstance(node, ast.Name) and node.id == "lazy_exports" for node in ast.walk(module.tree)
+    )
+
+
 def resolve_imports(modules: list[Module]) -> list[Module]:
     """Fill each module's ``imports`` with the modules of this set it names. The host's ``mcp`` is
     the MCP SDK; only the sandbox's modules mean the sandbox package by it."""
     known = {m.name for m in modules}
     for module in modules:
         world = known if module.inside else {n for n in known if not _within(n, "mcp")}
+        lazy_package = _lazy_exports(module)
         for node, lazy, typing_only in _raw_imports(module.tree):
+            if lazy_package and typing_only:
+                lazy, typing_only = True, False
             for target in _targets(module, node):
                 resolved = _known_prefix(target, world)
                 module.imports.append(Import(resolved or target, node.lineno, lazy, typing_only))
@@ -181,14 +195,14 @@ def _known_prefix(target: str, known: set[str]) -> str | None:
 # -- the checks (each returns its findings, one line per offence) ------------------------------------------
 def import_cycles(modules: list[Module], allowed: dict[frozenset[str], str] | None = None) -> list[str]:
     """One line per cycle (a strongly connected component of the import graph, TYPE_CHECKING
-    imports left out), with the import that makes each step; and one per ``allowed`` cycle that
-    is gone."""
+    imports included: they never run, but a circle of types is a circle of concepts), with the
+    import that makes each step; and one per ``allowed`` cycle that is gone."""
     allowed = allowed or {}
     by_name = {m.name: m for m in modules}
     edges: dict[str, dict[str, Import]] = {m.name: {} for m in modules}
     for module in modules:
         for imp in module.imports:
-            if not imp.typing_only and imp.target in by_name and imp.target != module.name:
+            if imp.target in by_name and imp.target != module.name:
                 edges[module.name].setdefault(imp.target, imp)
     found = []
     components = _components(edges)
@@ -262,18 +276,75 @@ def _cycle_in(component: list[str], edges: dict[str, dict[str, Import]]) -> list
     raise AssertionError(f"no cycle in the component {component}")
 
 
-def long_modules(modules: list[Module], allowed: dict[str, str]) -> list[str]:
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+"""Its first table lists the layers top to bottom, each with the modules it holds."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    paths: tuple[str, ...]
+    """Repository paths: a directory (ending in ``/``) holds everything below it."""
+
+    def holds(self, path: str) -> int:
+        """How specifically it holds ``path`` (the matching path's length), 0 if not."""
+        return max(
+            (len(p) for p in self.paths if path == p or (p.endswith("/") and path.startswith(p))), default=0
+        )
+
+
+def architecture_layers(text: str) -> list[Layer]:
+    """The layer table of docs/architecture.md (its rows' first two columns), top to bottom."""
+    layers = []
+    in_table = False
+    for line in text.splitlines():
+        if line.startswith("| layer | module(s) |"):
+            in_table = True
+            continue
+        if in_table and not line.startswith("|"):
+            break
+        if in_table and not line.startswith("|---"):
+            name, modules = (cell.strip() for cell in line.split("|")[1:3])
+            paths = tuple(part.strip().strip("`") for part in modules.split(","))
+            layers.append(Layer(name, tuple(p for p in paths if p.startswith("kernelbridge/"))))
+    return layers
+
+
+def layer_violations(modules: list[Module], layers: list[Layer]) -> list[str]:
+    """Modules in no layer, and imports of a layer above the importer's (lazy and TYPE_CHECKING
+    ones too), one line each."""
+
+    def layer_of(path: str) -> int | None:
+        fits = [(layer.holds(path), index) for index, layer in enumerate(layers) if layer.holds(path)]
+        return max(fits)[1] if fits else None
+
+    by_name = {m.name: m for m in modules}
     found = []
     for module in modules:
-        if module.lines > MAX_LINES and module.path not in allowed:
-            found.append(f"{module.path} has {module.lines} lines (> {MAX_LINES}): split it by concept")
-    paths = {m.path: m for m in modules}
-    for path, why in allowed.items():
-        if path not in paths or paths[path].lines <= MAX_LINES:
-            found.append(
-                f"{path} is allowed past {MAX_LINES} lines ({why}) but no longer needs it: remove it"
-            )
+        here = layer_of(module.path)
+        if here is None:
+            found.append(f"{module.path} is in no layer of docs/architecture.md")
+            continue
+        for imp in module.imports:
+            target = by_name.get(imp.target)
+            there = layer_of(target.path) if target is not None else None
+            if there is not None and there < here:
+                what = f"{module.path} ({layers[here].name}) imports {imp.target}"
+                found.append(f"{what} ({layers[there].name}, a layer above it) at {imp.where()}")
     return found
+
+
+class LongModule(UserWarning):
+    """A module past :data:`LONG_MODULE` lines (shown in the test summary; never fails)."""
+
+
+def long_modules(modules: list[Module]) -> list[str]:
+    """One line per module past :data:`LONG_MODULE` lines."""
+    return [
+        f"{module.path} has {module.lines} lines (> {LONG_MODULE}): is it still one concept?"
+        for module in modules
+        if module.lines > LONG_MODULE
+    ]
 
 
 def container_cli_spawns(modules: list[Module]) -> list[str]:

@@ -1,6 +1,7 @@
 """``kernelbridge doctor``: can this machine run sandboxes, and are their limits real?
 
-One line per check (``ok``, ``warn`` or ``FAIL``), then a ``summary`` line naming the checks whose
+One line per check (``ok``, ``warn`` or ``FAIL``; the first, ``settings``, one line per bad
+setting), then a ``summary`` line naming the checks whose
 results are degraded (``warn``: it works, with less than it should) or failed, and a non-zero exit
 status if any check failed. Every check that can run runs: only a check that *needs* what an
 earlier one could not provide (a runtime that answers, the image) is reported as skipped, with
@@ -149,7 +150,7 @@ class Doctor:
         from kernelbridge.host.policy import expected_image, verify_image
         from kernelbridge.image import (
             PACKAGES_LABEL,
-            extras_from_settings,
+            contents_from_settings,
             image_hash,
             labels_status,
             parse_packages,
@@ -159,7 +160,7 @@ class Doctor:
         image, expected = expected_image(self.settings)
         labels = await verify_image(self.runtime, image, expected, explicit=bool(self.settings.image))
         if not self.settings.image:
-            if labels_status(labels, image_hash(extras_from_settings(self.settings))) != "current":
+            if labels_status(labels, image_hash(contents_from_settings(self.settings))) != "current":
                 return "FAIL", f"{image} is stale: run `kernelbridge image build`"
         self.image = image
         packages = parse_packages(labels.get(PACKAGES_LABEL))
@@ -215,7 +216,7 @@ class Doctor:
         elapsed = time.perf_counter() - started
         if cell.outputs.result != "2":
             return "FAIL", f"the kernel answered {cell.outputs.result!r} to 1+1"
-        versions = sandbox.owner.versions
+        versions = sandbox.versions
         return "ok", (
             f"a sandboxed kernel started and ran 1+1 in {elapsed:.2f} s "
             f"(python {versions.get('python')}, ipykernel {versions.get('ipykernel')})"
@@ -249,9 +250,18 @@ class Doctor:
             return "warn", f"{detail}; skipped: {catalog.problems[0]}{more}"
         return "ok", detail
 
+    def settings_check(self) -> None:
+        """One line per setting that cannot be read (``Settings.problems``): the checks after it
+        use that setting's default, and ``serve`` starts no sandbox until it is fixed."""
+        for problem in self.settings.problems:
+            self.report("settings", "FAIL", f"{problem} (`serve` refuses every sandbox until it is fixed)")
+        if not self.settings.problems:
+            self.report("settings", "ok", "every KERNELBRIDGE_* setting reads")
+
     async def run(self) -> int:
         from kernelbridge.runtime import open_selection
 
+        self.settings_check()
         await self.check("state", self.state_check)
         try:
             async with open_selection(self.settings) as selection:

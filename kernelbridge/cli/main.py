@@ -18,6 +18,7 @@ from kernelbridge.cli import (
     history,
     image,
     kernelspec,
+    lab,
     replay,
     serve,
     servers,
@@ -29,11 +30,15 @@ from kernelbridge.cli.command import Command
 from kernelbridge.config import check_state_dir, load_settings
 from kernelbridge.errors import KernelBridgeError
 
-GROUPS = (serve, servers, image, doctor, sessions, history, replay, kernelspec, setup, skills, demo)
+GROUPS = (serve, servers, image, doctor, sessions, history, lab, replay, kernelspec, setup, skills, demo)
 """The command groups, in the order ``kernelbridge --help`` lists their commands."""
 
 STATEFUL = frozenset({"serve", "replay", "demo", "setup"})
 """Commands that write to the state directory."""
+LENIENT = frozenset({"serve", "doctor"})
+"""Commands that start with bad settings (kept in ``Settings.problems``): ``serve`` over stdio
+says them at every call (an MCP client shows none of its stderr), ``doctor`` lists them; every
+other command stops with the first, in one line."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Command = args.run
     try:
-        settings = load_settings()
-        if args.command in STATEFUL:
+        settings = load_settings(strict=args.command not in LENIENT)
+        if args.command in STATEFUL - LENIENT:
             check_state_dir(settings)  # one line now, not a traceback from deep inside
         return run(args, settings)
     except KernelBridgeError as exc:

@@ -33,12 +33,14 @@ def add_parsers(sub: Subcommands) -> None:
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     """Exit status: 0 every cell behaved as recorded (cells the original never ran are run, and
-    reported ``unexecuted``), 1 a cell raised that did not before (or, with --strict, an output
-    differs), 2 the input is not a notebook.
+    reported ``unexecuted``), 1 a cell raised that did not before, a cell the original never ran
+    raised now (as ``jupyter nbconvert --execute`` fails), or, with --strict, an output differs;
+    or no sandbox may start (limits not enforced, no image: one line); 2 the input is not a
+    notebook.
 
     A notebook may come from anywhere: no live host server is called unless the person names it
     with ``--grant`` (``--recorded-tools``, once needed for that, is the default and a no-op)."""
-    from kernelbridge.notebook.replay import read_notebook, replay_notebook
+    from kernelbridge.replay import read_notebook, replay_notebook
 
     try:
         read_notebook(args.notebook)  # bad input is one line and status 2, before any sandbox

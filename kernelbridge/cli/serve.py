@@ -8,7 +8,15 @@ import sys
 from typing import TYPE_CHECKING
 
 from kernelbridge.cli.servers import add_discovery_arguments, with_discovery
-from kernelbridge.config import Settings, check_mount_set, parse_mounts
+from kernelbridge.config import (
+    Settings,
+    check_mount_set,
+    check_state_dir,
+    mount_guard_of,
+    parse_mounts,
+    problems_line,
+    with_problem,
+)
 from kernelbridge.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -45,17 +53,31 @@ def without_iri_grammar() -> None:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     without_iri_grammar()
     from kernelbridge.cli.history import warn_if_over_budget
-    from kernelbridge.image import extras_from_settings
+    from kernelbridge.image import contents_from_settings
     from kernelbridge.server import serve
     from kernelbridge.server.http import HttpOptions
 
     settings = with_discovery(args, settings)
-    if args.mount:
-        mounts = [parse_mounts(item, settings.state_dir, where="--mount")[0] for item in args.mount]
-        combined = check_mount_set([*settings.mounts, *mounts], where="--mount")
-        settings = dataclasses.replace(settings, mounts=combined)
-    extras_from_settings(settings)  # a bad package list stops the start, with one line
-    warn_if_over_budget(settings)  # old session generations are never removed silently
+    # A bad value is kept, not raised: over stdio the bridge must start and say it at every call
+    # (an MCP client shows none of its stderr); `--http` refuses to start instead (see below).
+    try:
+        if args.mount:
+            guard = mount_guard_of(settings)
+            mounts = [parse_mounts(item, guard, where="--mount")[0] for item in args.mount]
+            combined = check_mount_set([*settings.mounts, *mounts], where="--mount")
+            settings = dataclasses.replace(settings, mounts=combined)
+    except ConfigError as exc:
+        settings = with_problem(settings, str(exc))
+    try:
+        contents_from_settings(settings)  # the image's extra packages
+    except ConfigError as exc:
+        settings = with_problem(settings, str(exc))
+    if args.http:  # an operator's terminal: one line and exit 1
+        if settings.problems:
+            raise ConfigError(problems_line(settings.problems))
+        check_state_dir(settings)  # before the token file is read from it
+    if not settings.problems:
+        warn_if_over_budget(settings)  # old session generations are never removed silently
     http = None
     if args.http:
         http = HttpOptions.from_args(

@@ -42,7 +42,8 @@ def add_parsers(sub: Subcommands) -> None:
 
 
 def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelbridge.session.store import list_session_records
+    from kernelbridge.session.records import Standing
+    from kernelbridge.session.store import list_session_records, warm_sandboxes
 
     if args.all:
         from kernelbridge.cli.history import show_generations
@@ -54,12 +55,15 @@ def cmd_sessions(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if not records:
         print("no live sessions")
-        return 0
-    print(f"{'SESSION':<20} {'STATE':<9} {'CONTAINER':<36} {'OWNER':>7}  CONNECTION FILE")
+    else:
+        print(f"{'SESSION':<20} {'STATE':<9} {'CONTAINER':<36} {'OWNER':>7}  CONNECTION FILE")
     for r in records:
         container, owner = r.get("container") or "-", r.get("owner_pid", "-")
-        state = r.get("state", "attached")
-        print(f"{r['name']:<20} {state:<9} {container:<36} {owner:>7}  {r['connection_file'] or '-'}")
+        print(f"{r['name']:<20} {r['state']:<9} {container:<36} {owner:>7}  {r['connection_file'] or '-'}")
+    warm = warm_sandboxes(settings.state_dir)
+    if any(warm.values()):
+        attached, detached = warm[Standing.ATTACHED], warm[Standing.DETACHED]
+        print(f"warm pool: {attached} sandbox(es) attached, {detached} detached (no session yet)")
     return 0
 
 
@@ -69,7 +73,7 @@ def cmd_close(args: argparse.Namespace, settings: Settings) -> int:
     import anyio
 
     from kernelbridge.runtime import open_runtime
-    from kernelbridge.session.adopter import end_record
+    from kernelbridge.session.durability import end_record
     from kernelbridge.session.store import SessionStore
 
     namespace, _, session = args.name.rpartition("/")

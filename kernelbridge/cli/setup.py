@@ -8,17 +8,19 @@ What it does, in order, saying each step:
    user namespaces), each missing piece with its fix;
 3. the state directory;
 4. rootless podman's storage driver, as the selected runtime reports it: podman 4.3 starts new
-   users on ``vfs``, which copies the whole image (~470 MB) for every sandbox; on a storage that
+   users on ``vfs``, which copies the whole image (0.9 GB) for every sandbox; on a storage that
    is still empty setup switches to ``overlay`` (native, else fuse-overlayfs) and says so,
    otherwise it prints how to;
-5. the sandbox image (``--with`` adds packages), built into the selected runtime's image store;
+5. the sandbox image (``--profile minimal`` leaves the analysis stack out, ``--with`` adds
+   packages), built into the selected runtime's image store;
 6. ``doctor``, with the settings the printed entry will carry;
 7. the ``mcpServers`` entry for an MCP client that works on this host as it is: the stable command
    (pipx's or uv's shim in ``~/.local/bin``, not the private virtualenv behind it; ``uvx
    kernelbridge-mcp`` when setup itself runs from uvx's throw-away environment), the settings
    ``serve`` needs here (``KERNELBRIDGE_ALLOW_UNLIMITED=1`` where the runtime cannot enforce limits,
-   said as such; the image's extra packages; the ``KERNELBRIDGE_*`` and engine variables setup ran
-   with, secrets excepted).
+   said as such; the image's profile and extra packages; the ``KERNELBRIDGE_*`` and engine
+   variables setup ran with, secrets excepted): :func:`entry_env`, which ``kernelspec install``
+   writes into the kernelspec too.
 
 Every container chore goes through :mod:`kernelbridge.runtime` (the selected runtime, and for the
 storage switch the local podman's own module there); setup itself runs only apt-get. The
@@ -44,12 +46,12 @@ import anyio
 
 from kernelbridge import DISTRIBUTION, __version__
 from kernelbridge.cli.doctor import run_doctor
-from kernelbridge.config import Settings, check_state_dir
+from kernelbridge.config import DEFAULT_IMAGE_PROFILE, IMAGE_PROFILES, Settings, check_state_dir
 from kernelbridge.errors import KernelBridgeError
 
 if TYPE_CHECKING:
     from kernelbridge.cli.command import Subcommands
-    from kernelbridge.image import ImageExtras
+    from kernelbridge.image import ImageContents
     from kernelbridge.runtime import RuntimeInfo
 
 # command -> the Debian package that provides it
@@ -61,10 +63,14 @@ def add_parsers(sub: Subcommands) -> None:
     setup = sub.add_parser("setup", help="check this machine, build the sandbox image, run doctor")
     setup.add_argument("--with", dest="packages", action="append", default=[], metavar="PACKAGE",
                        help="add a Python package to the image (repeatable)")  # fmt: skip
+    setup.add_argument("--profile", choices=IMAGE_PROFILES,
+                       help="the image's package set: full (default) or minimal (smaller)")  # fmt: skip
     setup.set_defaults(run=cmd_setup)
 
 
 def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
+    if args.profile is not None:
+        settings = dataclasses.replace(settings, image_profile=args.profile)
     return run_setup(settings, packages=args.packages)
 
 
@@ -148,10 +154,31 @@ def _ephemeral(prefix: Path, env: Mapping[str, str], tool: str) -> bool:
     return False
 
 
+UNLIMITED_NEEDED = (
+    "this host's container runtime ignores memory and pid limits (rootless podman on cgroup v1), so"
+    " sandboxes start only with KERNELBRIDGE_ALLOW_UNLIMITED=1; sandboxed code can then use all the"
+    " host's memory and processes. For enforced limits run podman as root, or on cgroup v2 with the"
+    " memory and pids controllers delegated"
+)
+
+
+def settings_for_host(settings: Settings, info: RuntimeInfo | None) -> tuple[Settings, str | None]:
+    """``settings`` as a bridge (or a kernelspec's kernel) needs them to start sandboxes on the
+    runtime that said ``info`` (None: it did not answer, nothing is decided), and why they changed
+    (None: they did not): ``KERNELBRIDGE_ALLOW_UNLIMITED`` where it cannot enforce limits, without
+    which every sandbox is refused."""
+    if info is None or info.limits_enforced or settings.allow_unlimited:
+        return settings, None
+    return dataclasses.replace(settings, allow_unlimited=True), UNLIMITED_NEEDED
+
+
 def entry_env(
-    settings: Settings, extras: ImageExtras, env: Mapping[str, str] | None = None
+    settings: Settings, contents: ImageContents, env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The environment of the printed entry: the settings ``serve`` needs on this host."""
+    """The environment ``serve`` (the printed entry) and a kernelspec's kernels need on this host:
+    the ``KERNELBRIDGE_*`` and engine variables of ``env`` (secrets excepted), the image's profile
+    (unless it is the default) and extra packages, ``KERNELBRIDGE_ALLOW_UNLIMITED`` when
+    ``settings`` allow it (:func:`settings_for_host`)."""
     env = os.environ if env is None else env
     out: dict[str, str] = {}
     for key in sorted(env):
@@ -160,8 +187,12 @@ def entry_env(
             out[f"KERNELBRIDGE_{name}"] = env[key]
         elif key in PASSED_SETTINGS and env[key].strip():
             out[key] = env[key]
-    if extras:
-        out["KERNELBRIDGE_IMAGE_PACKAGES"] = " ".join(extras.requirements)
+    # The profile setup built (or `--profile` chose) wins over the environment's, which it replaced.
+    out.pop("KERNELBRIDGE_IMAGE_PROFILE", None)
+    if contents.profile != DEFAULT_IMAGE_PROFILE:
+        out["KERNELBRIDGE_IMAGE_PROFILE"] = contents.profile
+    if contents.extras:
+        out["KERNELBRIDGE_IMAGE_PACKAGES"] = " ".join(contents.extras)
         out.pop("KERNELBRIDGE_IMAGE_REQUIREMENTS", None)  # folded into the packages above
     if settings.allow_unlimited:
         out["KERNELBRIDGE_ALLOW_UNLIMITED"] = "1"
@@ -169,7 +200,7 @@ def entry_env(
 
 
 async def storage_and_image(
-    settings: Settings, extras: ImageExtras, *, rootless: bool
+    settings: Settings, contents: ImageContents, *, rootless: bool
 ) -> tuple[str, RuntimeInfo]:
     """Steps 4 and 5: the storage driver (rootless only), then the image; its tag and what the
     runtime said of itself. Raises KernelBridgeError (one line) when the runtime cannot be used
@@ -190,13 +221,13 @@ async def storage_and_image(
                 else VFS_WARNING
             )
     async with open_runtime(settings) as runtime:
-        tag = await build_image(runtime.images, extras=extras, log=say)
+        tag = await build_image(runtime.images, contents=contents, log=say)
         return tag, await runtime.info()
 
 
 def run_setup(settings: Settings, packages: list[str]) -> int:
     """Run every step (module docstring); returns the exit status."""
-    from kernelbridge.image import extras_from_settings
+    from kernelbridge.image import contents_from_settings
     from kernelbridge.image.rootfs import unshare_problem
 
     root = os.geteuid() == 0
@@ -220,27 +251,21 @@ def run_setup(settings: Settings, packages: list[str]) -> int:
         return 1
     check_state_dir(settings)
     say(f"state directory: {settings.state_dir}")
-    extras = extras_from_settings(settings).plus(packages)
+    contents = contents_from_settings(settings).plus(packages)
     try:
-        tag, info = anyio.run(partial(storage_and_image, rootless=not root), settings, extras)
+        tag, info = anyio.run(partial(storage_and_image, rootless=not root), settings, contents)
     except KernelBridgeError as exc:
         say(str(exc))
         return 1
-    say(f"sandbox image: {tag}")
-    if not info.limits_enforced and not settings.allow_unlimited:
-        # Without it the bridge refuses every sandbox here: an entry without it would not work.
-        say(
-            "this host's container runtime ignores memory and pid limits (rootless podman on cgroup v1):"
-            " the entry below sets KERNELBRIDGE_ALLOW_UNLIMITED=1, without which every call is refused;"
-            " sandboxed code can then use all the host's memory and processes. For enforced limits run"
-            " podman as root, or on cgroup v2 with the memory and pids controllers delegated"
-        )
-        settings = dataclasses.replace(settings, allow_unlimited=True)
+    say(f"sandbox image: {tag} ({contents.describe()})")
+    settings, why = settings_for_host(settings, info)
+    if why:
+        say(f"{why}: the entry below sets it, without which every call is refused")
     # Doctor (and the bridge) must look for the image of these packages, not the plain one.
-    settings = dataclasses.replace(settings, image_packages=extras.requirements, image_requirements=None)
+    settings = dataclasses.replace(settings, image_packages=contents.extras, image_requirements=None)
     say("doctor:")
     status = anyio.run(run_doctor, settings)
-    env = entry_env(settings, extras)
+    env = entry_env(settings, contents)
     command, args = kernelbridge_command()
     entry = {"command": command, "args": args, **({"env": env} if env else {})}
     say("an MCP client runs it with this entry in its mcpServers:")

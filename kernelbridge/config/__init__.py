@@ -2,11 +2,13 @@
 
 Every setting has a ``KERNELBRIDGE_<NAME>`` variable; the stateless predecessor's
 ``MCP_BRIDGE_<NAME>`` is accepted as a fallback so existing client configs keep working.
-A bad value raises :class:`ConfigError` naming the variable, the value and what is expected.
+A bad value is one line naming the variable, the value and what is expected: raised as a
+:class:`ConfigError`, or kept in ``Settings.problems`` for a bridge that must start all the same.
 
-The package (it outgrew one module): ``env`` reads one variable at a time, ``mounts`` checks the
-host directories a sandbox may see, ``packages`` holds ``%pip install``'s settings; this module
-holds the settings records, :func:`load_settings` and the state directory's layout.
+The package (it outgrew one module): ``records`` holds the settings records, ``env`` reads one
+variable at a time, ``mounts`` checks the host directories a sandbox may see, ``packages`` holds
+``%pip install``'s settings; this module holds :func:`load_settings` and the state directory's
+layout.
 """
 
 from __future__ import annotations
@@ -15,33 +17,54 @@ import dataclasses
 import errno
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import shlex
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 from kernelbridge.config import env as _env
 from kernelbridge.config.mounts import (
     PACKAGES_DIR,
     RESERVED_TARGETS,
     Mount,
+    MountGuard,
     check_mount,
     check_mount_set,
     check_source,
+    mount_guard,
     parse_mounts,
 )
 from kernelbridge.config.packages import PackageSettings, parse_policy, tmpfs_size
+from kernelbridge.config.records import (
+    CLIENTS,
+    DEFAULT_IMAGE_PROFILE,
+    IMAGE_PROFILES,
+    RUNTIMES,
+    EngineSettings,
+    HttpSettings,
+    ImageProfile,
+    KubeSettings,
+    SandboxLimits,
+    Settings,
+)
 from kernelbridge.errors import ConfigError
 
 __all__ = [
     "CLIENTS",
+    "DEFAULT_IMAGE_PROFILE",
     "HTTP_DIR",
+    "IMAGE_PROFILES",
     "PACKAGES_DIR",
     "RESERVED_TARGETS",
     "RUNTIMES",
     "ConfigError",
     "EngineSettings",
     "HttpSettings",
+    "ImageProfile",
+    "KubeSettings",
     "Mount",
+    "MountGuard",
     "PackageSettings",
     "SandboxLimits",
     "Settings",
@@ -51,217 +74,18 @@ __all__ = [
     "check_state_dir",
     "default_state_dir",
     "load_settings",
+    "misconfigured",
+    "mount_guard_of",
     "namespace_names",
     "namespace_state_dir",
     "parse_mounts",
+    "problems_line",
+    "with_problem",
 ]
 
 HTTP_DIR = "http"
 """HTTP tokens' namespaces keep their state in ``<state dir>/http/<namespace>/``."""
 _NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
-
-CLIENTS = ("claude-code", "claude-desktop", "cursor", "vscode")
-"""The MCP clients whose config files the hub reads (``KERNELBRIDGE_CLIENT_CONFIGS``; see
-:mod:`kernelbridge.hub.sources` for where each keeps its servers)."""
-
-RUNTIMES = ("podman", "docker", "podman-api", "docker-api", "podman-cli", "docker-cli")
-"""Values of ``KERNELBRIDGE_RUNTIME``: an engine (its API when one answers, else its CLI), or an
-engine and a way to drive it, with no fallback."""
-
-
-@dataclass(frozen=True, slots=True)
-class SandboxLimits:
-    """Resource limits and hardening of one sandbox container (see DESIGN.md)."""
-
-    memory: str = "512m"
-    """Memory limit; swap is limited to the same value so the kernel cannot page out."""
-    pids: int = 128
-    """Maximum processes+threads in the container: stops fork bombs."""
-    cpus: float = 1.0
-    tmp_size: str = "64m"
-    """Size of the /tmp tmpfs. Unsized, podman's /tmp is a huge tmpfs counted against memory."""
-    workspace_size: str = "256m"
-    packages_size: str = "192m"
-    """Size of the /packages tmpfs where the session's ``%pip install``s go: the bytes that may be
-    installed (``PackageSettings.max_bytes``) and half as much again for the wheel being unpacked
-    (``config.packages.tmpfs_size``). Like every tmpfs it counts against ``memory``."""
-    nofile: int = 1024
-    nproc: int = 4096
-    """RLIMIT_NPROC is per host uid, shared by every container running as 65534: keep it high
-    and let ``pids`` bound each container."""
-    user: str = "65534:65534"
-    network: str = "none"
-    read_only: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSettings:
-    """Where the container engine API is (see ``kernelbridge.runtime``): read from the variables the
-    docker and podman clients read, so an engine configured for them is found the same way."""
-
-    urls: tuple[str, ...] = ()
-    """``KERNELBRIDGE_ENGINES``: several engines (``unix://``, ``tcp://``, ``ssh://`` URLs, separated
-    by commas or spaces); each new sandbox goes to the one running the fewest sandboxes."""
-    docker_host: str | None = None
-    """``DOCKER_HOST``: a docker engine (or a podman service speaking its API)."""
-    container_host: str | None = None
-    """``CONTAINER_HOST``: a podman service."""
-    tls_verify: bool = False
-    """``DOCKER_TLS_VERIFY``: talk TLS to ``tcp://`` engines, verify the engine against
-    ``ca.pem`` and present ``cert.pem``/``key.pem`` from ``cert_path``."""
-    tls: bool = False
-    """``DOCKER_TLS``: TLS without verifying the engine's certificate (as docker's ``--tls``)."""
-    cert_path: Path | None = None
-    """``DOCKER_CERT_PATH`` (default ``~/.docker``)."""
-    ssh_command: tuple[str, ...] = ("ssh",)
-    """``KERNELBRIDGE_SSH_COMMAND``: the ssh client and options for ``ssh://`` engines (e.g.
-    ``ssh -i ~/.ssh/engine_key``), split like a shell would; plain ``ssh`` reads ~/.ssh/config."""
-    start_service: bool = True
-    """Whether, when no engine answers, podman's API may be served by a ``podman system service``
-    of our own. A bridge amortizes one over all its sandboxes; the tunnel process of a single
-    plain-Jupyter kernel does not (it falls back to the CLI instead)."""
-
-
-@dataclass(frozen=True, slots=True)
-class HttpSettings:
-    """``kernelbridge serve --http``: who may connect and how much each token may use."""
-
-    tokens: tuple[str, ...] = field(default=(), repr=False)
-    """``KERNELBRIDGE_HTTP_TOKENS``: comma-separated bearer tokens, each ``name:token`` or a bare
-    token (parsed by :mod:`kernelbridge.server.http`; never shown in a repr)."""
-    tokens_file: Path | None = None
-    """``KERNELBRIDGE_HTTP_TOKENS_FILE``: one token per line, same forms. With neither, a token is
-    generated at the first start and kept in ``<state dir>/http-token`` (mode 0600)."""
-    allowed_hosts: tuple[str, ...] = ()
-    """``KERNELBRIDGE_HTTP_ALLOWED_HOSTS``: Host header values accepted (``name``, ``name:port`` or
-    ``name:*``); loopback names by default. Required for a non-loopback bind."""
-    max_sessions: int = 4
-    """``KERNELBRIDGE_HTTP_MAX_SESSIONS``: sessions one token may hold at once (the bridge's
-    ``KERNELBRIDGE_MAX_SESSIONS`` still bounds them all together)."""
-    max_calls: int = 4
-    """``KERNELBRIDGE_HTTP_MAX_CALLS``: ``run_python`` calls of one token in flight at once."""
-    disk_quota: int = 2 * 1024**3
-    """``KERNELBRIDGE_HTTP_DISK_QUOTA``: bytes one token's files may take on the host (journals of
-    all its sessions, old and live, exports, saved tools). Past it new sessions are not journalled
-    and exports are refused: one token cannot fill the disk the others journal to."""
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """All kernelbridge settings. Build with :func:`load_settings`."""
-
-    state_dir: Path
-    runtime: str | None = None
-    """One of :data:`RUNTIMES`; None picks an engine API that answers (podman's, then docker's),
-    else the podman CLI, else the docker CLI."""
-    image: str | None = None
-    """Sandbox image reference; None means the locally built image of this version."""
-    max_sessions: int = 8
-    idle_timeout: float = 1800.0
-    """Seconds after which an unused session's sandbox is closed; also how long a sandbox whose
-    bridge has gone waits for another to adopt it before it ends itself."""
-    durable: bool = True
-    """``KERNELBRIDGE_DURABLE``: sessions outlive their bridge (a client restart, a crash, an
-    upgrade): the sandbox runs on detached and the next bridge on this state directory adopts
-    it. 0: sessions end with their bridge (no sandbox is left behind)."""
-    auto_restore: bool = False
-    """``KERNELBRIDGE_AUTO_RESTORE``: a session whose sandbox was lost (the machine restarted) is
-    rebuilt from its journal by its next call, host tool calls answered from the recording, before
-    that call's code runs; off: the call says so and offers ``restore=``."""
-    detached_buffer: int = 32 * 1024 * 1024
-    """``KERNELBRIDGE_DETACHED_BUFFER``: bytes of kernel output a detached sandbox holds for its
-    next bridge (in the sandbox's own memory); past it the oldest output is dropped, counted."""
-    warm_pool: int = 1
-    """Pre-started sandboxes kept ready so a new session's first call skips the cold start."""
-    default_timeout: float = 30.0
-    max_timeout: float = 600.0
-    output_limit: int = 20_000
-    """Characters of output returned to the model per call (head and tail are kept)."""
-    servers_config: tuple[Path, ...] = ()
-    allow_servers: tuple[str, ...] = ()
-    """``KERNELBRIDGE_ALLOW_SERVERS``: comma-separated host MCP server names (fnmatch wildcards
-    allowed); when set, only matching servers can be granted or seen by sandboxed code.
-    Empty: every configured server is allowed."""
-    deny_servers: tuple[str, ...] = ()
-    """``KERNELBRIDGE_DENY_SERVERS``: comma-separated server names or patterns hidden from
-    sandboxed code and refused as grants; wins over ``allow_servers``."""
-    deny_tools: tuple[str, ...] = ()
-    """``KERNELBRIDGE_DENY_TOOLS``: comma-separated ``server.tool`` patterns (fnmatch wildcards,
-    matched against the real names, e.g. ``github.delete_*`` or ``*.shell``). A denied tool is absent
-    from every tool list and its calls answer ``denied``."""
-    approve_tools: tuple[str, ...] = ()
-    """``KERNELBRIDGE_APPROVE_TOOLS``: comma-separated ``server.tool`` patterns (as ``deny_tools``;
-    ``*`` alone means every tool). A matching call from sandboxed code waits for a person's answer,
-    asked through MCP elicitation of the client whose ``run_python`` runs the cell."""
-    client_configs: tuple[str, ...] = CLIENTS
-    """``KERNELBRIDGE_CLIENT_CONFIGS``: whose config files are searched for host servers: ``all``
-    (default), ``none``, or some of :data:`CLIENTS` (comma-separated)."""
-    project: Path | None = None
-    """``KERNELBRIDGE_PROJECT`` (or ``--project``): a project directory whose MCP files (``.mcp.json``,
-    ``.cursor/mcp.json``, ``.vscode/mcp.json``, Claude Code's local scope) are read too. Unset: none
-    is, since a project directory is not trusted by default."""
-    limits: SandboxLimits = field(default_factory=SandboxLimits)
-    kernel_start_timeout: float = 60.0
-    image_budget: int = 50_000
-    """``KERNELBRIDGE_IMAGE_BUDGET``: base64 characters of one image sent to the model; a bigger
-    image arrives downscaled, its original kept as a resource (see ``server/images.py``)."""
-    journal_budget: int = 64 * 1024 * 1024
-    """``KERNELBRIDGE_JOURNAL_BUDGET``: bytes one session's journal may hold (``64m``, ``1g`` or a
-    number of bytes). Past it the journal gets one ``truncated`` line and nothing more, so no
-    sandbox can fill the host's disk; the default keeps every journal restorable and replayable
-    (``kernelbridge replay`` reads notebooks of up to 64 MiB)."""
-    history_budget: int = 1024**3
-    """``KERNELBRIDGE_HISTORY_BUDGET``: bytes the old generations of sessions (journals and records
-    of sessions no longer live) may take in the state directory. Nothing is removed on its own:
-    past it the bridge says so when it starts, and ``kernelbridge prune`` removes the oldest."""
-    export_dir: Path | None = None
-    """``KERNELBRIDGE_EXPORT_DIR``: where ``export_notebook(path=...)`` may write (default
-    ``<state_dir>/exports``); a model's export never leaves this directory."""
-    labels: tuple[tuple[str, str], ...] = ()
-    """``KERNELBRIDGE_LABELS``: extra ``key=value`` labels (comma-separated) on every sandbox
-    container, e.g. to tell an operator's bridges apart on a shared engine."""
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    image_packages: tuple[str, ...] = ()
-    """``KERNELBRIDGE_IMAGE_PACKAGES``: comma-separated Python packages added to the sandbox image
-    (``kernelbridge image build`` installs them; the image's name covers them)."""
-    image_requirements: Path | None = None
-    """``KERNELBRIDGE_IMAGE_REQUIREMENTS``: a requirements file of more packages for the image."""
-    allow_unlimited: bool = False
-    """``KERNELBRIDGE_ALLOW_UNLIMITED=1``: start sandboxes even where the runtime ignores the memory
-    and pid limits (rootless podman on cgroup v1); the model is told they are unlimited."""
-    namespace: str = ""
-    """The HTTP client (token) this registry serves; empty over stdio. Set by the server, not read
-    from the environment: it goes into container names and labels."""
-    disk_quota: int | None = None
-    """Bytes this namespace's files may take (``HttpSettings.disk_quota`` for a token's namespace;
-    None: no quota, the shared namespace). Set by the server, like ``namespace``."""
-    http: HttpSettings = field(default_factory=HttpSettings)
-    packages: PackageSettings = field(default_factory=PackageSettings)
-    mounts: tuple[Mount, ...] = ()
-    """``KERNELBRIDGE_MOUNTS`` and ``serve --mount``: host directories every sandbox sees read-only."""
-
-    @property
-    def packages_dir(self) -> Path:
-        """The wheel cache shared by every session on this state directory."""
-        return self.state_dir / "packages"
-
-    @property
-    def sessions_dir(self) -> Path:
-        return self.state_dir / "sessions"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.state_dir / "logs"
-
-    @property
-    def connections_dir(self) -> Path:
-        """Kernel connection files (mode 0600, in a 0700 directory)."""
-        return self.state_dir / "connections"
-
-    @property
-    def run_dir(self) -> Path:
-        """Working directory of tunnel processes and the runtime helpers they start."""
-        return self.state_dir / "run"
 
 
 def namespace_state_dir(state_dir: Path, namespace: str) -> Path:
@@ -295,80 +119,225 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
     return Path(base) / "kernelbridge"
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Read settings from ``env`` (default: ``os.environ``). Raises ConfigError on a bad value."""
+def load_settings(env: Mapping[str, str] | None = None, *, strict: bool = True) -> Settings:
+    """Read settings from ``env`` (default: ``os.environ``).
+
+    ``strict``: a bad value raises ConfigError (its line, and how many more there are). Otherwise
+    each bad value is kept as one line in ``Settings.problems`` and its setting keeps its default:
+    ``serve`` starts all the same (an MCP client shows none of the bridge's stderr, only a
+    "connection closed") and refuses every sandbox saying the lines, and ``doctor`` lists them.
+    """
     env = os.environ if env is None else env
-    state = _env.lookup(env, "STATE_DIR")
-    runtime = _env.lookup(env, "RUNTIME")
-    if runtime and runtime[1] not in RUNTIMES:
-        raise ConfigError(
-            f"{runtime[0]}={runtime[1]!r}: expected podman or docker "
-            "(or podman-api, docker-api, podman-cli, docker-cli to pick how it is driven)"
-        )
-    image = _env.lookup(env, "IMAGE")
-    servers = _env.lookup(env, "SERVERS_CONFIG")
-    export_dir = _env.lookup(env, "EXPORT_DIR")
-    defaults = SandboxLimits()
-    limits = SandboxLimits(
-        memory=_env.size(env, "MEMORY", defaults.memory),
-        pids=int(_env.number(env, "PIDS", defaults.pids, minimum=8, integer=True)),
-        cpus=_env.number(env, "CPUS", defaults.cpus, minimum=0.1, integer=False),
-        tmp_size=_env.size(env, "TMP_SIZE", defaults.tmp_size),
-        workspace_size=_env.size(env, "WORKSPACE_SIZE", defaults.workspace_size),
-    )
-    packages = _package_settings(env)
-    limits = dataclasses.replace(limits, packages_size=tmpfs_size(packages.max_bytes))
-    # The predecessor called it MCP_BRIDGE_TIMEOUT; both of its spellings are honoured.
-    default_timeout = _env.number(
-        env, "DEFAULT_TIMEOUT", 30.0, minimum=1, integer=False, aliases=("TIMEOUT",)
-    )
-    max_timeout = _env.number(env, "MAX_TIMEOUT", 600.0, minimum=1, integer=False)
-    if default_timeout > max_timeout:
-        raise ConfigError(f"default timeout {default_timeout:g}s exceeds the maximum {max_timeout:g}s")
-    state_dir = Path(state[1]).expanduser() if state else default_state_dir(env)
+    read = _Reader(env)
+    settings = _read_settings(env, read)
     mounts = _env.lookup(env, "MOUNTS")
-    return Settings(
-        state_dir=state_dir,
-        runtime=runtime[1] if runtime else None,
-        image=image[1] if image else None,
-        max_sessions=int(_env.number(env, "MAX_SESSIONS", 8, minimum=1, integer=True)),
-        idle_timeout=_env.number(env, "IDLE_TIMEOUT", 1800.0, minimum=1, integer=False),
-        warm_pool=int(_env.number(env, "WARM_POOL", 1, minimum=0, integer=True)),
-        durable=_env.flag(env, "DURABLE", default=True),
-        auto_restore=_env.flag(env, "AUTO_RESTORE", default=False),
-        detached_buffer=_env.byte_size(env, "DETACHED_BUFFER", 32 * 1024 * 1024, minimum=64 * 1024),
-        default_timeout=default_timeout,
-        max_timeout=max_timeout,
-        output_limit=int(_env.number(env, "OUTPUT_LIMIT", 20_000, minimum=200, integer=True)),
-        servers_config=tuple(Path(p).expanduser() for p in servers[1].split(os.pathsep)) if servers else (),
-        allow_servers=_env.names(env, "ALLOW_SERVERS"),
-        deny_servers=_env.names(env, "DENY_SERVERS"),
-        deny_tools=_env.names(env, "DENY_TOOLS", dotted=True),
-        approve_tools=_env.names(env, "APPROVE_TOOLS", dotted=True),
-        client_configs=_clients(env),
-        project=_project(env),
-        limits=limits,
-        kernel_start_timeout=_env.number(env, "KERNEL_START_TIMEOUT", 60.0, minimum=1, integer=False),
-        labels=_env.labels(env),
-        engine=_engine_settings(env),
-        image_packages=_env.requirements(env, "IMAGE_PACKAGES"),
-        image_requirements=_env.path(env, "IMAGE_REQUIREMENTS"),
-        allow_unlimited=_env.flag(env, "ALLOW_UNLIMITED"),
-        http=_http_settings(env),
-        image_budget=int(_env.number(env, "IMAGE_BUDGET", 50_000, minimum=1000, integer=True)),
-        export_dir=Path(export_dir[1]).expanduser() if export_dir else None,
-        journal_budget=_env.byte_size(env, "JOURNAL_BUDGET", 64 * 1024 * 1024, minimum=64 * 1024),
-        packages=packages,
-        mounts=parse_mounts(mounts[1], state_dir, where=mounts[0]) if mounts else (),
-        history_budget=_env.byte_size(env, "HISTORY_BUDGET", 1024**3, minimum=0),
+    if mounts:
+        guard = mount_guard_of(settings, env)
+        settings = dataclasses.replace(
+            settings, mounts=read(lambda: parse_mounts(mounts[1], guard, where=mounts[0]), ())
+        )
+    settings = dataclasses.replace(settings, problems=tuple(read.problems))
+    if strict and settings.problems:
+        raise ConfigError(problems_line(settings.problems))
+    return settings
+
+
+def problems_line(problems: tuple[str, ...]) -> str:
+    """Bad settings on one line: the first whole, then how many more (each is its own line in
+    ``Settings.problems``; ``doctor`` shows them all)."""
+    more = len(problems) - 1
+    return problems[0] + (f" (and {more} more bad setting{'s' * (more > 1)})" if more else "")
+
+
+def misconfigured(problems: tuple[str, ...]) -> str:
+    """Why a bridge with bad settings starts no sandbox: one line, with what to do."""
+    return (
+        f"kernelbridge is misconfigured: {problems_line(problems)}; fix it where the MCP client"
+        " starts kernelbridge (its env or args) and restart it (`kernelbridge doctor` lists every"
+        " bad setting)"
     )
 
 
-def _clients(env: Mapping[str, str]) -> tuple[str, ...]:
-    found = _env.lookup(env, "CLIENT_CONFIGS")
-    if found is None:
-        return CLIENTS
-    var, raw = found
+def with_problem(settings: Settings, problem: str) -> Settings:
+    """``settings`` with one more line in ``problems`` (a bad command-line value of ``serve``)."""
+    return dataclasses.replace(settings, problems=(*settings.problems, problem))
+
+
+T = TypeVar("T")
+_Parse = Callable[[str, str], Any]
+"""A variable's parser: (the variable found, its value) -> the setting; raises ConfigError."""
+_Specs = Mapping[str, tuple[tuple[str, ...], _Parse]]
+"""A record's fields read from the environment: field -> (its variables, strongest first; parser)."""
+
+
+def _count(minimum: int) -> _Parse:
+    return partial(_env.number, minimum=minimum, integer=True)
+
+
+def _number(minimum: float) -> _Parse:
+    return partial(_env.number, minimum=minimum, integer=False)
+
+
+def _bytes(minimum: int) -> _Parse:
+    return partial(_env.byte_size, minimum=minimum)
+
+
+_DOTTED = partial(_env.names, dotted=True)
+_V = _env.variables
+
+_LIMITS: _Specs = {
+    "memory": (_V("MEMORY"), _env.size),
+    "pids": (_V("PIDS"), _count(8)),
+    "cpus": (_V("CPUS"), _number(0.1)),
+    "tmp_size": (_V("TMP_SIZE"), _env.size),
+    "workspace_size": (_V("WORKSPACE_SIZE"), _env.size),
+}
+_PACKAGES: _Specs = {
+    "max_bytes": (_V("PACKAGES_MAX_BYTES"), _bytes(1024**2)),
+    "max_installs": (_V("PACKAGES_MAX_INSTALLS"), _count(0)),
+    "cache_bytes": (_V("PACKAGES_CACHE"), _bytes(16 * 1024**2)),
+}
+_HTTP: _Specs = {
+    "tokens": (_V("HTTP_TOKENS"), _env.names),
+    "tokens_file": (_V("HTTP_TOKENS_FILE"), _env.path),
+    "allowed_hosts": (_V("HTTP_ALLOWED_HOSTS"), _env.names),
+    "max_sessions": (_V("HTTP_MAX_SESSIONS"), _count(1)),
+    "max_calls": (_V("HTTP_MAX_CALLS"), _count(1)),
+    "disk_quota": (_V("HTTP_DISK_QUOTA"), _bytes(1024**2)),
+}
+_ENGINE: _Specs = {
+    "urls": (_V("ENGINES"), lambda var, raw: tuple(u for u in re.split(r"[\s,]+", raw) if u)),
+    "ssh_command": (_V("SSH_COMMAND"), _env.ssh_command),
+    # The docker and podman clients' own variables, read as they read them: docker takes any
+    # non-empty DOCKER_TLS_VERIFY as "on" (even "0"); so do we, to find the same engine.
+    "docker_host": (("DOCKER_HOST",), _env.text),
+    "container_host": (("CONTAINER_HOST",), _env.text),
+    "tls_verify": (("DOCKER_TLS_VERIFY",), lambda var, raw: True),
+    "tls": (("DOCKER_TLS",), lambda var, raw: True),
+    "cert_path": (("DOCKER_CERT_PATH",), _env.path),
+}
+_SETTINGS: _Specs = {
+    "runtime": (_V("RUNTIME"), lambda var, raw: _runtime(var, raw)),
+    "image": (_V("IMAGE"), _env.text),
+    "image_profile": (_V("IMAGE_PROFILE"), partial(_env.choice, choices=IMAGE_PROFILES)),
+    "max_sessions": (_V("MAX_SESSIONS"), _count(1)),
+    "idle_timeout": (_V("IDLE_TIMEOUT"), _number(1)),
+    "warm_pool": (_V("WARM_POOL"), _count(0)),
+    "durable": (_V("DURABLE"), _env.flag),
+    "auto_restore": (_V("AUTO_RESTORE"), _env.flag),
+    "detached_buffer": (_V("DETACHED_BUFFER"), _bytes(64 * 1024)),
+    # The predecessor called it MCP_BRIDGE_TIMEOUT; both of its spellings are honoured.
+    "default_timeout": (_V("DEFAULT_TIMEOUT", "TIMEOUT"), _number(1)),
+    "max_timeout": (_V("MAX_TIMEOUT"), _number(1)),
+    "max_task_time": (_V("MAX_TASK_TIME"), _number(1)),
+    "output_limit": (_V("OUTPUT_LIMIT"), _count(200)),
+    "servers_config": (_V("SERVERS_CONFIG"), _env.paths),
+    "allow_servers": (_V("ALLOW_SERVERS"), _env.names),
+    "deny_servers": (_V("DENY_SERVERS"), _env.names),
+    "deny_tools": (_V("DENY_TOOLS"), _DOTTED),
+    "approve_tools": (_V("APPROVE_TOOLS"), _DOTTED),
+    "client_configs": (_V("CLIENT_CONFIGS"), lambda var, raw: _clients(var, raw)),
+    "project": (_V("PROJECT"), lambda var, raw: Path(raw).expanduser().absolute()),
+    "kernel_start_timeout": (_V("KERNEL_START_TIMEOUT"), _number(1)),
+    "labels": (_V("LABELS"), _env.labels),
+    "image_packages": (_V("IMAGE_PACKAGES"), _env.requirements),
+    "image_requirements": (_V("IMAGE_REQUIREMENTS"), _env.path),
+    "allow_unlimited": (_V("ALLOW_UNLIMITED"), _env.flag),
+    "image_budget": (_V("IMAGE_BUDGET"), _count(1000)),
+    "export_dir": (_V("EXPORT_DIR"), _env.path),
+    "journal_budget": (_V("JOURNAL_BUDGET"), _bytes(64 * 1024)),
+    "history_budget": (_V("HISTORY_BUDGET"), _bytes(0)),
+}
+"""Every setting read from a variable. An unset one is not passed to its record: the record's
+field default is the one default of each setting."""
+
+
+class _Reader:
+    """Reads settings from ``env``, keeping each bad one's line (and its default) instead of
+    stopping at the first."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.problems: list[str] = []
+
+    def __call__(self, parse: Callable[[], T], default: T) -> T:
+        try:
+            return parse()
+        except ConfigError as exc:
+            self.problems.append(str(exc))
+            return default
+
+    def given(self, specs: _Specs) -> dict[str, Any]:
+        """The fields of ``specs`` whose variable is set to a good value (a bad one is a problem);
+        the others are left out, so the record gives them its defaults."""
+        fields: dict[str, Any] = {}
+        for name, (variables, parse) in specs.items():
+            found = _env.find(self.env, variables)
+            if found is not None:
+                try:
+                    fields[name] = parse(*found)
+                except ConfigError as exc:
+                    self.problems.append(str(exc))
+        return fields
+
+
+def _read_settings(env: Mapping[str, str], read: _Reader) -> Settings:
+    state = _env.lookup(env, "STATE_DIR")
+    limits = read.given(_LIMITS)
+    packages = _package_settings(env, read)
+    limits["packages_size"] = tmpfs_size(packages.max_bytes)
+    fields = read.given(_SETTINGS)
+    settings = Settings(
+        state_dir=Path(state[1]).expanduser() if state else default_state_dir(env),
+        limits=SandboxLimits(**limits),
+        engine=EngineSettings(**read.given(_ENGINE)),
+        http=HttpSettings(**read.given(_HTTP)),
+        kube=read(partial(_kube_settings, env), KubeSettings()),
+        packages=packages,
+        **fields,
+    )
+    if settings.default_timeout > settings.max_timeout:
+        read.problems.append(
+            f"default timeout {settings.default_timeout:g}s exceeds the maximum {settings.max_timeout:g}s"
+        )
+        default = next(f.default for f in dataclasses.fields(Settings) if f.name == "default_timeout")
+        assert isinstance(default, float)  # back to its default, and the maximum at least that
+        settings = dataclasses.replace(
+            settings, default_timeout=default, max_timeout=max(default, settings.max_timeout)
+        )
+    return settings
+
+
+def _runtime(var: str, raw: str) -> str:
+    if raw not in RUNTIMES:
+        raise ConfigError(
+            f"{var}={raw!r}: expected podman or docker "
+            "(or podman-api, docker-api, podman-cli, docker-cli to pick how it is driven; kube for a cluster)"
+        )
+    return raw
+
+
+def mount_guard_of(settings: Settings, env: Mapping[str, str] | None = None) -> MountGuard:
+    """What no mount source of a bridge with ``settings`` may be, hold or lie inside
+    (:func:`~kernelbridge.config.mounts.mount_guard`): the host's paths, the user's credentials
+    (by ``env``'s ``HOME``, default ``os.environ``) and the files these settings name."""
+    env = os.environ if env is None else env
+    private: list[tuple[Path, str]] = []
+    if settings.export_dir is not None:
+        private.append((settings.export_dir, "every session's exported notebooks"))
+    if settings.http.tokens_file is not None:
+        private.append((settings.http.tokens_file, "the HTTP bearer tokens"))
+    private += [(path, "host MCP server definitions and their tokens") for path in settings.servers_config]
+    engine = settings.engine
+    for url in (*engine.urls, engine.docker_host or "", engine.container_host or ""):
+        if url.startswith("unix://"):
+            private.append((Path(url.removeprefix("unix://")), "a container engine's socket"))
+    if engine.cert_path is not None:
+        private.append((engine.cert_path, "the engine's TLS keys"))
+    return mount_guard(settings.state_dir, env, private=private)
+
+
+def _clients(var: str, raw: str) -> tuple[str, ...]:
     items = [item.strip().lower() for item in raw.split(",") if item.strip()]
     if items == ["all"]:
         return CLIENTS
@@ -380,47 +349,37 @@ def _clients(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(c for c in CLIENTS if c in items)
 
 
-def _project(env: Mapping[str, str]) -> Path | None:
-    found = _env.lookup(env, "PROJECT")
-    return Path(found[1]).expanduser().absolute() if found else None
-
-
-def _package_settings(env: Mapping[str, str]) -> PackageSettings:
+def _package_settings(env: Mapping[str, str], read: _Reader) -> PackageSettings:
+    fields = read.given(_PACKAGES)
     found = _env.lookup(env, "PACKAGES")
-    policy, allowed = parse_policy(*found) if found is not None else ("any", frozenset[str]())
-    return PackageSettings(
-        policy=policy,
-        allowed=allowed,
-        max_bytes=_env.byte_size(env, "PACKAGES_MAX_BYTES", 128 * 1024**2, minimum=1024**2),
-        max_installs=int(_env.number(env, "PACKAGES_MAX_INSTALLS", 32, minimum=0, integer=True)),
-        cache_bytes=_env.byte_size(env, "PACKAGES_CACHE", 4 * 1024**3, minimum=16 * 1024**2),
-    )
+    if found:
+        # A bad policy installs nothing until it is fixed (its default, any, is not what was asked).
+        refused: tuple[str, frozenset[str]] = ("none", frozenset())
+        fields["policy"], fields["allowed"] = read(partial(parse_policy, *found), refused)
+    return PackageSettings(**fields)
 
 
-def _http_settings(env: Mapping[str, str]) -> HttpSettings:
-    tokens = _env.lookup(env, "HTTP_TOKENS")
-    return HttpSettings(
-        tokens=tuple(t.strip() for t in tokens[1].split(",") if t.strip()) if tokens else (),
-        tokens_file=_env.path(env, "HTTP_TOKENS_FILE"),
-        allowed_hosts=_env.names(env, "HTTP_ALLOWED_HOSTS"),
-        max_sessions=int(_env.number(env, "HTTP_MAX_SESSIONS", 4, minimum=1, integer=True)),
-        max_calls=int(_env.number(env, "HTTP_MAX_CALLS", 4, minimum=1, integer=True)),
-        disk_quota=_env.byte_size(env, "HTTP_DISK_QUOTA", 2 * 1024**3, minimum=1024**2),
-    )
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def _engine_settings(env: Mapping[str, str]) -> EngineSettings:
-    urls = _env.lookup(env, "ENGINES")
-    cert_path = (env.get("DOCKER_CERT_PATH") or "").strip()
-    return EngineSettings(
-        urls=tuple(u for u in re.split(r"[\s,]+", urls[1]) if u) if urls else (),
-        docker_host=(env.get("DOCKER_HOST") or "").strip() or None,
-        container_host=(env.get("CONTAINER_HOST") or "").strip() or None,
-        # docker treats any non-empty value as "on" (even "0"); so do we, to find the same engine.
-        tls_verify=bool((env.get("DOCKER_TLS_VERIFY") or "").strip()),
-        tls=bool((env.get("DOCKER_TLS") or "").strip()),
-        cert_path=Path(cert_path).expanduser() if cert_path else None,
-        ssh_command=_env.ssh_command(env),
+def _kube_settings(env: Mapping[str, str]) -> KubeSettings:
+    base = KubeSettings()
+    found = _env.lookup(env, "KUBE_NAMESPACE")
+    namespace = found[1].strip() if found else base.namespace
+    if found and not _NAMESPACE.match(namespace):
+        raise ConfigError(f"{found[0]}={found[1]!r}: not a namespace name (lowercase letters, digits, '-')")
+    runtime_class = _env.lookup(env, "KUBE_RUNTIME_CLASS")
+    loader = _env.lookup(env, "KUBE_IMAGE_LOADER")
+    try:
+        loader_argv = tuple(shlex.split(loader[1])) if loader else ()
+    except ValueError as exc:
+        raise ConfigError(f"{loader[0] if loader else ''}: {exc}") from None
+    kubeconfig = (env.get("KUBECONFIG") or "").split(os.pathsep)[0].strip()
+    return KubeSettings(
+        namespace=namespace,
+        runtime_class=runtime_class[1].strip() or None if runtime_class else None,
+        kubeconfig=Path(kubeconfig).expanduser() if kubeconfig else None,
+        image_loader=loader_argv,
     )
 
 

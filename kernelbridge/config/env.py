@@ -5,37 +5,48 @@ value and what is expected. Used by :func:`kernelbridge.config.load_settings`. N
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from kernelbridge.errors import ConfigError
+
+T = TypeVar("T", bound=str)
 
 _SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
 
 
-def lookup(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
-    for prefix in ("KERNELBRIDGE_", "MCP_BRIDGE_"):
-        value = env.get(prefix + name)
+def variables(name: str, *aliases: str) -> tuple[str, ...]:
+    """The variables setting ``name`` is read from, strongest first: ``KERNELBRIDGE_<name>``, the
+    predecessor's ``MCP_BRIDGE_<name>``, then the same for each of ``aliases``."""
+    return tuple(prefix + each for each in (name, *aliases) for prefix in ("KERNELBRIDGE_", "MCP_BRIDGE_"))
+
+
+def find(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    """The first of ``names`` set to something other than blanks, and its value stripped."""
+    for var in names:
+        value = env.get(var)
         if value is not None and value.strip() != "":
-            return prefix + name, value.strip()
+            return var, value.strip()
     return None
 
 
-def number(
-    env: Mapping[str, str],
-    name: str,
-    default: float,
-    *,
-    minimum: float,
-    integer: bool,
-    aliases: tuple[str, ...] = (),
-) -> float:
-    found = lookup(env, name) or next(filter(None, (lookup(env, alias) for alias in aliases)), None)
-    if found is None:
-        return default
-    var, raw = found
+def lookup(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
+    return find(env, variables(name))
+
+
+# Each parser below takes the variable found and its value and raises ConfigError for a bad one.
+# None of them knows a default: an unset variable leaves its setting at the record's default.
+
+
+def text(var: str, raw: str) -> str:
+    return raw
+
+
+def number(var: str, raw: str, *, minimum: float, integer: bool) -> float:
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
@@ -46,22 +57,22 @@ def number(
     return value
 
 
-def size(env: Mapping[str, str], name: str, default: str) -> str:
-    found = lookup(env, name)
-    if found is None:
-        return default
-    var, raw = found
+def choice(var: str, raw: str, choices: tuple[T, ...]) -> T:
+    """One of ``choices`` (the variable's value, case-insensitive)."""
+    for value in choices:
+        if raw.lower() == value:
+            return value
+    raise ConfigError(f"{var}={raw!r}: expected {' or '.join(map(str, choices))}")
+
+
+def size(var: str, raw: str) -> str:
     if not _SIZE.match(raw):
         raise ConfigError(f"{var}={raw!r} is not a size such as 512m or 1g")
     return raw.lower()
 
 
-def names(env: Mapping[str, str], name: str, *, dotted: bool = False) -> tuple[str, ...]:
+def names(var: str, raw: str, *, dotted: bool = False) -> tuple[str, ...]:
     """A comma-separated list of names or fnmatch patterns; ``dotted`` requires ``server.tool``."""
-    found = lookup(env, name)
-    if found is None:
-        return ()
-    var, raw = found
     items = tuple(item.strip() for item in raw.split(",") if item.strip())
     for item in items:
         if dotted and "." not in item and item != "*":
@@ -72,11 +83,7 @@ def names(env: Mapping[str, str], name: str, *, dotted: bool = False) -> tuple[s
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-def labels(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    found = lookup(env, "LABELS")
-    if found is None:
-        return ()
-    var, raw = found
+def labels(var: str, raw: str) -> tuple[tuple[str, str], ...]:
     labels = []
     for item in (part.strip() for part in raw.split(",") if part.strip()):
         key, sep, value = item.partition("=")
@@ -96,16 +103,13 @@ _RESERVED_LABELS = frozenset({"kernelbridge.session", "kernelbridge.owner", "ker
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
-def byte_size(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+def byte_size(var: str, raw: str, *, minimum: int) -> int:
     """A size in bytes: a number, or a number with k, m or g (binary units)."""
-    found = lookup(env, name)
-    raw = size(env, name, "")
-    if found is None or not raw:
-        return default
+    raw = size(var, raw)
     unit = raw[-1] if raw[-1].isalpha() else ""
     value = int(float(raw[: len(raw) - len(unit)]) * _UNITS[unit])
     if value < minimum:
-        raise ConfigError(f"{found[0]}={raw!r} must be at least {minimum // 1024} KiB")
+        raise ConfigError(f"{var}={raw!r} must be at least {minimum // 1024} KiB")
     return value
 
 
@@ -113,38 +117,31 @@ def byte_size(env: Mapping[str, str], name: str, default: int, *, minimum: int) 
 _REQUIREMENT_SEPARATOR = re.compile(r"\s+|,\s*(?=[A-Za-z0-9])")
 
 
-def requirements(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+def requirements(var: str, raw: str) -> tuple[str, ...]:
     """Python package requirements separated by spaces or commas (checked by the image module)."""
-    found = lookup(env, name)
-    if found is None:
-        return ()
-    return tuple(item for item in _REQUIREMENT_SEPARATOR.split(found[1]) if item)
+    return tuple(item for item in _REQUIREMENT_SEPARATOR.split(raw) if item)
 
 
-def path(env: Mapping[str, str], name: str) -> Path | None:
-    found = lookup(env, name)
-    return Path(found[1]).expanduser() if found else None
+def path(var: str, raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+def paths(var: str, raw: str) -> tuple[Path, ...]:
+    """Paths separated like ``PATH`` (``os.pathsep``)."""
+    return tuple(Path(p).expanduser() for p in raw.split(os.pathsep))
 
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
-    found = lookup(env, name)
-    if found is None:
-        return default
-    var, raw = found
+def flag(var: str, raw: str) -> bool:
     if raw.lower() not in _TRUE + _FALSE:
         raise ConfigError(f"{var}={raw!r}: expected 1 or 0")
     return raw.lower() in _TRUE
 
 
-def ssh_command(env: Mapping[str, str]) -> tuple[str, ...]:
-    found = lookup(env, "SSH_COMMAND")
-    if found is None:
-        return ("ssh",)
-    var, raw = found
+def ssh_command(var: str, raw: str) -> tuple[str, ...]:
     try:
         words = tuple(shlex.split(raw))
     except ValueError as exc:

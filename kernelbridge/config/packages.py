@@ -30,10 +30,6 @@ class PackageSettings:
     """``KERNELBRIDGE_PACKAGES_CACHE``: bytes of wheels the host's cache keeps (least recently used
     go first)."""
 
-    @property
-    def enabled(self) -> bool:
-        return self.policy != "none"
-
 
 def tmpfs_size(max_bytes: int) -> str:
     """The /packages tmpfs for a cap of ``max_bytes``: the cap and half as much again, for the one

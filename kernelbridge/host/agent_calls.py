@@ -12,9 +12,8 @@ Both travel as commands through the owner's queue, which never waits for the san
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -32,13 +31,23 @@ class _FileWaiter:
     answer: FsResponse | None = None
 
 
+class Agent(Protocol):
+    """What the calls need of the sandbox's owner."""
+
+    name: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    def send(self, command: Command) -> None: ...
+
+
 class AgentCalls:
     """One sandbox's rpc answers and file requests."""
 
-    def __init__(self, name: str, send: Callable[[Command], None], alive: Callable[[], bool]) -> None:
-        self.name = name
-        self._send = send
-        self._alive = alive
+    def __init__(self, agent: Agent) -> None:
+        self.name = agent.name
+        self._agent = agent
         self._file_waiters: dict[int, _FileWaiter] = {}
         self._file_ids = itertools.count(1)
 
@@ -59,20 +68,20 @@ class AgentCalls:
         self, request_id: object, *, result: Any = None, error: dict[str, str] | None = None
     ) -> None:
         """Answer an rpc request (queued; never waits for the sandbox)."""
-        self._send(RpcResponse(request_id, result, error))
+        self._agent.send(RpcResponse(request_id, result, error))
 
     async def files(
         self, op: str, *, path: str = ".", data: str | None = None, timeout: float = FILE_TIMEOUT
     ) -> Any:
         """Run a file operation in the sandbox's /workspace (see ``inside/agent/files.py``).
         Raises SandboxFileError (refused), SandboxError (not running, or no answer in time)."""
-        if not self._alive():
+        if not self._agent.alive:
             raise SandboxError(f"the sandbox of {self.name!r} is not running")
         request_id = next(self._file_ids)
         waiter = self._file_waiters[request_id] = _FileWaiter(anyio.Event())
         try:
             with anyio.move_on_after(timeout):
-                self._send(FsRequest(request_id, op, path, data))
+                self._agent.send(FsRequest(request_id, op, path, data))
                 await waiter.done.wait()
         finally:
             self._file_waiters.pop(request_id, None)

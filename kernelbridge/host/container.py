@@ -6,7 +6,8 @@ kept apart from the life of the sandbox once it has a stream:
 
 - :class:`NewContainer` creates one from a spec and attaches before starting it;
 - :class:`AdoptedContainer` reaches one that already runs (a sandbox that outlived its bridge)
-  through an exec'd handover (:data:`HANDOVER_COMMAND`, as the container's uid 0).
+  through an exec'd handover (:data:`HANDOVER_COMMAND`, as the relay uid, isolated from
+  everything kernel code can write).
 
 Either way, when the sandbox is done the stream is closed and the container removed (shielded,
 bounded), unless the sandbox was let go of (``keep_running``: a durable sandbox its bridge
@@ -36,6 +37,8 @@ import anyio
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SandboxStartTimeout
+from kernelbridge.image.containerfile import AGENT_PREFIX
+from kernelbridge.inside.handover import RELAY_UID
 from kernelbridge.runtime import ContainerInfo, ContainerSpec, ContainerStream, RuntimeBackend
 from kernelbridge.runtime.base import STATE_LABEL as STATE_LABEL
 
@@ -51,11 +54,26 @@ INSPECT_TIMEOUT = 5.0
 
 NAMESPACE_LABEL = "kernelbridge.namespace"
 """The HTTP client (token name) a sandbox serves; absent over stdio."""
-HANDOVER_COMMAND = ("python3", "-S", "-m", "kernelbridge.inside.handover")
-"""Run in a durable sandbox to reach it again (``kernelbridge/inside/handover.py``)."""
-HANDOVER_USER = "0"
-"""The container's root, which has no capabilities there: kernel code (uid 65534) cannot ptrace
-the handover, signal it or open its /proc entries."""
+HANDOVER_COMMAND = (
+    "/usr/bin/python3",
+    "-I",
+    "-S",
+    f"/{AGENT_PREFIX}/kernelbridge/inside/handover.py",
+)
+"""Run in a durable sandbox to reach it again (``kernelbridge/inside/handover.py``, whose
+docstring says why each part): an isolated interpreter without site (nothing on ``sys.path`` the
+sandbox can write, no ``PYTHON*`` variable heeded), on the image's read-only copy of the script
+by its absolute path (never ``-m``, which would resolve it through ``sys.path``)."""
+HANDOVER_USER = f"{RELAY_UID}:{RELAY_UID}"
+"""A uid of its own, neither the kernel's nor root: kernel code (uid 65534) cannot ptrace the
+handover, signal it or open its /proc entries, and it owns nothing (``handover.RELAY_UID``)."""
+HANDOVER_WORKDIR = "/"
+"""Not the container's working directory (/workspace, which kernel code writes)."""
+HANDOVER_ENV = (("PATH", "/usr/bin:/bin"), ("LD_PRELOAD", ""), ("LD_LIBRARY_PATH", ""), ("LD_AUDIT", ""))
+"""Set over the container's environment (an engine merges an exec's: it can override a variable,
+not remove it). That environment is the bridge's (the image's ENV and the spec's), which kernel
+code cannot change, and ``-I`` has Python ignore every ``PYTHON*`` variable in it; the loader's,
+which act before Python starts, are emptied all the same."""
 
 
 def state_identity(state_dir: Path) -> str:
@@ -108,7 +126,9 @@ class AttachedContainer:
             return None
         with anyio.CancelScope(shield=True), anyio.move_on_after(INSPECT_TIMEOUT):
             try:
-                return await self.runtime.inspect(self.id)
+                # A durable container is removed by the engine as it ends (AutoRemove): its end
+                # may then be known only from the engine's record of it.
+                return await self.runtime.inspect(self.id) or await self.runtime.ended(self.id)
             except Exception:
                 log.debug("inspecting %s failed", self.id, exc_info=True)
         return None
@@ -120,6 +140,12 @@ class ContainerSource(Protocol):
     @property
     def name(self) -> str:
         """The container's name (known before it exists)."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """Its ``kernelbridge.session`` label: who it was started for (a session, or the warm
+        pool); labels never change, so a session that took a warm sandbox keeps this name."""
         ...
 
     def open(self) -> AbstractAsyncContextManager[AttachedContainer]:
@@ -139,6 +165,10 @@ class NewContainer(ContainerSource):
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def label(self) -> str:
+        return self.spec.session
+
     def open(self) -> AbstractAsyncContextManager[AttachedContainer]:
         return started_container(self.runtime, self.spec)
 
@@ -150,10 +180,15 @@ class AdoptedContainer(ContainerSource):
     runtime: RuntimeBackend
     container_id: str
     container_name: str
+    container_label: str
 
     @property
     def name(self) -> str:
         return self.container_name
+
+    @property
+    def label(self) -> str:
+        return self.container_label
 
     def open(self) -> AbstractAsyncContextManager[AttachedContainer]:
         return adopted_container(self.runtime, self.container_id, self.container_name)
@@ -193,7 +228,9 @@ async def adopted_container(
     """Attach to a running durable sandbox through its handover; release it as
     :func:`started_container` does. Raises RuntimeUnavailable (it is gone, not running, or the
     engine refuses)."""
-    stream = await runtime.attach_exec(container, HANDOVER_COMMAND, user=HANDOVER_USER)
+    stream = await runtime.attach_exec(
+        container, HANDOVER_COMMAND, user=HANDOVER_USER, workdir=HANDOVER_WORKDIR, env=HANDOVER_ENV
+    )
     attached = AttachedContainer(container, name, stream, runtime)
     try:
         yield attached

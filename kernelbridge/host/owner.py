@@ -1,19 +1,12 @@
 """The one owner of a sandbox's tunnel: an attached container in, a ready kernel out, until it ends.
 
-Both the bridge's :class:`~kernelbridge.host.sandbox.Sandbox` and the tunnel process of a plain
-Jupyter client (:mod:`kernelbridge.jupyter.tunnel_process`) run their tunnel through a
+The bridge's :class:`~kernelbridge.host.sandbox.Sandbox` and a plain Jupyter client's tunnel
+process (:mod:`kernelbridge.jupyter.tunnel_process`) both run their tunnel through a
 :class:`TunnelOwner`, so waiting for ``ready`` or ``exit``, restarting then waiting, stopping and
-telling a death from a close exist once. The owner holds:
-
-- the life of the sandbox as a guarded state (:mod:`~kernelbridge.host.state`): every change goes
-  through one transition function, so a ``ready`` arriving mid-close cannot undo the close;
-- the :class:`~kernelbridge.tunnel.Tunnel` on the container's stream, and the control channel to
-  it: events in (``Ready``/``Exited`` it handles, ``RpcRequest``/``FsResponse`` go to the handler
-  given to :meth:`TunnelOwner.run`), commands out through a :class:`~.commands.CommandQueue`;
-- the connection file, when it writes one.
-
-It does not obtain the container (a :class:`~kernelbridge.host.container.ContainerSource` does,
-by creating or by adopting one) and knows nothing of Jupyter clients, sessions or MCP.
+telling a death from a close exist once; its state changes only through the table of
+:mod:`~kernelbridge.host.state`. It does not obtain the container (a
+:class:`~kernelbridge.host.container.ContainerSource` creates or adopts one) and knows nothing of
+Jupyter clients, sessions or MCP.
 
 Shutdown escalation
 -------------------
@@ -27,15 +20,10 @@ part; waiting for the agent alone would hang on a wedged one. So, shielded from 
    the tunnel to end, at most :data:`SHUTDOWN_GRACE` seconds;
 2. whatever happened, the container source closes the stream (the agent exits on EOF) and removes
    the container (``rm -f``), bounded by its ``REMOVE_TIMEOUT``; a container still there after that
-   carries its owner's pid and is reaped by the next bridge.
+   carries its owner's pid and is reaped by the next bridge (logged).
 
-Its limit: a container that survives ``rm -f`` within the bound is left for reaping, logged.
-
-A durable sandbox (``durability``) may instead be let go of (:meth:`TunnelOwner.request_detach`,
-when the bridge leaves): the tunnel writes ``detach`` (bounded by :data:`DETACH_GRACE`), and the
-container source closes the stream and leaves the container running. An adopted one
-(``durability.adopting``) starts with the handshake instead of a kernel start (bounded by
-:data:`ADOPT_TIMEOUT`); its failure is AdoptionFailed.
+A durable sandbox may be let go of instead (:meth:`TunnelOwner.request_detach`): ``detach`` is
+written, bounded by :data:`DETACH_GRACE`, and the container is left running.
 """
 
 from __future__ import annotations
@@ -103,7 +91,7 @@ EventHandler = Callable[[AgentEvent], Awaitable[None]]
 
 
 class TunnelOwner:
-    """Runs one sandbox's tunnel. ``await tg.start(partial(owner.run, container, ...))``."""
+    """Runs one sandbox's tunnel. ``await tg.start(partial(owner.serve, container, ...))``."""
 
     def __init__(
         self,
@@ -173,7 +161,7 @@ class TunnelOwner:
         return self.state
 
     # -- life -----------------------------------------------------------------------------------
-    async def run(
+    async def serve(
         self,
         container: AttachedContainer,
         *,
@@ -316,6 +304,8 @@ class TunnelOwner:
         exited = self.exited
         if info is not None and info.oom_killed:
             return Death(ExitKind.OOM, "the sandbox ran out of memory (its memory limit was reached)")
+        if info is not None and info.reason:  # the runtime ended it (a cluster evicting its pod)
+            return Death(ExitKind.CONTAINER_EXITED, f"the sandbox ended: {info.reason}")
         if exited is not None and exited.kind is not ExitKind.CONTAINER_EXITED:
             return Death(exited.kind, exited.reason)
         code = info.exit_code if info is not None else None

@@ -19,8 +19,8 @@ from kernelbridge.image import (
     PACKAGES_LABEL,
     agent_hash,
     check_labels,
+    contents_from_settings,
     default_image,
-    extras_from_settings,
     parse_packages,
 )
 from kernelbridge.runtime import RuntimeBackend
@@ -38,14 +38,14 @@ def expected_image(settings: Settings) -> tuple[str, str]:
     """(image, the agent hash the host expects inside it).
 
     An explicit ``KERNELBRIDGE_IMAGE`` is used as given (:func:`verify_image` checks its labels);
-    without one, the image named after this kernelbridge's own files and the configured extra
-    packages. Either way the agent in the image must be this kernelbridge's: the agent itself
+    without one, the image named after this kernelbridge's own files and the configured profile
+    and extra packages. Either way the agent in the image must be this kernelbridge's: the agent itself
     refuses a host that expects another one. Raises ConfigError for a bad extras setting.
     """
     expected = agent_hash()
     if settings.image:
         return settings.image, expected
-    return default_image(extras_from_settings(settings)), expected
+    return default_image(contents_from_settings(settings)), expected
 
 
 async def verify_image(

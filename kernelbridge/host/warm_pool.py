@@ -2,7 +2,9 @@
 
 A sandbox takes ~0.5 s to start (container + ipykernel), and starts are CPU bound on small
 machines. The pool keeps ``size`` sandboxes started, one start at a time, and refills in the
-background whenever one is taken. It knows nothing about sessions: :mod:`kernelbridge.session.registry`
+background whenever one is taken. Every start it makes, a refill's or a session's own, waits for
+its turn first (:mod:`~kernelbridge.host.admission`: a few at once on this machine) and its bound
+runs from that turn. It knows nothing about sessions: :mod:`kernelbridge.session.registry`
 takes sandboxes from it and closes what is left at exit (or, durable, lets go of them for the next
 bridge, which adopts them into its pool: :meth:`WarmPool.add`). What it pools is whatever the starter
 returns that holds a sandbox (the session layer pools each sandbox with the handlers it was
@@ -18,6 +20,7 @@ from typing import Generic, Protocol, TypeVar
 
 import anyio
 
+from kernelbridge.host.admission import ADMISSION, StartAdmission
 from kernelbridge.host.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -55,10 +58,13 @@ async def close_sandbox(sandbox: Sandbox) -> None:
 class WarmPool(Generic[T]):
     """Pre-started sandboxes. Run :meth:`run` in a task group; :meth:`take` one per new session."""
 
-    def __init__(self, size: int, start: SandboxStarter[T], start_timeout: float) -> None:
+    def __init__(
+        self, size: int, start: SandboxStarter[T], start_timeout: float, admission: StartAdmission = ADMISSION
+    ) -> None:
         self.size = size
         self._start = start
         self._start_timeout = start_timeout
+        self._admission = admission
         self._sandboxes: list[T] = []
         self._wanted = anyio.Event()
         self._changed = anyio.Event()
@@ -98,8 +104,14 @@ class WarmPool(Generic[T]):
                 return pooled
             await close_sandbox(pooled.sandbox)
         self._wanted.set()
-        with anyio.fail_after(self._start_timeout + SHUTDOWN_TIMEOUT):
-            return await self._start(name)
+        return await self._started(name)
+
+    async def _started(self, name: str) -> T:
+        """A cold start in its turn, bounded from that turn. Raises SandboxStartTimeout when the
+        turn did not come in time, TimeoutError past the start's own bound, the start's failure."""
+        async with self._admission.turn(name):
+            with anyio.fail_after(self._start_timeout + SHUTDOWN_TIMEOUT):
+                return await self._start(name)
 
     async def run(self) -> None:
         """Keep ``size`` sandboxes started, one start at a time (starts are CPU bound)."""
@@ -108,8 +120,7 @@ class WarmPool(Generic[T]):
             while len(self._sandboxes) < self.size:
                 self._starting = True
                 try:
-                    with anyio.fail_after(self._start_timeout + SHUTDOWN_TIMEOUT):
-                        pooled = await self._start(f"warm-{secrets.token_hex(4)}")
+                    pooled = await self._started(f"warm-{secrets.token_hex(4)}")
                 except Exception as exc:
                     self._starting = False
                     self._notify()

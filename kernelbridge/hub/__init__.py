@@ -11,12 +11,12 @@ General layout (each module depends only on those above it)::
     docs.py        ServerSummary/Server/Tool/ToolDoc records and ranked search
     skills.py      the saved-tools stores, one per namespace (<ns state dir>/skills; also the CLI's API)
     streams.py     a server's stderr as a bounded log; a transport whose end is observed
-    clients.py     ServerClient: one warm MCP client per server, restart, tool cache
-    pool.py        ClientPool: a ServerClient per configured server, their task group, bounded close
-    rpc.py         RpcCall, the RpcHandler seam, request validation, size caps
+    clients.py     ServerClient: one warm MCP client per server, restart, tool cache; ClientPool: one
+                   per configured server, their task group, bounded close
     dispatch.py    Hub: owns the pool, applies grants and policy, answers every rpc method
 
-The wire contract is docs/rpc.md. Typical use by the session layer::
+The call seam it answers (RpcCall, RpcHandler) is :mod:`kernelbridge.calls`; the wire contract
+docs/rpc.md. Typical use by the session layer::
 
     async with Hub(settings) as hub:
         grants = frozenset(hub.validate_grants(servers))        # HubError -> ToolError
@@ -29,25 +29,31 @@ The wire contract is docs/rpc.md. Typical use by the session layer::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kernelbridge.errors import HubError, RpcError, ServerFailure, SkillError
-from kernelbridge.hub.aliases import alias, assign_aliases
-from kernelbridge.hub.clients import ClientState, ServerClient
-from kernelbridge.hub.config import (
-    HttpServer,
-    ServerCatalog,
-    ServerConfig,
-    Shadowed,
-    StdioServer,
-    config_files,
-    launches_kernelbridge,
-    load_catalog,
-)
-from kernelbridge.hub.dispatch import Hub, tool_result
-from kernelbridge.hub.policy import Policy
-from kernelbridge.hub.rpc import KINDS, METHODS, RpcCall, RpcHandler
-from kernelbridge.hub.signatures import python_signature
-from kernelbridge.hub.skills import Skill, SkillInfo, list_skills, read_skill, remove_skill, save_skill
-from kernelbridge.hub.sources import ConfigSource, config_sources
+from kernelbridge.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernelbridge.calls import RpcCall, RpcHandler
+    from kernelbridge.calls.wire import KINDS, METHODS
+    from kernelbridge.hub.aliases import alias, assign_aliases
+    from kernelbridge.hub.clients import ClientState, ServerClient
+    from kernelbridge.hub.config import (
+        HttpServer,
+        ServerCatalog,
+        ServerConfig,
+        Shadowed,
+        StdioServer,
+        config_files,
+        launches_kernelbridge,
+        load_catalog,
+    )
+    from kernelbridge.hub.dispatch import Hub, tool_result
+    from kernelbridge.hub.policy import Policy
+    from kernelbridge.hub.signatures import python_signature
+    from kernelbridge.hub.skills import Skill, SkillInfo, list_skills, read_skill, remove_skill, save_skill
+    from kernelbridge.hub.sources import ConfigSource, config_sources
 
 __all__ = [
     "KINDS",
@@ -83,3 +89,6 @@ __all__ = [
     "save_skill",
     "tool_result",
 ]
+
+if not TYPE_CHECKING:  # mypy sees the imports above, and no name beyond them
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)

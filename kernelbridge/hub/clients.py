@@ -1,53 +1,28 @@
 """One warm MCP client per host server, shared by every session of a hub.
 
-Each configured server gets one :class:`ServerClient` for the lifetime of the hub's
-:class:`~kernelbridge.hub.pool.ClientPool`. Its MCP connection
-(a child process for stdio, an HTTP session for remote servers) is started on first use and kept
-warm; every call, from any session, goes over it concurrently. This layer knows MCP and transports;
-it knows nothing of sessions, grants, policy or the rpc wire (those are ``dispatch``'s).
-
-Lifecycle of one connection (a :class:`_Connection`, one server process or HTTP session)
-------------------------------------------------------------------------------------------
-- **Start once.** The first caller creates the connection *synchronously* (no await between
-  "is there one?" and "here is one"), and its runner task starts in the pool's task group. Racing
-  callers find it and wait for ``ready``. A caller cancelled while waiting (a cell timeout) does
-  not abort the start: the next caller reuses it.
-- **The runner owns the client.** ``mcp.client.Client`` holds task groups and cancel scopes, which
-  must be entered and left by one task; so the runner enters it, lists the tools, signals
-  ``ready``, then waits for ``stop``. Calls from other tasks share the client meanwhile.
-- **Death is observed, not guessed.** The transport's read stream is wrapped: when it ends (the
-  process exited, the HTTP transport failed) the connection is marked ``exited`` before any pending
-  request hears "Connection closed".
-- **Restart once, never replay.** A call that finds its server already exited starts a fresh one
-  and makes the call there; if the fresh one fails to start or dies before answering any call,
-  the error says the server was restarted and failed again. A call that was *in flight* when
-  the server died is not replayed (the tool may have had effects); it answers that the server
-  exited, and the next call restarts it.
-- **Tool lists** are cached per connection, dropped on ``notifications/tools/list_changed``
-  (delivered as a message on 2025 connections, through a ``subscriptions/listen`` stream that the
-  runner keeps open on 2026-07-28 ones) and fetched again on next use.
-- **Close** (shielded, bounded by :data:`~kernelbridge.hub.pool.CLOSE_TIMEOUT`): ``stop`` is set on
-  every connection and the runners leave their clients; the SDK's stdio transport closes stdin,
-  waits, then terminates the process tree. Whatever is still running after the bound is cancelled.
-
-Secrets: a stdio server's ``env`` is merged into the host environment only when spawning it, and
-an HTTP server's headers live in its httpx client. Neither appears in any message this module
-raises. A stdio server's stderr goes to a bounded log file (``<logs>/hub/<alias>.log``, 1 MiB and
-one older file), never to the bridge's stdout, which is the MCP wire.
+``async with ClientPool(servers, aliases, ...) as pool``, then ``pool.get(name).call_tool(...)``.
+A server's connection (a child process for stdio, an HTTP session) starts on first use and stays
+warm for every session's calls; its life is docs/architecture.md's "A host server's connection".
+This layer knows MCP and transports, nothing of sessions, grants, policy or the rpc wire. Secrets
+(a stdio server's ``env``, an HTTP server's headers) appear in no message it raises; a stdio
+server's stderr goes to a bounded log file (``<logs>/hub/<alias>.log``), never to the bridge's
+stdout, which is the MCP wire.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, TextIO
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import httpx2
 import mcp_types as types
@@ -62,11 +37,10 @@ from pydantic import ValidationError
 from kernelbridge import __version__
 from kernelbridge.errors import ServerFailure
 from kernelbridge.frames import MAX_RPC_BYTES
+from kernelbridge.hub.client_state import Change, next_state
+from kernelbridge.hub.client_state import ClientState as ClientState  # kernelbridge.hub re-exports it
 from kernelbridge.hub.config import HttpServer, ServerConfig, StdioServer
 from kernelbridge.hub.streams import StderrLog, watch_transport
-
-if TYPE_CHECKING:
-    from kernelbridge.hub.pool import ClientPool
 
 log = logging.getLogger(__name__)
 
@@ -87,28 +61,18 @@ transport, while still bounding what a remote server can make the hub buffer."""
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 
 
-class ClientState(enum.Enum):
-    IDLE = "idle"
-    """Not started yet (or closed after an exit and not needed since)."""
-    STARTING = "starting"
-    READY = "ready"
-    EXITED = "exited"
-    """The server process ended or the transport failed; the next call restarts it."""
-    FAILED = "failed"
-    """The last start failed."""
-    CLOSED = "closed"
-
-
 class _Connection:
-    """One server process (or HTTP session) from start to exit."""
+    """One server process (or HTTP session) from start to exit; its :class:`ClientState`
+    changes only through :meth:`change`."""
 
-    def __init__(self, generation: int, *, restart: bool) -> None:
-        self.generation = generation
+    def __init__(self, *, restart: bool) -> None:
+        self.state = ClientState.IDLE
         self.restart = restart
         """Started because the previous connection had run and exited."""
         self.answered = 0
         """Tool calls answered; a restart that fails before answering any 'failed again'."""
         self.ready = anyio.Event()
+        """Set once the start has settled (READY, FAILED, or closed while starting)."""
         self.stop = anyio.Event()
         self.done = anyio.Event()
         self.scope: anyio.CancelScope | None = None
@@ -117,14 +81,25 @@ class _Connection:
         self.tools_lock = anyio.Lock()
         self.changes = 0
         self.fetches = 0
-        self.exited = False
         self.start_error: str | None = None
+        """Why the start failed (one safe line)."""
         self.failed_at = 0.0
         self.failure: str | None = None
         """Why a running connection ended, when known (one safe line)."""
 
+    def change(self, change: Change) -> ClientState:
+        """The one place the state changes. Raises IllegalTransition (a bug) for a forbidden pair."""
+        self.state = next_state(self.state, change)
+        return self.state
+
+    def fail(self, reason: str) -> None:
+        """The start failed: calls within START_RETRY_AFTER get ``reason``."""
+        self.start_error = reason
+        self.failed_at = anyio.current_time()
+        self.change(Change.FAIL)
+
     def mark_exited(self) -> None:
-        self.exited = True
+        self.change(Change.EXIT)
         self.stop.set()
 
     def tools_changed(self) -> None:
@@ -140,26 +115,17 @@ class ServerClient:
         self.config = config
         self.name = config.name
         self.alias = alias
-        self._conn: _Connection | None = None
+        self._conn = _Connection(restart=False)
         self._generation = 0
-        self._closed = False
         self._stderr = StderrLog(pool.log_dir / f"{alias}.log" if pool.log_dir else None)
 
     def __repr__(self) -> str:
-        return f"<ServerClient {self.name!r} {self.state.value} starts={self._generation}>"
+        return f"<ServerClient {self.name!r} {self.state.value} starts={self.starts}>"
 
     @property
     def state(self) -> ClientState:
-        conn = self._conn
-        if self._closed:
-            return ClientState.CLOSED
-        if conn is None:
-            return ClientState.IDLE
-        if conn.start_error is not None:
-            return ClientState.FAILED
-        if conn.exited:
-            return ClientState.EXITED
-        return ClientState.READY if conn.ready.is_set() else ClientState.STARTING
+        """The current connection's state."""
+        return self._conn.state
 
     @property
     def starts(self) -> int:
@@ -203,35 +169,38 @@ class ServerClient:
 
     def close(self) -> None:
         """Ask the connection to close (the runner does it); no new one will start."""
-        self._closed = True
         conn = self._conn
-        if conn is not None:
-            conn.stop.set()
-            if not conn.ready.is_set() and conn.scope is not None:
+        starting = conn.state is ClientState.STARTING
+        running = conn.state is not ClientState.IDLE
+        conn.change(Change.CLOSE)
+        conn.stop.set()
+        if starting:
+            conn.start_error = "closed while starting"
+            if conn.scope is not None:
                 conn.scope.cancel()
+        if not running:
+            conn.done.set()  # no runner: nothing to wait for
 
     async def wait_closed(self) -> None:
-        conn = self._conn
-        if conn is not None:
-            await conn.done.wait()
+        await self._conn.done.wait()
 
     # -- connection management -----------------------------------------------------------------
 
     def _connection(self) -> _Connection:
         """The live connection, or a new one being started. Synchronous: racing callers get the
         same connection."""
-        if self._closed:
-            raise ServerFailure(f"server {self.name!r} is not available: kernelbridge is shutting down")
         conn = self._conn
-        if conn is not None and not conn.exited:
+        if conn.state is ClientState.CLOSED:
+            raise ServerFailure(f"server {self.name!r} is not available: kernelbridge is shutting down")
+        if conn.state in (ClientState.STARTING, ClientState.READY):
             return conn
-        if conn is not None and conn.start_error is not None:
-            if anyio.current_time() - conn.failed_at < START_RETRY_AFTER:
-                return conn
-        restart = conn is not None and conn.start_error is None and conn.ready.is_set()
-        self._generation += 1
-        conn = self._conn = _Connection(self._generation, restart=restart)
+        if conn.state is ClientState.FAILED and anyio.current_time() - conn.failed_at < START_RETRY_AFTER:
+            return conn
+        if conn.state is not ClientState.IDLE:  # exited, or failed a while ago: a fresh one
+            conn = self._conn = _Connection(restart=conn.state is ClientState.EXITED)
         self._pool.task_group.start_soon(self._run, conn, name=f"hub client {self.name}")
+        conn.change(Change.START)
+        self._generation += 1
         return conn
 
     async def _ready(self) -> _Connection:
@@ -240,18 +209,18 @@ class ServerClient:
         for _ in range(2):
             conn = self._connection()
             await conn.ready.wait()
-            if conn.start_error is not None:
+            if conn.state is ClientState.READY:
+                break
+            if conn.start_error is not None:  # FAILED, or CLOSED while starting
                 reason = f"could not start: {conn.start_error}"
                 if conn.restart:
                     reason = f"exited, was restarted and failed again: {reason}"
                 raise ServerFailure(f"server {self.name!r} {reason}")
-            if not conn.exited:
-                break
         return conn
 
     def _protocol_error(self, conn: _Connection, exc: MCPError) -> ServerFailure:
         """An MCP error answer (its message passed on), or the connection's end seen as one."""
-        if exc.code == CONNECTION_CLOSED or conn.exited:
+        if exc.code == CONNECTION_CLOSED or conn.state is not ClientState.READY:
             return self._died(conn)
         return ServerFailure(f"server {self.name!r}: {_safe(exc.message)}")
 
@@ -300,11 +269,14 @@ class ServerClient:
         try:
             with anyio.CancelScope() as scope:
                 conn.scope = scope
+                if conn.state is ClientState.CLOSED:  # closed before this task ran
+                    scope.cancel()
                 scope.deadline = anyio.current_time() + START_TIMEOUT
                 async with self._open_client(conn) as client:
                     tools = await _list_tools(client)
                     scope.deadline = math.inf
                     conn.client, conn.tools = client, tools
+                    conn.change(Change.STARTED)
                     conn.ready.set()
                     log.info("host server %r started (%d tools)", self.name, len(tools))
                     async with anyio.create_task_group() as tg:
@@ -312,23 +284,21 @@ class ServerClient:
                             tg.start_soon(self._listen, conn, client)
                         await conn.stop.wait()
                         tg.cancel_scope.cancel()
-            if scope.cancelled_caught and not conn.ready.is_set() and not self._closed:
-                conn.start_error = f"did not start within {START_TIMEOUT:g} s"
+            if scope.cancelled_caught and conn.state is ClientState.STARTING:
+                conn.fail(f"did not start within {START_TIMEOUT:g} s")
         except Exception as exc:
             reason = _describe(exc)
-            if conn.ready.is_set():
+            if conn.state is ClientState.STARTING:
+                conn.fail(reason)
+                log.warning("host server %r could not start: %s", self.name, reason)
+            else:
                 conn.failure = reason
                 log.warning("host server %r failed: %s", self.name, reason)
-            else:
-                conn.start_error = reason
-                log.warning("host server %r could not start: %s", self.name, reason)
             log.debug("host server %r: details", self.name, exc_info=exc)
         finally:
-            if not conn.ready.is_set() and conn.start_error is None:
-                conn.start_error = "closed while starting"
-            if conn.start_error is not None:
-                conn.failed_at = anyio.current_time()
-            conn.exited = True
+            if conn.state is ClientState.STARTING:  # cancelled from outside
+                conn.fail("closed while starting")
+            conn.change(Change.EXIT)
             conn.ready.set()
             conn.done.set()
             if conn.start_error is None:
@@ -433,3 +403,77 @@ def _describe(exc: BaseException) -> str:
 def _safe(message: str) -> str:
     """A server-supplied message fit for one line: URLs removed, whitespace folded, bounded."""
     return " ".join(_URL.sub("<url>", message).split())[:500]
+
+
+CLOSE_TIMEOUT = 10.0
+"""Bound on closing every client: the SDK's stdio shutdown takes at most ~6.5 s per server
+(stdin close, 2 s grace, SIGTERM, 2 s, SIGKILL, 2 s), and servers close in parallel."""
+
+
+class ClientPool:
+    """One :class:`ServerClient` per configured server, and the task group their runners live in.
+
+    ``async with ClientPool(...) as pool``; ``pool.get(name)`` returns the server's client.
+    """
+
+    def __init__(
+        self,
+        servers: Mapping[str, ServerConfig],
+        aliases: Mapping[str, str],
+        *,
+        env: Mapping[str, str],
+        log_dir: Path | None,
+        call_timeout: float,
+        connect_mode: str = "auto",
+    ) -> None:
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.call_timeout = call_timeout
+        self.connect_mode = connect_mode
+        self._servers = dict(servers)
+        self._aliases = dict(aliases)
+        self._clients: dict[str, ServerClient] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def task_group(self) -> anyio.abc.TaskGroup:
+        if self._tg is None:
+            raise RuntimeError("the client pool is not open: use `async with ClientPool(...)`")
+        return self._tg
+
+    def get(self, name: str) -> ServerClient:
+        client = self._clients.get(name)
+        if client is None:
+            client = self._clients[name] = ServerClient(self, self._servers[name], self._aliases[name])
+        return client
+
+    def clients(self) -> list[ServerClient]:
+        return list(self._clients.values())
+
+    async def __aenter__(self) -> ClientPool:
+        if self.log_dir is not None:
+            try:
+                self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                log.warning("host server logs disabled: cannot create their directory (%s)", exc.strerror)
+                self.log_dir = None
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        tg = self.task_group
+        with anyio.CancelScope(shield=True):
+            for client in self._clients.values():
+                client.close()
+            with anyio.move_on_after(CLOSE_TIMEOUT) as bound:
+                for client in self._clients.values():
+                    await client.wait_closed()
+            if bound.cancelled_caught:
+                log.warning("host servers did not close within %g s; cancelling them", CLOSE_TIMEOUT)
+            tg.cancel_scope.cancel()
+        self._tg = None
+        return await tg.__aexit__(exc_type, exc, tb)

@@ -1,34 +1,13 @@
 """Host MCP server configuration: which servers exist and how to reach them. No I/O but file reads.
 
-Where definitions come from, and in which order (a later definition of a name replaces an
-earlier one, whole entries, never merged; the name keeps its first position, which orders
-aliases), is :mod:`.sources`: the files of the user's MCP clients first (Claude Code, Claude
-Desktop, Cursor, VS Code; a project's files only when a project is named), then ``~/MCPs/*.json``,
-``~/.config/mcp/servers/*.json``, ``KERNELBRIDGE_SERVERS_CONFIG`` and ``--servers-config``, last
-and strongest. ``~`` is the ``HOME`` of the environment given (``os.environ`` by default).
-
-Entries (``mcpServers``, or VS Code's ``servers``):
-
-- stdio: ``command`` (required), ``args`` (list of strings), ``env`` (object of strings, added to
-  the host's environment), ``cwd``, ``description``;
-- remote, streamable HTTP: ``url`` (http or https), ``headers`` (object of strings), ``description``;
-- ``type`` (or ``transport``) may say ``stdio``, ``http``, ``streamable-http`` or ``streamableHttp``;
-  without it, ``url`` means HTTP and ``command`` means stdio. ``sse`` is not supported.
-- ``"disabled": true`` skips an entry quietly; unknown keys (``autoApprove``, ...) are ignored.
-- variables are expanded as the file's own client expands them (Claude Code: ``${VAR}``,
-  ``${VAR:-default}``; VS Code: ``${env:VAR}``, ``${userHome}``, ``${workspaceFolder}`` of a
-  project); an entry needing one that cannot be had here (VS Code's ``${input:...}``, a variable
-  that is not set) is skipped with its reason.
-
-A file or entry that cannot be used is skipped; each file's problems are **one line** in
-:attr:`ServerCatalog.problems` (the file's name, then every entry skipped and why); everything
-else still loads. An entry that would launch kernelbridge itself (``kernelbridge serve``,
-``uvx kernelbridge-mcp``, ``python -m kernelbridge``, ...) is skipped: a bridge that calls itself
-would start sandboxes without end. In kernelbridge's own files that is a problem; in a client's
-file it is the normal case (the client runs this bridge), listed in :attr:`ServerCatalog.itself`.
-
-Environment values and headers are secrets: they are kept out of ``repr`` and never put in
-anything sent to a sandbox (see :mod:`kernelbridge.hub.docs`) or printed.
+:func:`load_catalog` reads every file :mod:`.sources` lists; a later definition of a name replaces
+an earlier one whole (the entries' format and the variables each client's files expand: the
+README's "Configuring host servers"). It never raises for bad input: a file or entry that cannot
+be used is skipped, each file's problems one line in :attr:`ServerCatalog.problems`. An entry that
+would launch kernelbridge itself is skipped (a bridge that calls itself would start sandboxes
+without end): a problem in kernelbridge's own files, the normal case in a client's
+(:attr:`ServerCatalog.itself`). Environment values and headers are secrets: kept out of ``repr``,
+never sent to a sandbox or printed.
 """
 
 from __future__ import annotations

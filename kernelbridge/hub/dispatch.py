@@ -34,6 +34,9 @@ from typing import Any
 import anyio
 import mcp_types as types
 
+from kernelbridge.calls import RpcCall, RpcHandler
+from kernelbridge.calls.approval import ApprovalRequest, Decision, refusal
+from kernelbridge.calls.wire import check_result_size, parse_request
 from kernelbridge.config import Settings, namespace_state_dir
 from kernelbridge.errors import (
     ADD_SERVERS,
@@ -46,13 +49,10 @@ from kernelbridge.errors import (
 from kernelbridge.frames import MAX_RPC_IN_FLIGHT
 from kernelbridge.hub import docs, skills
 from kernelbridge.hub.aliases import assign_aliases, resolve
-from kernelbridge.hub.approval import ApprovalRequest, Decision, refusal
-from kernelbridge.hub.clients import START_TIMEOUT, ServerClient
+from kernelbridge.hub.clients import START_TIMEOUT, ClientPool, ServerClient
 from kernelbridge.hub.config import ServerCatalog, load_catalog
 from kernelbridge.hub.docs import ToolEntry
 from kernelbridge.hub.policy import Policy
-from kernelbridge.hub.pool import ClientPool
-from kernelbridge.hub.rpc import RpcCall, RpcHandler, check_result_size, parse_request
 
 log = logging.getLogger("kernelbridge.hub")
 

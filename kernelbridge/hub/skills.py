@@ -29,12 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelbridge.calls.wire import MAX_DESCRIPTION_CHARS, MAX_SOURCE_BYTES
 from kernelbridge.config import HTTP_DIR, namespace_state_dir
 from kernelbridge.errors import ConfigError, SkillError
 
-MAX_SOURCE_BYTES = 256 * 1024
-"""A skill is a function or a small module; 256 KiB is far beyond that and still cheap to ship."""
-MAX_DESCRIPTION_CHARS = 8 * 1024
 MAX_NAME_CHARS = 64
 MAX_SKILLS = 1000
 """A runaway loop calling save_tool must not fill the disk with files."""

@@ -1,29 +1,10 @@
 """Where host MCP server definitions are found, in precedence order (weakest first).
 
-No file is read here: :func:`config_sources` lists the places, and :mod:`.config` reads them.
-A later definition of a name replaces an earlier one, whole; so the list runs from the files of
-the user's MCP clients (what they already configured) to kernelbridge's own files and the
-command line (what the operator says for this bridge):
-
-1. Claude Code, user scope: ``mcpServers`` of ``~/.claude.json`` (``$CLAUDE_CONFIG_DIR/.claude.json``
-   when that is set). Read with :func:`.jsonread.pick`: the file also holds every project's
-   history and grows to tens of MiB.
-2. Claude Desktop: ``~/.config/Claude/claude_desktop_config.json`` (``$XDG_CONFIG_HOME`` when set;
-   on macOS ``~/Library/Application Support/Claude/``).
-3. Cursor: ``~/.cursor/mcp.json``.
-4. VS Code: ``~/.config/Code/User/mcp.json`` (and Code - Insiders, VSCodium; under ``Application
-   Support`` on macOS), whose
-   servers are under ``servers`` and which is JSONC (comments, trailing commas).
-5. Only when a project is named (``--project DIR`` / ``KERNELBRIDGE_PROJECT``): that project's
-   ``.vscode/mcp.json``, ``.cursor/mcp.json``, Claude Code's ``.mcp.json``, and Claude Code's
-   local scope, ``projects["<DIR>"].mcpServers`` of ``~/.claude.json``. A project directory is
-   not trusted by default: a cloned repository could otherwise name the commands a bridge runs.
-6. ``~/MCPs/*.json``, 7. ``~/.config/mcp/servers/*.json`` (each sorted by file name),
-8. ``KERNELBRIDGE_SERVERS_CONFIG`` then each ``--servers-config`` (files, or directories of
-   ``*.json``), last and strongest.
-
-``KERNELBRIDGE_CLIENT_CONFIGS`` picks which clients' files are read (1-5): ``all`` (the default),
-``none``, or some of ``claude-code``, ``claude-desktop``, ``cursor``, ``vscode``.
+:func:`config_sources` lists the places and reads no file (:mod:`.config` does): the files of the
+user's MCP clients (``KERNELBRIDGE_CLIENT_CONFIGS``), a project's only when one is named (a cloned
+repository could otherwise name the commands a bridge runs), then ``~/MCPs/*.json``,
+``~/.config/mcp/servers/*.json``, ``KERNELBRIDGE_SERVERS_CONFIG`` and ``--servers-config``, last
+and strongest. Every path, per client and system: the README's "Configuring host servers".
 """
 
 from __future__ import annotations
@@ -76,7 +57,7 @@ class ConfigSource:
 
 
 def config_sources(settings: Settings, env: Mapping[str, str] | None = None) -> list[ConfigSource]:
-    """Every place to look, weakest first (the module docstring's order). Default directories
+    """Every place to look, weakest first (the README's order). Default directories
     are globbed now; missing client files are listed too (reading them finds nothing)."""
     env = os.environ if env is None else env
     home = home_of(env)

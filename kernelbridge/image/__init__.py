@@ -7,51 +7,62 @@ several engines build and check their image like a local podman. ``python -m ker
 builds it from a shell (``scripts/setup.sh``, ``make image``).
 """
 
-from kernelbridge.image.build import build_image, ensure_image
-from kernelbridge.image.labels import (
-    HASH_LABEL,
-    IMAGE_HASH_LABEL,
-    PACKAGES_LABEL,
-    VERSION_LABEL,
-    ImageStatus,
-    check_labels,
-    image_status,
-    labels_status,
-    packages_label,
-    parse_packages,
-)
-from kernelbridge.image.recipe import (
-    INSIDE_PACKAGE,
-    NO_EXTRAS,
-    RECIPE_FILES,
-    REPOSITORY,
-    ImageExtras,
-    agent_hash,
-    default_image,
-    extras_from_settings,
-    image_files,
-    image_hash,
-    image_tag,
-    source_path,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kernelbridge.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernelbridge.image.build import build_image, ensure_image
+    from kernelbridge.image.labels import (
+        HASH_LABEL,
+        IMAGE_HASH_LABEL,
+        PACKAGES_LABEL,
+        PROFILE_LABEL,
+        VERSION_LABEL,
+        ImageStatus,
+        check_labels,
+        image_status,
+        labels_status,
+        packages_label,
+        parse_packages,
+    )
+    from kernelbridge.image.recipe import (
+        DEFAULT_CONTENTS,
+        INSIDE_PACKAGE,
+        PROFILE_REQUIREMENTS,
+        RECIPE_FILES,
+        REPOSITORY,
+        ImageContents,
+        agent_hash,
+        contents_from_settings,
+        default_image,
+        image_files,
+        image_hash,
+        image_tag,
+        source_path,
+    )
 
 __all__ = [
+    "DEFAULT_CONTENTS",
     "HASH_LABEL",
     "IMAGE_HASH_LABEL",
     "INSIDE_PACKAGE",
-    "NO_EXTRAS",
     "PACKAGES_LABEL",
+    "PROFILE_LABEL",
+    "PROFILE_REQUIREMENTS",
     "RECIPE_FILES",
     "REPOSITORY",
     "VERSION_LABEL",
-    "ImageExtras",
+    "ImageContents",
     "ImageStatus",
     "agent_hash",
     "build_image",
     "check_labels",
+    "contents_from_settings",
     "default_image",
     "ensure_image",
-    "extras_from_settings",
     "image_files",
     "image_hash",
     "image_status",
@@ -61,3 +72,6 @@ __all__ = [
     "parse_packages",
     "source_path",
 ]
+
+if not TYPE_CHECKING:  # mypy sees the imports above, and no name beyond them
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)

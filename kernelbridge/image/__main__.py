@@ -1,5 +1,5 @@
-"""``python -m kernelbridge.image [--force] [--containerfile] [--with PKG] [--runtime R]``: ensure
-the sandbox image in the selected runtime's image store (``--force`` rebuilds it)."""
+"""``python -m kernelbridge.image [--force] [--containerfile] [--profile P] [--with PKG] [--runtime R]``:
+ensure the sandbox image in the selected runtime's image store (``--force`` rebuilds it)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import sys
 
 import anyio
 
-from kernelbridge.config import Settings, load_settings
+from kernelbridge.config import IMAGE_PROFILES, Settings, load_settings
 from kernelbridge.errors import KernelBridgeError
 from kernelbridge.image.build import build_image
-from kernelbridge.image.recipe import ImageExtras, extras_from_settings
+from kernelbridge.image.recipe import ImageContents, contents_from_settings
 from kernelbridge.runtime import open_runtime
 
 
-async def _build(settings: Settings, extras: ImageExtras, force: bool, containerfile: bool) -> None:
+async def _build(settings: Settings, contents: ImageContents, force: bool, containerfile: bool) -> None:
     async with open_runtime(settings) as runtime:
-        await build_image(runtime.images, force=force, containerfile=containerfile, extras=extras)
+        await build_image(runtime.images, force=force, containerfile=containerfile, contents=contents)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,13 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--with", dest="extra", action="append", default=[], metavar="PACKAGE",
                         help="add a Python package to the image (repeatable)")  # fmt: skip
+    parser.add_argument("--profile", choices=IMAGE_PROFILES,
+                        help="its package set (default: KERNELBRIDGE_IMAGE_PROFILE, else full)")  # fmt: skip
     parser.add_argument("--runtime", help="KERNELBRIDGE_RUNTIME for this build (default: the settings)")
     args = parser.parse_args(argv)
     try:
         env = {**os.environ, **({"KERNELBRIDGE_RUNTIME": args.runtime} if args.runtime else {})}
         settings = load_settings(env)
-        extras = extras_from_settings(settings).plus(args.extra)
-        anyio.run(_build, settings, extras, args.force, args.containerfile)
+        contents = contents_from_settings(settings).with_profile(args.profile).plus(args.extra)
+        anyio.run(_build, settings, contents, args.force, args.containerfile)
     except KernelBridgeError as exc:
         print(f"kernelbridge: {exc}", file=sys.stderr)
         return 1

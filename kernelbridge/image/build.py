@@ -11,8 +11,9 @@ builders make the same layout:
 - ``containerfile=True`` builds the recipe's Containerfile on the engine, for machines that can
   pull ``debian:bookworm-slim``.
 
-After a build, an image without extras is also tagged ``:latest`` and older images of other
-hashes are pruned (the newest few kept). One build at a time per user (a lock file).
+After a build, the image of the default contents (the full profile, no extras) is also tagged
+``:latest`` and older images of other hashes are pruned (the newest few kept). One build at a
+time per user (a lock file).
 """
 
 from __future__ import annotations
@@ -30,11 +31,17 @@ import anyio
 from kernelbridge import __version__
 from kernelbridge.errors import ImageError
 from kernelbridge.image.containerfile import build_args, import_changes, stage_context
-from kernelbridge.image.labels import HASH_LABEL, IMAGE_HASH_LABEL, VERSION_LABEL, labels_status
+from kernelbridge.image.labels import (
+    HASH_LABEL,
+    IMAGE_HASH_LABEL,
+    PROFILE_LABEL,
+    VERSION_LABEL,
+    labels_status,
+)
 from kernelbridge.image.recipe import (
-    NO_EXTRAS,
+    DEFAULT_CONTENTS,
     REPOSITORY,
-    ImageExtras,
+    ImageContents,
     agent_hash,
     image_hash,
     image_tag,
@@ -60,9 +67,9 @@ async def build_image(
     log: Log = print,
     containerfile: bool = False,
     root: Path | None = None,
-    extras: ImageExtras = NO_EXTRAS,
+    contents: ImageContents = DEFAULT_CONTENTS,
 ) -> str:
-    """Build the sandbox image of this kernelbridge and ``extras`` into ``images``; its tag.
+    """Build the sandbox image of this kernelbridge and ``contents`` into ``images``; its tag.
 
     Without ``force``, an image that is already current is kept.
     Raises ImageError, with a one-line cause and fix, when a tool is missing or a step fails, and
@@ -74,11 +81,11 @@ async def build_image(
         # Build from a snapshot: the tree may change during the minute a build takes (an editor
         # saving, a checkout), and the label must describe what the image really holds.
         source = await anyio.to_thread.run_sync(snapshot, root, work / "source")
-        hash_ = image_hash(extras, source)
+        hash_ = image_hash(contents, source)
         tag = image_tag(hash_)
         if not force and labels_status(await images.labels(tag), hash_) == "current":
             log(f"sandbox image {tag} is current")
-            if not extras:
+            if contents.is_default:
                 await _point_latest_at(images, tag, hash_)
             return tag
         async with _build_lock(log):
@@ -87,24 +94,31 @@ async def build_image(
                 log(f"sandbox image {tag} is current")
                 return tag
             started = time.monotonic()
-            labels = {HASH_LABEL: agent_hash(source), IMAGE_HASH_LABEL: hash_, VERSION_LABEL: __version__}
+            labels = {
+                HASH_LABEL: agent_hash(source),
+                IMAGE_HASH_LABEL: hash_,
+                VERSION_LABEL: __version__,
+                PROFILE_LABEL: contents.profile,
+            }
             if containerfile:
-                await _build_from_containerfile(images, source, work / "context", labels, tag, log, extras)
+                await _build_from_containerfile(images, source, work / "context", labels, tag, log, contents)
             else:
-                tarball = await make_rootfs(source, work, labels, extras, log)
+                tarball = await make_rootfs(source, work, labels, contents, log)
                 with step(log, "import the root file system"):
                     changes = import_changes(recipe_path(source, "Containerfile"), labels)
                     await images.import_rootfs(tarball, tag, changes)
-            if not extras:
+            if contents.is_default:
                 await _point_latest_at(images, tag, hash_)
             await _remove_other_images(images, tag, log)
             log(f"built {tag} in {time.monotonic() - started:.1f} s")
     return tag
 
 
-async def ensure_image(images: ImageStore, *, log: Log = print, extras: ImageExtras = NO_EXTRAS) -> str:
+async def ensure_image(
+    images: ImageStore, *, log: Log = print, contents: ImageContents = DEFAULT_CONTENTS
+) -> str:
     """The tag of the current image in ``images``, building it first only when it is missing or stale."""
-    return await build_image(images, force=False, log=log, extras=extras)
+    return await build_image(images, force=False, log=log, contents=contents)
 
 
 async def _build_from_containerfile(
@@ -114,14 +128,14 @@ async def _build_from_containerfile(
     labels: dict[str, str],
     tag: str,
     log: Log,
-    extras: ImageExtras,
+    contents: ImageContents,
 ) -> None:
     """The recipe's Containerfile, built by the engine from a context holding only what it copies."""
     with step(log, "stage the build context"):
-        stage_context(root, context, labels[HASH_LABEL], extras)
+        stage_context(root, context, labels[HASH_LABEL], contents)
     with step(log, "build the Containerfile"):
         try:
-            await images.build(context, tag, build_args=build_args(root, labels, extras))
+            await images.build(context, tag, build_args=build_args(root, labels, contents))
         except ImageError as exc:
             raise ImageError(f"{exc}; check that the registry is reachable") from None
 

@@ -19,9 +19,9 @@ from kernelbridge.image.labels import HASH_LABEL, IMAGE_HASH_LABEL
 from kernelbridge.image.recipe import (
     EXTRA_REQUIREMENTS,
     RECIPE_FILES,
-    ImageExtras,
-    base_requirements,
+    ImageContents,
     recipe_path,
+    requested_packages,
     stage_agent,
 )
 
@@ -49,23 +49,26 @@ def json_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def stage_context(root: Path, context: Path, agent: str, extras: ImageExtras) -> Path:
+def stage_context(root: Path, context: Path, agent: str, contents: ImageContents) -> Path:
     """A build context holding only what the Containerfile copies: the recipe, the extras'
     requirements and the code that runs inside (with its agent hash). Returns ``context``."""
     context.mkdir(parents=True, exist_ok=True)
     for name in RECIPE_FILES:
         shutil.copyfile(recipe_path(root, name), context / name)
-    (context / EXTRA_REQUIREMENTS).write_text(extras.text())
+    (context / EXTRA_REQUIREMENTS).write_text(contents.extras_text())
     stage_agent(root, context / AGENT_PREFIX, agent)
     return context
 
 
-def build_args(root: Path, labels: dict[str, str], extras: ImageExtras) -> dict[str, str]:
-    """The Containerfile's ``ARG`` values: its label values (package names only: the versions pip
-    picks are not known before the build)."""
+def build_args(root: Path, labels: dict[str, str], contents: ImageContents) -> dict[str, str]:
+    """The Containerfile's ``ARG`` values: the profile and the recipe's requirement files it installs
+    (named here, not in the Containerfile: ``recipe.PROFILE_REQUIREMENTS`` is the one mapping), and
+    its label values (package names only: the versions pip picks are not known before the build)."""
     return {
         "AGENT_HASH": labels[HASH_LABEL],
         "IMAGE_HASH": labels[IMAGE_HASH_LABEL],
         "KERNELBRIDGE_VERSION": __version__,
-        "PACKAGES": " ".join(base_requirements(root) + extras.names()),
+        "PROFILE": contents.profile,
+        "REQUIREMENTS": " ".join(contents.requirement_files),
+        "PACKAGES": " ".join(requested_packages(contents, root)),
     }

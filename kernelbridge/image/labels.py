@@ -6,7 +6,9 @@ Labels of every image the builder makes:
 =============================  =====================================================================
 ``kernelbridge.agent-hash``    the agent hash; the agent also holds it in its ``AGENT_HASH`` file and
                                refuses a host expecting another agent
-``kernelbridge.image-hash``    the image hash (agent + extras): what :func:`image_status` compares
+``kernelbridge.image-hash``    the image hash (agent + profile + extras): what :func:`image_status`
+                               compares
+``kernelbridge.profile``       the profile (``full``, ``minimal``; for messages: the hash covers it)
 ``kernelbridge.packages``      the requested Python packages with their installed versions, read by
                                the bridge for the capabilities the model reads
 ``kernelbridge.version``       the kernelbridge version that built it (for messages only)
@@ -23,7 +25,7 @@ from __future__ import annotations
 from typing import Literal
 
 from kernelbridge.errors import AgentMismatch, ImageError
-from kernelbridge.image.recipe import NO_EXTRAS, ImageExtras, image_hash
+from kernelbridge.image.recipe import DEFAULT_CONTENTS, ImageContents, image_hash
 from kernelbridge.runtime.base import ImageStore
 
 ImageStatus = Literal["current", "stale", "missing"]
@@ -31,6 +33,7 @@ ImageStatus = Literal["current", "stale", "missing"]
 HASH_LABEL = "kernelbridge.agent-hash"
 IMAGE_HASH_LABEL = "kernelbridge.image-hash"
 PACKAGES_LABEL = "kernelbridge.packages"
+PROFILE_LABEL = "kernelbridge.profile"
 VERSION_LABEL = "kernelbridge.version"
 
 
@@ -76,11 +79,13 @@ def parse_packages(label: str | None) -> list[str]:
     return [item for item in (label or "").split() if "==" in item]
 
 
-async def image_status(images: ImageStore, image: str, extras: ImageExtras = NO_EXTRAS) -> ImageStatus:
+async def image_status(
+    images: ImageStore, image: str, contents: ImageContents = DEFAULT_CONTENTS
+) -> ImageStatus:
     """``current`` if ``image`` exists in ``images`` and is the image of this kernelbridge and
-    ``extras``, ``stale`` if it is another one, ``missing`` if there is no such image.
+    ``contents``, ``stale`` if it is another one, ``missing`` if there is no such image.
     Raises RuntimeUnavailable when the engine cannot be asked."""
-    return labels_status(await images.labels(image), image_hash(extras))
+    return labels_status(await images.labels(image), image_hash(contents))
 
 
 def labels_status(labels: dict[str, str] | None, hash_: str) -> ImageStatus:

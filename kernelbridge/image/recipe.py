@@ -2,9 +2,12 @@
 
 The image is named after the **image hash**: a sha256 over every file that goes into the image from
 this kernelbridge (the code that runs inside the container, the frame codec it imports, and the
-recipe in ``sandbox_kernel_image/``) plus the operator's extra packages (``kernelbridge image build
---with``, ``KERNELBRIDGE_IMAGE_PACKAGES``, ``KERNELBRIDGE_IMAGE_REQUIREMENTS``). Without extras the
-image hash is the **agent hash** (files only), so the usual image keeps its usual name.
+recipe in ``sandbox_kernel_image/``) plus what the operator chose of its packages
+(:class:`ImageContents`): the **profile** (``KERNELBRIDGE_IMAGE_PROFILE``, ``--profile``: which of
+the recipe's requirement files are installed) and the **extra packages** (``--with``,
+``KERNELBRIDGE_IMAGE_PACKAGES``, ``KERNELBRIDGE_IMAGE_REQUIREMENTS``). For the default contents (the
+full profile, no extras) the image hash is the **agent hash** (files only), so the usual image keeps
+its usual name; any other choice is another image, and a bridge expects the image of its own settings.
 
 Where the files come from: this package's own directory, whatever installed it. The recipe is
 package data, ``kernelbridge/sandbox_kernel_image/``; in a checkout that is a symlink to the
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernelbridge import DISTRIBUTION
+from kernelbridge.config import DEFAULT_IMAGE_PROFILE, ImageProfile
 from kernelbridge.errors import ConfigError, ImageError
 
 if TYPE_CHECKING:
@@ -43,12 +47,21 @@ PACKAGE_STUB = '"""kernelbridge inside the sandbox: the frame codec and the agen
 RECIPE_DIR = "sandbox_kernel_image"
 """The recipe's name in the hash (and the top-level directory of a checkout); its files live in the
 package as ``kernelbridge/sandbox_kernel_image/``."""
-RECIPE_FILES = ("requirements.txt", "customize.sh", "Containerfile")
+CORE_REQUIREMENTS = "requirements.txt"
+ANALYSIS_REQUIREMENTS = "requirements-analysis.txt"
+PROFILE_REQUIREMENTS: dict[ImageProfile, tuple[str, ...]] = {
+    "full": (CORE_REQUIREMENTS, ANALYSIS_REQUIREMENTS),
+    "minimal": (CORE_REQUIREMENTS,),
+}
+"""The recipe's requirement files each profile installs (a unit test checks every profile of
+``config.IMAGE_PROFILES`` is here). Every file is in every image's hash, whichever profile it is."""
+RECIPE_FILES = (CORE_REQUIREMENTS, ANALYSIS_REQUIREMENTS, "customize.sh", "Containerfile")
 EXTRA_REQUIREMENTS = "extra-requirements.txt"
 """The extras' requirements file as both builders hand it to pip."""
 # A requirement line of an extras list: a name, optional extras and a version specifier, nothing
 # that pip would read from elsewhere (-r, -e, URLs, paths): the hash must cover what is installed.
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*([<>=!~][^;#@]*)?$")
+# No control characters either: the image hash separates its parts with NUL.
+_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*([<>=!~][^;#@\x00-\x1f]*)?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -65,7 +78,7 @@ def source_path(root: Path, name: str) -> Path:
 
 
 def recipe_path(root: Path, name: str) -> Path:
-    """A recipe file (``requirements.txt``, ``customize.sh``, ``Containerfile``) under ``root``."""
+    """A recipe file (one of :data:`RECIPE_FILES`) under ``root``."""
     return source_path(root, f"{RECIPE_DIR}/{name}")
 
 
@@ -107,35 +120,54 @@ def agent_hash(root: Path | None = None) -> str:
     return digest.hexdigest()
 
 
-# -- extra packages ------------------------------------------------------------------------------------
+# -- the operator's choice: a profile and extra packages ------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class ImageExtras:
-    """Python packages an operator adds to the image, beyond ``sandbox_kernel_image/requirements.txt``."""
+class ImageContents:
+    """What an image holds of Python packages: the recipe's requirement files of ``profile`` and the
+    operator's extra packages. It names the image (:func:`image_hash`) and says what to install."""
 
-    requirements: tuple[str, ...] = ()
-    """Requirement specifiers (``scikit-learn``, ``polars>=1``), in order, without duplicates."""
+    profile: ImageProfile = DEFAULT_IMAGE_PROFILE
+    extras: tuple[str, ...] = ()
+    """Requirement specifiers beyond the profile's (``scikit-learn``, ``polars>=1``), in order,
+    without duplicates."""
 
-    def __bool__(self) -> bool:
-        return bool(self.requirements)
+    @property
+    def is_default(self) -> bool:
+        """The image of the default settings: the one tagged ``:latest``, named by the agent hash."""
+        return self.profile == DEFAULT_IMAGE_PROFILE and not self.extras
 
-    def text(self) -> str:
+    @property
+    def requirement_files(self) -> tuple[str, ...]:
+        """The recipe's requirement files this profile installs (names of :data:`RECIPE_FILES`)."""
+        return PROFILE_REQUIREMENTS[self.profile]
+
+    def extras_text(self) -> str:
         """The extras as a requirements file (what the hash covers and pip reads)."""
-        return "".join(f"{line}\n" for line in self.requirements)
+        return "".join(f"{line}\n" for line in self.extras)
 
-    def names(self) -> list[str]:
-        return [normalize_name(line) for line in self.requirements]
+    def extra_names(self) -> list[str]:
+        return [normalize_name(line) for line in self.extras]
 
-    def plus(self, more: list[str] | tuple[str, ...]) -> ImageExtras:
-        """These extras and ``more`` (checked like any other), duplicates dropped."""
-        lines = list(self.requirements)
+    def plus(self, more: list[str] | tuple[str, ...]) -> ImageContents:
+        """These contents with the extra packages ``more`` (checked like any other), duplicates dropped."""
+        lines = list(self.extras)
         for item in more:
             line = check_requirement(item, "--with")
             if line not in lines:
                 lines.append(line)
-        return ImageExtras(tuple(lines))
+        return ImageContents(self.profile, tuple(lines))
+
+    def with_profile(self, profile: ImageProfile | None) -> ImageContents:
+        """These contents with ``profile`` instead (None: unchanged; ``--profile``)."""
+        return self if profile is None else ImageContents(profile, self.extras)
+
+    def describe(self) -> str:
+        """How messages name these contents: ``the minimal profile with polars``."""
+        extras = f" with {' '.join(self.extra_names())}" if self.extras else ""
+        return f"the {self.profile} profile{extras}"
 
 
-NO_EXTRAS = ImageExtras()
+DEFAULT_CONTENTS = ImageContents()
 
 
 def normalize_name(requirement: str) -> str:
@@ -166,23 +198,30 @@ def read_requirements(path: Path, where: str) -> list[str]:
     return [check_requirement(line, f"{where} ({path})") for line in lines if line]
 
 
-def extras_from_settings(settings: Settings) -> ImageExtras:
-    """The extras of ``KERNELBRIDGE_IMAGE_REQUIREMENTS`` (a file) and ``KERNELBRIDGE_IMAGE_PACKAGES``.
+def contents_from_settings(settings: Settings) -> ImageContents:
+    """The image contents of ``KERNELBRIDGE_IMAGE_PROFILE`` and the extras of
+    ``KERNELBRIDGE_IMAGE_REQUIREMENTS`` (a file) and ``KERNELBRIDGE_IMAGE_PACKAGES``.
 
     Raises ConfigError when the file cannot be read or holds something else than requirements.
     """
     lines: list[str] = []
     if settings.image_requirements is not None:
         lines += read_requirements(settings.image_requirements, "KERNELBRIDGE_IMAGE_REQUIREMENTS")
-    return ImageExtras().plus(lines + list(settings.image_packages))
+    lines += [check_requirement(item, "KERNELBRIDGE_IMAGE_PACKAGES") for item in settings.image_packages]
+    return ImageContents(settings.image_profile).plus(lines)
 
 
-def image_hash(extras: ImageExtras = NO_EXTRAS, root: Path | None = None) -> str:
-    """The hash the image of ``extras`` is named after: the agent hash itself without extras."""
+def image_hash(contents: ImageContents = DEFAULT_CONTENTS, root: Path | None = None) -> str:
+    """The hash the image of ``contents`` is named after: the agent hash itself for the default.
+
+    The full profile with extras hashes as it always did (the agent, NUL, the extras); another
+    profile adds its name as a part of its own, which no requirement line can spell (no NUL).
+    """
     agent = agent_hash(root)
-    if not extras:
+    if contents.is_default:
         return agent
-    return hashlib.sha256(f"{agent}\0{extras.text()}".encode()).hexdigest()
+    profile = "" if contents.profile == DEFAULT_IMAGE_PROFILE else f"profile={contents.profile}\0"
+    return hashlib.sha256(f"{agent}\0{profile}{contents.extras_text()}".encode()).hexdigest()
 
 
 def image_tag(hash_: str) -> str:
@@ -190,19 +229,20 @@ def image_tag(hash_: str) -> str:
     return f"{REPOSITORY}:{hash_[:16]}"
 
 
-def default_image(extras: ImageExtras = NO_EXTRAS) -> str:
-    """The image this kernelbridge expects for ``extras``: the tag of its image hash."""
-    return image_tag(image_hash(extras))
+def default_image(contents: ImageContents = DEFAULT_CONTENTS) -> str:
+    """The image this kernelbridge expects for ``contents``: the tag of its image hash."""
+    return image_tag(image_hash(contents))
 
 
-def base_requirements(root: Path | None = None) -> list[str]:
-    """The names of the packages of the recipe's ``requirements.txt``."""
+def requested_packages(contents: ImageContents, root: Path | None = None) -> list[str]:
+    """The names of the packages ``contents`` asks for: its profile's requirement files', then the
+    extras (what the ``kernelbridge.packages`` label lists, with versions once installed)."""
     root = source_root() if root is None else root
-    lines = [
-        line.split("#", 1)[0].strip()
-        for line in recipe_path(root, "requirements.txt").read_text().splitlines()
-    ]
-    return [normalize_name(line) for line in lines if line]
+    names = []
+    for name in contents.requirement_files:
+        lines = [line.split("#", 1)[0].strip() for line in recipe_path(root, name).read_text().splitlines()]
+        names += [normalize_name(line) for line in lines if line]
+    return [*names, *contents.extra_names()]
 
 
 def snapshot(root: Path, dest: Path) -> Path:

@@ -2,8 +2,8 @@
 container registry and no container runtime.
 
 ``mmdebstrap`` bootstraps a Debian bookworm minbase root with ``python3``; the host's pip downloads
-manylinux wheels for CPython 3.11 into it (the recipe's ``requirements.txt`` and the operator's
-extras, resolved together); the code that runs inside is copied to ``/opt/kernelbridge``;
+manylinux wheels for CPython 3.11 into it (the requirement files of the image's profile and the
+operator's extras, resolved together); the code that runs inside is copied to ``/opt/kernelbridge``;
 ``customize.sh`` trims it and pre-compiles bytecode. The result is a tarball, which the builder
 imports through the runtime's ImageStore (:mod:`kernelbridge.image.build`).
 
@@ -35,10 +35,10 @@ from kernelbridge.image.containerfile import AGENT_PREFIX
 from kernelbridge.image.labels import HASH_LABEL, PACKAGES_LABEL, packages_label
 from kernelbridge.image.recipe import (
     EXTRA_REQUIREMENTS,
-    ImageExtras,
-    base_requirements,
+    ImageContents,
     normalize_name,
     recipe_path,
+    requested_packages,
     stage_agent,
 )
 from kernelbridge.image.target import PIP_TARGET_FLAGS
@@ -64,10 +64,13 @@ ERROR_TAIL_LINES = 3
 """Lines of a failing command's output that go into the ImageError message."""
 
 
-async def make_rootfs(root: Path, work: Path, labels: dict[str, str], extras: ImageExtras, log: Log) -> Path:
+async def make_rootfs(
+    root: Path, work: Path, labels: dict[str, str], contents: ImageContents, log: Log
+) -> Path:
     """The image's root file system as a tarball under ``work``, from the image files under
-    ``root``; sets ``labels``' packages label. Raises ImageError (one line, with the fix) when a
-    tool is missing, unshare mode cannot work here, or a step fails."""
+    ``root``, with the packages of ``contents``; sets ``labels``' packages label. Raises
+    ImageError (one line, with the fix) when a tool is missing, unshare mode cannot work here,
+    or a step fails."""
     if shutil.which("mmdebstrap") is None:
         raise ImageError(
             "mmdebstrap is not installed and the registry-free image build needs it;"
@@ -80,12 +83,13 @@ async def make_rootfs(root: Path, work: Path, labels: dict[str, str], extras: Im
     with step(log, "stage the agent"):
         stage_agent(root, overlay / AGENT_PREFIX, labels[HASH_LABEL])
     site = overlay / SITE_PACKAGES
-    with step(log, "download Python packages" + (f" (with {' '.join(extras.names())})" if extras else "")):
+    with step(log, f"download Python packages ({contents.describe()})"):
         extra_file = work / EXTRA_REQUIREMENTS
-        extra_file.write_text(extras.text())
-        await _install_packages(recipe_path(root, "requirements.txt"), extra_file, site)
+        extra_file.write_text(contents.extras_text())
+        files = [recipe_path(root, name) for name in contents.requirement_files]
+        await _install_packages([*files, extra_file], site)
     installed = await anyio.to_thread.run_sync(installed_packages, site)
-    labels[PACKAGES_LABEL] = packages_label(installed, base_requirements(root) + extras.names())
+    labels[PACKAGES_LABEL] = packages_label(installed, requested_packages(contents, root))
     tarball = work / "rootfs.tar"
     with step(log, "bootstrap Debian and customize"):
         await anyio.to_thread.run_sync(_readable_by_others, work)
@@ -93,12 +97,13 @@ async def make_rootfs(root: Path, work: Path, labels: dict[str, str], extras: Im
     return tarball
 
 
-async def _install_packages(requirements: Path, extras: Path, target: Path) -> None:
+async def _install_packages(requirements: list[Path], target: Path) -> None:
     """Install the image's wheels with the host's pip into ``target`` (the image's dist-packages):
-    the recipe's and the extras in one resolution, so their versions fit together."""
+    every requirements file (the profile's, the extras) in one resolution, so their versions fit
+    together."""
     argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    argv += ["--no-compile", "--no-warn-script-location", *PIP_TARGET_FLAGS]
-    argv += ["--target", str(target), "--requirement", str(requirements), "--requirement", str(extras)]
+    argv += ["--no-compile", "--no-warn-script-location", *PIP_TARGET_FLAGS, "--target", str(target)]
+    argv += [arg for path in requirements for arg in ("--requirement", str(path))]
     # A pip constraints file of the host (e.g. /etc/xdg/pip) constrains the host's environment, not
     # the image's; pip reads PIP_CONSTRAINT before its config files, so an empty one disables it.
     env = {**os.environ, "PIP_CONSTRAINT": ""}

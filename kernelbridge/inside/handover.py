@@ -1,22 +1,18 @@
-"""``python3 -S -m kernelbridge.inside.handover``: give the agent the stdio of a new attachment.
+"""``/usr/bin/python3 -I -S <image>/kernelbridge/inside/handover.py``: give the agent a new attachment.
 
-A sandbox that outlives its bridge cannot be reached through the container's own stdin again
-(podman closes it for good when the first attached client goes), so a bridge that adopts it runs
-this in the container (``exec``, as the container's uid 0, with its stdin and stdout attached).
-It connects to the agent's attach point (an abstract unix socket, bound by the agent before any
-kernel code ran), checks that the listener is the agent (PID 1), passes its own stdin and stdout
-to it (``SCM_RIGHTS``), puts ``/dev/null`` in their place, and waits until the agent closes the
-connection: the attachment lives as long as this process does (the engine ends an exec session
-when its process exits). It reads nothing and writes nothing on the pipes itself, and never
-sees the sandbox's secret: the host and the agent check each other over the passed pipes.
-
-Why uid 0 and non-dumpable: kernel code runs as uid 65534 and must not reach these pipes; a
-process of another uid cannot be ptraced, signalled or have its ``/proc/<pid>/fd`` opened by it
-(the container has no capabilities at all, so uid 0 here is powerless otherwise).
+A bridge that adopts a sandbox runs this in the container (``exec``, as :data:`RELAY_UID`, with
+its stdin and stdout attached): the container's own stdin cannot be reached again (podman closes
+it for good when the first attached client goes). It connects to the agent's attach point, checks
+that the listener is the agent (PID 1), passes its stdin and stdout to it (``SCM_RIGHTS``), puts
+``/dev/null`` in their place, and waits until the agent closes the connection: the attachment
+lives as long as this process (the engine ends an exec session when its process exits). It reads
+and writes nothing on the pipes itself and never sees the sandbox's secret. Nothing the sandbox
+can write is read on its way here, and why it has a uid of its own: docs/architecture.md,
+"Adoption".
 
 Exit status: 0 when the agent ended the attachment, 3 when the listener is not the agent, 4 when
 no agent listens (one line on stderr says why). Standard library only; nothing else of
-kernelbridge is imported (``-S`` and a short import list keep its start near 20 ms).
+kernelbridge is imported (the agent and the host import its constants).
 """
 
 from __future__ import annotations
@@ -35,6 +31,9 @@ shares the host's network namespace, where abstract names are kept)."""
 DEFAULT_SOCKET = "kernelbridge-agent"
 AGENT_PID_ENV = "KERNELBRIDGE_AGENT_PID"
 """The agent's pid as this process sees it (1 in a container; the test double sets it)."""
+RELAY_UID = 65533
+"""The uid (and gid) handovers run as, and the only one the agent takes an attachment from: not
+the kernel's 65534, not root (docs/architecture.md, "Adoption"). No file in the image is its."""
 CONNECT_TIMEOUT = 5.0
 """The agent accepts within one turn of its loop (200 ms); a backlog filled by kernel code's own
 connections is drained each turn too."""

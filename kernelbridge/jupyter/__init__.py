@@ -12,9 +12,16 @@
 The bridge's own sessions do not come through here: they use :class:`kernelbridge.host.Sandbox`.
 """
 
-from kernelbridge.jupyter.kernelspec import KERNEL_NAME, install_kernelspec, kernelspec_dict
-from kernelbridge.jupyter.manager import SandboxKernelManager, connect_client, wait_for_iopub
-from kernelbridge.jupyter.provisioner import SandboxProvisioner
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kernelbridge.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernelbridge.jupyter.kernelspec import KERNEL_NAME, install_kernelspec, kernelspec_dict
+    from kernelbridge.jupyter.manager import SandboxKernelManager, connect_client, wait_for_iopub
+    from kernelbridge.jupyter.provisioner import SandboxProvisioner
 
 __all__ = [
     "KERNEL_NAME",
@@ -25,3 +32,6 @@ __all__ = [
     "kernelspec_dict",
     "wait_for_iopub",
 ]
+
+if not TYPE_CHECKING:  # mypy sees the imports above, and no name beyond them
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)

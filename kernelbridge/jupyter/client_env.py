@@ -11,11 +11,12 @@ Two things reach a sandbox from a client, and nothing else of the host:
 - **Display settings** (:func:`display_env`): the width and height of the client's terminal and
   how it renders text (``COLUMNS``, ``LINES``, ``TERM``, the locale, colour preferences), so that
   IPython formats tracebacks and pagers for the client's terminal as a local kernel would. Only
-  the names of :data:`DISPLAY_VARIABLES`, each value checked against its own pattern and bounded:
-  a secret in the host's environment never crosses, and no value can smuggle one (a ``TERM`` of
-  a megabyte, a ``LANG`` with a newline). A local kernel also sees a terminal that the client's
-  process runs in (ipykernel inherits it): the provisioner reads its size when ``COLUMNS`` and
-  ``LINES`` are not set (:func:`terminal_size`).
+  the names of :data:`DISPLAY_VARIABLES` (exactly), each whole value checked against its own
+  pattern and bounded: a secret in the host's environment never crosses, and no value can
+  smuggle one (a ``TERM`` of a megabyte, a ``LANG`` with a newline or an escape sequence, a
+  ``LANG`` that is a path); a value that does not pass is left out, as if unset. A local kernel
+  also sees a terminal that the client's process runs in (ipykernel inherits it): the
+  provisioner reads its size when ``COLUMNS`` and ``LINES`` are not set (:func:`terminal_size`).
 
 No I/O beyond asking a file descriptor for its terminal size; nothing here knows containers.
 """
@@ -31,17 +32,26 @@ JUPYTER_DEFAULT_USERNAME = "username"
 """jupyter_client's ``Session.username`` when ``$USER`` is unset: no one's name."""
 MAX_USERNAME = 64
 
-_NUMBER = re.compile(r"^[1-9][0-9]{0,4}$")
-_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
-_LOCALE = re.compile(r"^[A-Za-z0-9_.@+-]{1,64}$")
-_LANGUAGE = re.compile(r"^[A-Za-z0-9_.@:+-]{1,128}$")
-_FLAG = re.compile(r"^[A-Za-z0-9]{0,16}$")
+MAX_TERMINAL = 10_000
+"""Columns or lines a sandbox is told of (a real terminal has a few hundred)."""
+MAX_VALUE = 256
+"""Characters of a value looked at at all (each pattern allows fewer): a megabyte-long ``TERM``
+is refused before a pattern runs over it."""
+_LOCALE_NAME = r"(?:C|POSIX|[a-z]{2,8}(?:_[A-Z]{2}|_[0-9]{3})?)(?:\.[A-Za-z0-9-]{1,16})?(?:@[a-z0-9]{1,16})?"
+"""A locale as POSIX spells it: language[_territory][.codeset][@modifier], or C / POSIX."""
+_NUMBER = re.compile(r"[1-9][0-9]{0,4}")
+_TERM = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,63}")
+"""A terminfo name (xterm-256color, screen.xterm-256color, rxvt-unicode)."""
+_LOCALE = re.compile(_LOCALE_NAME)
+_LANGUAGE = re.compile(rf"{_LOCALE_NAME}(?::{_LOCALE_NAME}){{0,7}}")
+"""GNU's LANGUAGE: up to eight locales, separated by colons (de_DE:de:en)."""
+_FLAG = re.compile(r"[A-Za-z0-9]{1,16}")
 
 DISPLAY_VARIABLES: dict[str, re.Pattern[str]] = {
     "COLUMNS": _NUMBER,
     "LINES": _NUMBER,
-    "TERM": _TOKEN,
-    "COLORTERM": _TOKEN,
+    "TERM": _TERM,
+    "COLORTERM": _FLAG,
     "LANG": _LOCALE,
     "LC_ALL": _LOCALE,
     "LC_CTYPE": _LOCALE,
@@ -54,13 +64,13 @@ DISPLAY_VARIABLES: dict[str, re.Pattern[str]] = {
     "CLICOLOR": _FLAG,
     "CLICOLOR_FORCE": _FLAG,
 }
-"""The client's settings a sandbox kernel gets, each with the pattern its value must match: how
-text is laid out and rendered, nothing that names a path, a host, a program or a secret (not
-``PAGER``, ``EDITOR``, ``MPLBACKEND``, ``TZ``...)."""
+"""The client's settings a sandbox kernel gets, each with the pattern its whole value must match
+(``fullmatch``: a ``$`` would let a trailing newline through): how text is laid out and rendered,
+nothing that names a path, a host, a program or a secret (not ``PAGER``, ``EDITOR``,
+``MPLBACKEND``, ``TZ``, ``TERMINFO``...). Names are looked up exactly: ``LC_ALL_X`` or ``TERM ``
+are other variables, never taken."""
 Env = tuple[tuple[str, str], ...]
 """Variables for a container (``ContainerSpec.env``)."""
-MAX_TERMINAL = 10_000
-"""Columns or lines taken from a terminal (a real one has a few hundred)."""
 
 
 def display_env(environ: Mapping[str, str], *, terminal: tuple[int, int] | None = None) -> Env:
@@ -70,8 +80,11 @@ def display_env(environ: Mapping[str, str], *, terminal: tuple[int, int] | None 
     chosen: dict[str, str] = {}
     for name, pattern in DISPLAY_VARIABLES.items():
         value = environ.get(name)
-        if isinstance(value, str) and pattern.match(value):
+        if isinstance(value, str) and len(value) <= MAX_VALUE and pattern.fullmatch(value):
             chosen[name] = value
+    for name in ("COLUMNS", "LINES"):
+        if name in chosen and int(chosen[name]) > MAX_TERMINAL:
+            del chosen[name]
     if terminal is not None:
         columns, lines = terminal
         if "COLUMNS" not in chosen and 0 < columns <= MAX_TERMINAL:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,12 @@ DISPLAY_NAME = "Python 3 (kernelbridge sandbox)"
 PROVISIONER_NAME = "kernelbridge-provisioner"
 
 
-def kernelspec_dict() -> dict[str, Any]:
+def kernelspec_dict(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The kernel.json contents. ``argv`` is only a placeholder for tools that show it: the
     provisioner replaces it with the tunnel command. Interrupts go through the control channel
-    (message mode), which needs no signal to cross the container wall."""
+    (message mode), which needs no signal to cross the container wall. ``env``: the settings its
+    kernels start with (the provisioner reads them from the kernel's environment, where Jupyter
+    puts them over its own; none of them reaches the sandbox)."""
     return {
         "argv": [
             sys.executable,
@@ -32,7 +35,7 @@ def kernelspec_dict() -> dict[str, Any]:
         "display_name": DISPLAY_NAME,
         "language": "python",
         "interrupt_mode": "message",
-        "env": {},
+        "env": dict(env or {}),
         "metadata": {
             "debugger": False,
             "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": {}},
@@ -40,15 +43,18 @@ def kernelspec_dict() -> dict[str, Any]:
     }
 
 
-def install_kernelspec(user: bool = True, prefix: str | None = None) -> str:
-    """Install the kernelspec; returns the directory it was installed to.
+def install_kernelspec(
+    user: bool = True, prefix: str | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """Install the kernelspec, its kernels started with the settings ``env``; returns the
+    directory it was installed to.
 
     As ``ipykernel install``: ``user`` puts it under the user's Jupyter data directory (every
     environment's Jupyter of this user sees it), ``prefix`` under ``PREFIX/share/jupyter/kernels``
     (only a Jupyter of that prefix, e.g. ``sys.prefix``, sees it); otherwise the system directory.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec_dict(), indent=2))
+        (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec_dict(env), indent=2))
         return KernelSpecManager().install_kernel_spec(
             tmp, kernel_name=KERNEL_NAME, user=user and prefix is None, prefix=prefix
         )

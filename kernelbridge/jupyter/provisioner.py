@@ -2,44 +2,17 @@
 
 For plain Jupyter clients (``jupyter console --kernel kernelbridge``, nbclient, jupyter_server):
 the "kernel process" jupyter_client manages is a tunnel process
-(:mod:`kernelbridge.jupyter.tunnel_process`), which runs the sandbox through the same tunnel owner
-as the bridge's own sandboxes. The provisioner talks to it over a control channel, one end of a
-``socketpair`` the tunnel inherits (typed messages as frames, not signals or stdout lines), so
-every Popen-style verb maps onto one message or one process call:
+(:mod:`kernelbridge.jupyter.tunnel_process`), told what to do over one end of a ``socketpair`` it
+inherits (typed messages as frames, not signals or stdout lines); each Popen-style verb is one
+message or one process call (docs/architecture.md, "Processes"). Every wait happens inside the verb
+that needs it, with no background task or thread: jupyter_client's synchronous managers run each
+call in an event loop of its own. Settings come from the parent manager's ``settings`` when it has
+them (SandboxKernelManager), else from the environment.
 
-======================  ===================================================================
-verb                    what happens
-======================  ===================================================================
-pre_launch              allocate ports (cached across restarts), write the 0600 connection
-                        file (an absolute path, whatever ``connection_dir`` the manager has);
-                        note the client's display settings (``client_env.display_env``: an
-                        allow-list, the only part of the host's environment a sandbox gets)
-launch_kernel           start the tunnel, send it a ``Launch`` (container spec, with the
-                        kernel's ``cwd`` mounted read-only on /workspace), wait for ``Ready``
-                        or turn its ``Exited`` (structured kind) into an error
-poll / wait             the tunnel process; it exits when the kernel or container does
-send_signal(SIGINT)     an ``Interrupt`` (kernelspecs use message-mode interrupts anyway)
-terminate               SIGTERM: the tunnel stops the agent and removes the container
-kill                    SIGKILL to the tunnel; ``cleanup`` then force-removes the container
-cleanup                 remove the container (bounded), keep the ports on restart
-restart_in_place        (ours) a ``Restart``: a new kernel in the same container, answered
-                        ``Ready`` (the tunnel's owner does the restart-then-wait)
-======================  ===================================================================
-
-Every wait happens inside the verb that needs it: no background task or thread, because
-jupyter_client's synchronous managers run each call in an event loop of its own.
-
-Settings come from the parent manager's ``settings`` attribute when it has one
-(SandboxKernelManager), else from the environment.
-
-**The notebook's directory.** nbclient, nbconvert and jupyter_server start a notebook's kernel
-with ``cwd`` set to the notebook's directory (jupyter_client hands it to ``launch_kernel``). That
-directory is bound read-only (``nosuid,nodev,noexec``, as every host directory) on the sandbox's
-/workspace, the kernel's working directory, so a notebook that opens ``data.csv`` beside it runs
-unchanged; writing there fails with "Read-only file system" (/tmp is writable). The rules of
-``KERNELBRIDGE_MOUNTS`` hold (:func:`notebook_mount`): a directory that is, holds or lies inside the
-state directory (a notebook in ``~``) is not mounted, and the kernel starts in an empty
-/workspace, said in Jupyter's log. Without ``cwd`` (``jupyter console``) nothing is mounted.
+A notebook's directory (the kernel's ``cwd``, as nbclient, nbconvert and jupyter_server start it)
+is bound read-only on /workspace under ``KERNELBRIDGE_MOUNTS``' rules (:func:`notebook_mount`): a
+directory that is, holds or lies inside the state directory is not, and the kernel starts in an
+empty /workspace, said in Jupyter's log.
 """
 
 from __future__ import annotations
@@ -59,8 +32,9 @@ from jupyter_client.connect import KernelConnectionInfo, LocalPortCache
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from kernelbridge.config import Mount, Settings, check_source, load_settings
+from kernelbridge.config import Mount, Settings, check_source, load_settings, mount_guard_of
 from kernelbridge.errors import ConfigError, KernelBridgeError, PortsInUse, SandboxStartTimeout, start_error
+from kernelbridge.host.admission import ADMISSION
 from kernelbridge.host.container import container_spec
 from kernelbridge.host.policy import expected_image
 from kernelbridge.jupyter.client_env import Env, display_env, terminal_size
@@ -98,7 +72,9 @@ class SandboxProvisioner(LocalProvisioner):
 
     @property
     def settings(self) -> Settings:
-        """The manager's settings (SandboxKernelManager), else read once from the environment."""
+        """The manager's settings (SandboxKernelManager), else read once from the kernel's
+        environment (:meth:`pre_launch`: the kernelspec's ``env`` over the client's), else from
+        this process's."""
         if self._settings is None:
             settings = getattr(self.parent, "settings", None)
             self._settings = settings if isinstance(settings, Settings) else load_settings()
@@ -130,6 +106,14 @@ class SandboxProvisioner(LocalProvisioner):
         if km.connection_file:
             km.connection_file = absolute(km.connection_file)
         kwargs = await super().pre_launch(**kwargs)
+        if self._settings is None and not isinstance(getattr(km, "settings", None), Settings):
+            # The kernelspec's env (what `kernelbridge kernelspec install` saw: the settings this
+            # host needs, e.g. KERNELBRIDGE_ALLOW_UNLIMITED) over the client's own environment.
+            try:
+                self._settings = load_settings(kwargs.get("env") or os.environ)
+            except KernelBridgeError as exc:
+                self._say(exc)
+                raise
         # The client's display settings, from the environment its kernel would get (allow-listed,
         # checked), and the size of the terminal it runs in: a local kernel would see both.
         stdout = sys.__stdout__
@@ -173,10 +157,19 @@ class SandboxProvisioner(LocalProvisioner):
                 return await self._launch_once(cmd, dict(kwargs))
             except PortsInUse as exc:
                 if attempt == PORT_ATTEMPTS:
+                    self._say(exc)
                     raise
                 self.log.warning("kernelbridge: %s; starting again on new ports", exc.reason)
                 self._new_ports()
+            except KernelBridgeError as exc:
+                self._say(exc)
+                raise
         raise AssertionError("unreachable")
+
+    def _say(self, exc: KernelBridgeError) -> None:
+        """A refused start as one line in the client's log, before jupyter_client raises it on:
+        nbconvert and jupyter console then print its traceback, whose last line is the same."""
+        self.log.error("kernelbridge: the sandbox kernel did not start: %s", exc)
 
     def _new_ports(self) -> None:
         """Fresh ports in the kernel manager and its connection file, from jupyter_client's port
@@ -229,12 +222,14 @@ class SandboxProvisioner(LocalProvisioner):
             settings=settings,
         )
         try:
-            answer = await self._ask(launch, settings.kernel_start_timeout)
+            # The tunnel process waits its turn to start first (bounded: host/admission.py).
+            answer = await self._ask(launch, settings.kernel_start_timeout + ADMISSION.queue_timeout)
         except TimeoutError:
             await self.kill()
             await self.cleanup()
             raise SandboxStartTimeout(
                 f"the sandbox did not become ready within {settings.kernel_start_timeout:g} s"
+                f" of its turn to start (waited for at most {ADMISSION.queue_timeout:g} s)"
             ) from None
         except BaseException:
             # Cancelled while starting (e.g. the client gave up): SIGTERM makes the tunnel stop
@@ -353,7 +348,7 @@ def notebook_mount(cwd: object, settings: Settings) -> tuple[Mount | None, str]:
     if not cwd:
         return None, ""
     try:
-        source = check_source(str(cwd), settings.state_dir, where="the notebook's directory")
+        source = check_source(str(cwd), mount_guard_of(settings), where="the notebook's directory")
     except ConfigError as exc:
         return None, f"{exc}; the kernel starts in an empty /workspace"
     nested = [mount.target for mount in settings.mounts if mount.target.startswith(WORKDIR + "/")]

@@ -1,29 +1,15 @@
-"""The tunnel as a process of its own: what a plain Jupyter client's kernel "process" is.
-
-``jupyter console --kernel kernelbridge``, nbclient and jupyter_server manage kernels as
-processes; :class:`~kernelbridge.jupyter.provisioner.SandboxProvisioner` starts this one::
+"""The tunnel as a process of its own: what a plain Jupyter client's kernel "process" is::
 
     python -m kernelbridge.jupyter.tunnel_process --control-fd N [--log-file F]
 
-Everything else arrives on the control channel (fd N, one end of a ``socketpair`` the provisioner
-made, so nobody else can talk to this process): first a ``Launch`` (the container spec, the
-connection file, the runtime settings), then ``Interrupt``/``Restart``/``Shutdown``. It answers
-with ``Ready`` (started, and after each restart) and, last, one ``Exited`` with a structured kind.
-Nothing secret is in its argv.
-
-The sandbox runs through the same :class:`~kernelbridge.host.owner.TunnelOwner` as the bridge's
-own sandboxes: this module only checks what a bridge would have checked first (limits, image),
-creates the container and relays between the owner and the provisioner.
-
-Host MCP: a kernel started this way has no bridge, so every ``rpc_request`` of its code is
-answered here with ``unavailable`` ("no host MCP servers in this kernel"), at once; except
-``%pip install``'s ``packages_*`` requests, which this process's own
-:class:`~kernelbridge.packages.PackageService` answers (the same policy, caps and wheel cache as a
-bridge on the same state directory), so a notebook with ``%pip`` cells runs under nbclient too.
-
-Signals keep Popen's meaning: SIGTERM (jupyter_client's ``terminate``) stops the sandbox
-gracefully and removes its container; SIGINT becomes an ``interrupt``. The process also gets
-SIGTERM when its parent dies (PR_SET_PDEATHSIG), so a killed Jupyter leaves no container running.
+:class:`~kernelbridge.jupyter.provisioner.SandboxProvisioner` starts it; everything else arrives
+on the control channel (fd N, one end of the provisioner's ``socketpair``; nothing secret is in
+argv): a ``Launch``, then ``Interrupt``/``Restart``/``Shutdown``; it answers ``Ready`` (started,
+and after each restart) and, last, one ``Exited``. The sandbox runs through the same
+:class:`~kernelbridge.host.owner.TunnelOwner` as a bridge's. Its kernel has no bridge: host MCP
+calls are answered ``unavailable`` at once, ``%pip install``'s by a
+:class:`~kernelbridge.packages.PackageService` of its own. SIGTERM (``terminate``, or its parent's
+death: PR_SET_PDEATHSIG) stops the sandbox gracefully and removes its container; SIGINT interrupts.
 """
 
 from __future__ import annotations
@@ -39,20 +25,20 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 import anyio
 import anyio.abc
 
+from kernelbridge.calls import NoHub, RpcCall, RpcHandler
 from kernelbridge.errors import ExitKind, KernelBridgeError, NoHostServers, RpcError, exit_of
+from kernelbridge.host.admission import ADMISSION
 from kernelbridge.host.container import AttachedContainer, started_container
 from kernelbridge.host.owner import AgentEvent, TunnelOwner
 from kernelbridge.host.policy import preflight
-from kernelbridge.hub.rpc import RpcCall
 from kernelbridge.jupyter.launch import settings_of, spec_of
-from kernelbridge.packages import METHODS as PACKAGE_METHODS
-from kernelbridge.packages import PackageService
+from kernelbridge.packages import PackageService, WithPackages
 from kernelbridge.runtime import ContainerSpec, RuntimeBackend, open_runtime
 from kernelbridge.runtime.flags import WORKDIR, sandbox_flags, unsupported
 from kernelbridge.tunnel import (
@@ -112,8 +98,13 @@ async def serve(control: SocketControlChannel) -> int:
                 async with open_runtime(settings) as runtime:
                     await preflight(settings, runtime, spec.image, launch.agent_hash)
                     spec = await _without_unsupported_notebook_dir(runtime, spec)
-                    async with started_container(runtime, spec) as container:
-                        exited = await _run_sandbox(control, owner, container, packages, spec)
+                    # A cold start takes its turn (host/admission.py), from creating the
+                    # container until its kernel is ready; the provisioner's bound allows the wait.
+                    async with contextlib.AsyncExitStack() as turn:
+                        await turn.enter_async_context(ADMISSION.turn(spec.name))
+                        async with started_container(runtime, spec) as container:
+                            run = partial(_run_sandbox, control, owner, container, packages, spec)
+                            exited = await run(started=turn.aclose)
                 # The agent's own status, or 0 when it said nothing (the container just ended).
                 status = 0 if exited.status == 0 or exited.kind is ExitKind.CONTAINER_EXITED else 1
             except (KernelBridgeError, OSError) as exc:  # before there was a sandbox
@@ -128,18 +119,22 @@ async def _run_sandbox(
     container: AttachedContainer,
     packages: PackageService,
     spec: ContainerSpec,
+    started: Callable[[], Awaitable[None]],
 ) -> Exited:
-    """Run the sandbox until it ends; tell the provisioner ``Ready`` when it is, and its last word
-    as soon as it is known (before the container is removed, which may take a while)."""
+    """Run the sandbox until it ends; tell the provisioner ``Ready`` when it is (``started``
+    first: its turn to start ends), and its last word as soon as it is known (before the
+    container is removed, which may take a while)."""
     exited: Exited | None = None
     async with anyio.create_task_group() as tg:
-        on_event = partial(_answer_rpc, owner, packages, spec, tg)
+        calls = WithPackages(packages, NoHub(NoHostServers.PLAIN_JUPYTER))  # the bridge's one router
+        on_event = partial(_answer_rpc, owner, calls, spec, tg)
         try:
-            await tg.start(partial(owner.run, container, peer=None, on_event=on_event))
+            await tg.start(partial(owner.serve, container, peer=None, on_event=on_event))
         except KernelBridgeError as exc:  # the start failed (caught here: not as an ExceptionGroup)
             exited = Exited(None, *exit_of(exc))
         else:
             assert owner.ready is not None
+            await started()
             await _tell(control, owner.ready)
             tg.start_soon(_commands, control, owner, tg)
             await owner.ended.wait()
@@ -152,27 +147,21 @@ async def _run_sandbox(
 
 async def _answer_rpc(
     owner: TunnelOwner,
-    packages: PackageService,
+    calls: RpcHandler,
     spec: ContainerSpec,
     tg: anyio.abc.TaskGroup,
     event: AgentEvent,
 ) -> None:
-    """No bridge, no hub: every rpc request is answered ``unavailable`` at once, but the package
-    service's, which run as tasks (the event pump must not wait for pip)."""
-    if not isinstance(event, RpcRequest):
-        return
-    if event.method not in PACKAGE_METHODS:
-        owner.send(RpcResponse(event.id, error=NoHostServers(NoHostServers.PLAIN_JUPYTER).to_wire()))
-        return
-    call = RpcCall(spec.session, frozenset(), event.method, event.params, sandbox=spec.name)
-    tg.start_soon(_answer_package_call, owner, packages, event.id, call)
+    """No bridge, no hub: ``calls`` answers (the package service, else ``unavailable``), each as a
+    task (the event pump must not wait for pip)."""
+    if isinstance(event, RpcRequest):
+        call = RpcCall(spec.session, frozenset(), event.method, event.params, sandbox=spec.name)
+        tg.start_soon(_answer, owner, calls, event.id, call)
 
 
-async def _answer_package_call(
-    owner: TunnelOwner, packages: PackageService, request_id: object, call: RpcCall
-) -> None:
+async def _answer(owner: TunnelOwner, calls: RpcHandler, request_id: object, call: RpcCall) -> None:
     try:
-        result = await packages.dispatch(call)
+        result = await calls.dispatch(call)
     except RpcError as exc:
         owner.send(RpcResponse(request_id, error=exc.to_wire()))
         return

@@ -1,6 +1,6 @@
 """Journal entries <-> nbformat v4 notebooks, and notebook files read as untrusted input.
 
-- :func:`entry_cell` / :func:`journal_to_notebook`: a journal's records (see
+- :func:`entry_cell`: a journal's records (see
   :mod:`kernelbridge.notebook.journal`) as notebook cells, valid under ``nbformat.validate`` (an
   output nbformat refuses is replaced by a note, never the whole notebook lost);
 - :func:`read_notebook` / :func:`parse_notebook`: a notebook file a person or a model names (for
@@ -20,14 +20,17 @@ import re
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, cast
-
-import nbformat
-from nbformat import v4
+from typing import TYPE_CHECKING, Any, cast
 
 from kernelbridge.errors import ConfigError
-from kernelbridge.notebook.displays import updated_entries
-from kernelbridge.notebook.journal import BUDGET_SETTING, JournalCell, JournalEntry, JournalTruncated
+from kernelbridge.notebook.access import SandboxAccess
+from kernelbridge.notebook.journal import (
+    BUDGET_SETTING,
+    JournalCell,
+    JournalEntry,
+    JournalHeader,
+    JournalTruncated,
+)
 
 KERNELSPEC: dict[str, str] = {
     "name": "kernelbridge",
@@ -46,38 +49,44 @@ KEPT_PNG_CHARS = 64
 # -- nbformat, typed ----------------------------------------------------------------------------
 # nbformat ships no type hints. Its constructors are called here, once, through an Any-typed
 # handle, and what they return is declared a NotebookNode (a dict with attribute access), so that
-# the rest of the package stays checked.
-Node = nbformat.NotebookNode
-_v4: Any = v4
-_nbformat: Any = nbformat
+# the rest of the package stays checked. It is imported on first use: with jsonschema it is 0.2 s
+# (more on a busy machine) that a bridge need not pay before it answers initialize.
+if TYPE_CHECKING:
+    from nbformat import NotebookNode as Node
+
+
+def _nbformat() -> Any:
+    import nbformat
+
+    return nbformat
 
 
 def code_cell(**fields: Any) -> Node:
     """``nbformat.v4.new_code_cell``."""
-    return cast(Node, _v4.new_code_cell(**fields))
+    return cast("Node", _nbformat().v4.new_code_cell(**fields))
 
 
 def markdown_cell(text: str, **fields: Any) -> Node:
-    return cast(Node, _v4.new_markdown_cell(text, **fields))
+    return cast("Node", _nbformat().v4.new_markdown_cell(text, **fields))
 
 
 def stream_output(name: str, text: str) -> Node:
-    return cast(Node, _v4.new_output("stream", name=name, text=text))
+    return cast("Node", _nbformat().v4.new_output("stream", name=name, text=text))
 
 
 def blank_notebook(**fields: Any) -> Node:
     """``nbformat.v4.new_notebook``."""
-    return cast(Node, _v4.new_notebook(**fields))
+    return cast("Node", _nbformat().v4.new_notebook(**fields))
 
 
 def to_node(value: dict[str, Any]) -> Node:
-    return cast(Node, _nbformat.from_dict(value))
+    return cast("Node", _nbformat().from_dict(value))
 
 
 def write_notebook_file(nb: Node, path: str | Path) -> None:
     """``nbformat.write`` as v4 (nbformat's own complaints kept quiet: the cells were checked)."""
     with quiet_nbformat():
-        _nbformat.write(nb, str(path), version=4)
+        _nbformat().write(nb, str(path), version=4)
 
 
 def _valid_count(value: Any) -> int | None:
@@ -97,13 +106,27 @@ def notebook_outputs(outputs: Iterable[Any], count: int | None) -> list[Node]:
     return [_clean_output(o, count) for o in outputs if isinstance(o, dict)]
 
 
-def new_notebook(session: str) -> Node:
-    """An empty notebook of ``session`` with kernelbridge's kernelspec."""
+def new_notebook(session: str, access: SandboxAccess | None = None) -> Node:
+    """An empty notebook of ``session`` with kernelbridge's kernelspec, and the mounts and package
+    policy its sandboxes had (``metadata.kernelbridge.sandbox``, from the journal's header)."""
     nb = blank_notebook()
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata["language_info"] = dict(LANGUAGE_INFO)
     nb.metadata["kernelbridge"] = {"session": session}
+    if access is not None:
+        nb.metadata["kernelbridge"]["sandbox"] = access.to_json()
     return nb
+
+
+def notebook_access(nb: Node) -> SandboxAccess | None:
+    """The mounts and package policy a notebook's session had, if it records them (untrusted)."""
+    meta = nb.metadata.get("kernelbridge")
+    return SandboxAccess.from_json(meta.get("sandbox")) if isinstance(meta, dict) else None
+
+
+def access_of(entry: JournalEntry, access: SandboxAccess | None) -> SandboxAccess | None:
+    """``access`` as the journal's entries so far say it: a header's, else what was known."""
+    return entry.access if isinstance(entry, JournalHeader) and entry.access is not None else access
 
 
 def entry_cell(entry: JournalEntry) -> Node | None:
@@ -148,15 +171,6 @@ def _truncated_cell(entry: JournalTruncated) -> Node:
     return markdown_cell(text, metadata={"kernelbridge": {"truncated": True}})
 
 
-def journal_to_notebook(entries: Iterable[JournalEntry], session: str) -> Node:
-    """Build a notebook with one code cell per executed request (display updates applied to the
-    earlier cells they reach), valid under nbformat.validate."""
-    nb = new_notebook(session)
-    nb.cells = [cell for cell in map(entry_cell, updated_entries(entries)) if cell is not None]
-    nbformat.validate(nb)
-    return nb
-
-
 def valid_cell(cell: Node) -> Node:
     """``cell`` if nbformat accepts it; else the same cell with each unacceptable output replaced
     by a note (one line saying what it was), so one odd output (metadata nested too deeply, an
@@ -184,6 +198,7 @@ def _accepted(cell: Node) -> bool:
     given: the cell goes in after the notebook is made)."""
     probe = blank_notebook()
     probe.cells = [cell]
+    nbformat = _nbformat()
     try:
         nbformat.validate(probe)
     except (nbformat.ValidationError, RecursionError, ValueError, TypeError):
@@ -247,9 +262,10 @@ def parse_notebook(text: str, name: str) -> Node:
     major = data.get("nbformat")
     if major not in (3, 4) or isinstance(major, bool):
         raise ConfigError(f"{name} is not a notebook this reads: nbformat {major!r} (4.0-4.5 and 3 are read)")
+    nbformat = _nbformat()
     try:
         with quiet_nbformat():
-            nb = cast(Node, _nbformat.reads(text, as_version=4))
+            nb = cast("Node", nbformat.reads(text, as_version=4))
     except (ValueError, TypeError, KeyError, AttributeError, nbformat.ValidationError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ConfigError(f"{name} is not a valid notebook: {first}") from None

@@ -23,7 +23,7 @@ than :data:`MAX_DISPLAY_IDS`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +43,6 @@ MAX_DISPLAY_IDS = 100_000
 """Display ids followed in one journal (each costs the first pass ~100 bytes); past this many,
 further ids keep what their cells recorded."""
 
-RICH = ("display_data", "execute_result")
-Shown = tuple[dict[str, Any], dict[str, Any]]
-"""What an output with a display id shows: its data and metadata."""
 Fetch = Callable[[int], JournalEntry | None]
 """The entry at a position of the journal (a byte offset of a file, an index of a list)."""
 
@@ -146,18 +143,6 @@ class FinalDisplays:
             if isinstance(data, dict):
                 return data, metadata if isinstance(metadata, dict) else {}
         return None
-
-
-def updated_entries(entries: Iterable[JournalEntry]) -> list[JournalEntry]:
-    """Entries in memory with the display updates applied (a journal read whole, a test's list)."""
-    listed = list(entries)
-    displays = FinalDisplays()
-    for position, entry in enumerate(listed):
-        displays.see(position, entry)
-    displays.seen("(in memory)")
-    for position, entry in enumerate(listed):
-        displays.apply(position, entry, lambda at: listed[at])
-    return listed
 
 
 def journal_entries(path: Path, max_bytes: int | None = None) -> Iterator[JournalEntry]:

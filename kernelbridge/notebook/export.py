@@ -8,7 +8,8 @@ and json.dumps of a 16 MiB line do not let go of it), and every other session's 
 wait. So the bridge runs these functions in a worker process (``anyio.to_process``, one at a time
 per namespace; see :mod:`kernelbridge.server.exports`); they are plain functions of paths and
 numbers that return small values (text of at most :data:`MAX_INLINE_CHARS`, one image, a notebook
-without its images' bytes), or write a file.
+without its images' bytes, a notebook's :class:`NotebookFacts`), or write a file. A worker ends
+with the bridge that started it (``PR_SET_PDEATHSIG``): a SIGKILLed bridge leaves no export running.
 
 Memory: a journal is read one line at a time (twice: display updates of earlier cells are applied
 as the cells are written, :func:`~kernelbridge.notebook.displays.journal_entries`) and a notebook
@@ -23,22 +24,28 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ctypes
 import hashlib
 import io
 import json
 import os
+import signal
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 from kernelbridge.errors import SessionError
-from kernelbridge.notebook.convert import Node, code_cell, entry_cell, new_notebook, strip_images
+from kernelbridge.notebook.convert import access_of, code_cell, entry_cell, new_notebook, strip_images
 from kernelbridge.notebook.displays import journal_entries
 from kernelbridge.notebook.journal import JournalCell, JournalDisplay, JournalEntry, decode_entry
 
+if TYPE_CHECKING:
+    from nbformat import NotebookNode as Node
+
 MAX_INLINE_CHARS = 16 * 1024 * 1024
-"""Characters of notebook JSON returned whole (``export_notebook`` without a path, the notebook
-resource): a bigger one is written to a file instead. Its text may take 4 bytes a character in
+"""Characters of notebook JSON returned whole (the notebook resource; ``export_notebook`` never
+returns it): a bigger one is written to a file instead. Its text may take 4 bytes a character in
 memory, and the MCP SDK copies it once more as it sends it."""
 MAX_SPLIT_LINES = 100_000
 """Lines a cell's text is split into at most, as nbformat does for diff-friendly files; past it a
@@ -47,28 +54,52 @@ WORKER_NICE = 10
 """Niceness of the worker process: on a busy machine its CPU goes to the sessions' own processes
 first (a tenant's export must not slow another tenant's calls through CPU either)."""
 DIGEST_CHARS = 24
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal a process gets when its parent dies (linux/prctl.h)."""
 T = TypeVar("T")
+
+
+class TextSink(Protocol):
+    """Where :func:`write_notebook` writes: a text file, or a sink that bounds or counts."""
+
+    def write(self, text: str, /) -> int: ...
 
 
 class NotebookTooLarge(SessionError):
     """A notebook is too big to be returned whole (see :data:`MAX_INLINE_CHARS`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class NotebookFacts:
+    """What a notebook is, without it: what ``export_notebook`` tells a model."""
+
+    cells: int
+    bytes: int
+    """Of its JSON, UTF-8 encoded (a file's size)."""
+    chars: int
+    """Of its JSON text (what :data:`MAX_INLINE_CHARS` bounds)."""
+
+    @property
+    def inline(self) -> bool:
+        """Whether it can be returned whole (the notebook resource)."""
+        return self.chars <= MAX_INLINE_CHARS
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
 
 
-def write_notebook(entries: Iterable[JournalEntry], session: str, out: TextIO) -> int:
+def write_notebook(entries: Iterable[JournalEntry], session: str, out: TextSink) -> int:
     """Write the notebook of journal ``entries`` to ``out`` one cell at a time (never the whole
     notebook in memory); returns the number of cells. The text is ``nbformat.writes``'s for the
     same notebook (see the module docstring)."""
-    head = _dumps(new_notebook(session))
     empty = '{\n "cells": []'
-    assert head.startswith(empty)  # "cells" sorts first
     out.write('{\n "cells": [')
     cells = 0
     ids: set[str] = set()
+    access = None  # the header's (the first line), for the metadata written last
     for entry in entries:
+        access = access_of(entry, access)
         cell = entry_cell(entry)
         if cell is None:
             continue
@@ -80,6 +111,8 @@ def write_notebook(entries: Iterable[JournalEntry], session: str, out: TextIO) -
         out.write(("," if cells else "") + "\n  " + _dumps(cell).replace("\n", "\n  "))
         cells += 1
     out.write("\n ]" if cells else "]")
+    head = _dumps(new_notebook(session, access))
+    assert head.startswith(empty)  # "cells" sorts first
     out.write(head[len(empty) :])
     return cells
 
@@ -122,6 +155,35 @@ class _BoundedText(io.StringIO):
         return super().write(text)
 
 
+class _Measured(io.TextIOBase):
+    """A text sink that counts what it is given, and passes it on to ``into`` (if any)."""
+
+    def __init__(self, into: TextIO | None = None) -> None:
+        self.into = into
+        self.chars = 0
+        self.bytes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.chars += len(text)
+        self.bytes += len(text.encode("utf-8", errors="surrogatepass"))
+        if self.into is not None:
+            self.into.write(text)
+        return len(text)
+
+    def facts(self, cells: int) -> NotebookFacts:
+        return NotebookFacts(cells, self.bytes, self.chars)
+
+
+def notebook_facts(journal: Path, session: str, *, max_bytes: int) -> NotebookFacts:
+    """The cells and size of ``session``'s notebook, from at most ``max_bytes`` of its ``journal``,
+    without holding it (written to a sink that counts). Blocking: run it in a worker. Raises OSError."""
+    sink = _Measured()
+    return sink.facts(write_notebook(journal_entries(journal, max_bytes), session, sink))
+
+
 def notebook_text(journal: Path, session: str, *, max_bytes: int, max_chars: int = MAX_INLINE_CHARS) -> str:
     """``session``'s notebook as JSON text, from at most ``max_bytes`` of its ``journal``.
     Blocking: run it in a worker. Raises NotebookTooLarge (over ``max_chars``: write it to a file
@@ -139,11 +201,26 @@ def notebook_text(journal: Path, session: str, *, max_bytes: int, max_chars: int
 
 
 def run_niced(func: Callable[..., T], *args: Any) -> T:
-    """``func(*args)`` at :data:`WORKER_NICE`: what a worker process runs (never the bridge)."""
+    """``func(*args)`` at :data:`WORKER_NICE`, ending if the bridge does: what a worker process runs
+    (never the bridge)."""
     current = os.nice(0)
     if current < WORKER_NICE:
         os.nice(WORKER_NICE - current)
+    _end_with_parent()
     return func(*args)
+
+
+def _end_with_parent() -> None:
+    """SIGKILL this process when its parent (the bridge) dies: an export of a killed bridge would
+    otherwise run to its end for nobody, its scratch file left behind."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return  # not Linux: the worker ends when it next reads from the closed pipe
+    if os.getppid() != parent:
+        os._exit(1)  # the parent died before the signal was asked for
 
 
 def digest(data: str) -> str:
@@ -185,19 +262,24 @@ def _pngs(entry: object) -> list[str]:
     return found
 
 
-def export_to_path(journal: Path, session: str, target: Path, *, max_bytes: int) -> int:
+def export_to_path(journal: Path, session: str, target: Path, *, max_bytes: int) -> NotebookFacts:
     """Write ``session``'s notebook (from its ``journal``) to a new file ``target`` (0600, never an
-    existing one, never through a link); returns its cells. Raises OSError."""
+    existing one, never through a link); returns what it holds. Raises OSError."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
-        return write_notebook(journal_entries(journal, max_bytes), session, out)
+        sink = _Measured(out)
+        return sink.facts(write_notebook(journal_entries(journal, max_bytes), session, sink))
 
 
 def restorable_notebook(journal: Path, session: str, *, max_bytes: int) -> Node:
     """``session``'s notebook (from its ``journal``) as a restore needs it: every cell, with its
     images cut to their headers (judging compares a PNG's size, nothing else of an image).
     Raises OSError."""
-    nb = new_notebook(session)
-    entries = journal_entries(journal, max_bytes)
-    nb.cells = [strip_images(cell) for cell in map(entry_cell, entries) if cell is not None]
+    cells, access = [], None
+    for entry in journal_entries(journal, max_bytes):
+        access = access_of(entry, access)
+        if (cell := entry_cell(entry)) is not None:
+            cells.append(strip_images(cell))
+    nb = new_notebook(session, access)
+    nb.cells = cells
     return nb

@@ -1,54 +1,14 @@
 """A session's journal: the append-only record of what ran, one JSON object per line.
 
-The journal is the durable record of one generation of a session (see
-:mod:`kernelbridge.session.store` for where it lives): a header line, then one line per cell as
-soon as the cell ends. Living on disk (not only in the bridge's memory) lets ``kernelbridge
-export`` turn the session of another, still running bridge process into a notebook. Cells hold
-already-capped outputs (see :mod:`kernelbridge.session.cell`), so a line stays bounded whatever
-the cell printed.
-
-Line kinds, each decoded once into a record (:data:`JournalEntry`)::
-
-    {"type": "session", "session": ..., "generation": ..., "created": ..., "owner_pid": ...}
-        JournalHeader: the first line
-    {"type": "cell", "source": "mcp", "code": ..., "execution_count": ..., "outputs": [...],
-     "servers": [...], "status": ..., "duration_ms": ..., "state": ..., "started": ...,
-     "tool_calls": [{"server", "tool", "ok", "duration_ms", "error", "approval"?, "arguments", "result"}],
-     "packages": [{"requirements", "installed": [{"name", "version", "filename", "sha256", ...}], "ok"}],
-     "timeout": ...}
-    {"type": "cell", "source": "client", "client": {"username", "session"}, "code": ..., ...}
-        JournalCell: the bridge's own ``run_python`` cell (``mcp``), or one another Jupyter client
-        ran in the same kernel (``client``: a person in ``kernelbridge attach``, nbclient)
-    {"type": "display", "display_id": ..., "data": {...}, "metadata": {...}, "at": ...}
-        JournalDisplay: a display id that earlier cells show was updated (``update_display_data``,
-        or a new ``display_data`` with the same id): those cells show ``data`` now. Cells say
-        which of their outputs carry which id (``"display_ids": {id: [output index, ...]}``);
-        :mod:`kernelbridge.notebook.displays` applies the updates when the journal becomes a notebook
-    {"type": "truncated", "budget": ..., "setting": ..., "at": ...}
-        JournalTruncated: the byte budget was reached; nothing follows
-
-Record types are extensible: :data:`DECODERS` maps a line's ``type`` to the function that decodes
-it (a new kind of record adds one). A line of a type this version does not know (a newer bridge's
-journal) is skipped and counted apart from lines that are not records at all.
-
-Each line is written with one ``write`` as soon as its cell ends, so a bridge killed with SIGKILL
-loses at most the cell in flight, and a reader in another process sees whole lines or a torn last
-one. ``timeout`` is the seconds the call allowed (a replay gives the cell the same);
-``tool_calls`` are what :mod:`kernelbridge.notebook.replay` answers from; ``packages`` (only when
-the cell ran ``%pip install``) are the installs a restore repeats exactly
-(:mod:`kernelbridge.packages.record`). A journal holds at most
-its budget (``KERNELBRIDGE_JOURNAL_BUDGET``, or what is left of an HTTP token's disk quota): the
-first line that would pass it is replaced by one ``truncated`` line, and nothing is written after
-that, whatever the session does. A journal file is created once and never overwritten (a new
-generation of the session gets a new file).
-
-Reading is bounded and untrusted (:class:`JournalReader`): at most a given number of bytes, one
-line at a time; a line that is not JSON, not an object of a known type, or a cell without its
-code is skipped and counted (a torn last line, a hand edit), never a crash, and said in one line;
-fields of the wrong type are read as absent.
-
-This module knows no sessions, kernels or MCP; :mod:`kernelbridge.notebook.convert` turns entries
-into notebook cells.
+One file per generation of a session: a header line, then one line per cell as soon as the cell
+ends (one ``write`` each: a SIGKILLed bridge loses at most the cell in flight, and a reader in
+another process sees whole lines or a torn last one), within a byte budget, then one ``truncated``
+line and nothing more; never overwritten. Each line kind decodes once into a record
+(:data:`JournalEntry`; :data:`DECODERS` maps a line's ``type`` to its decoder; the line formats:
+docs/architecture.md, "The journal's lines"). Reading is bounded and untrusted
+(:class:`JournalReader`): at most a given number of bytes, a line at a time; a line that is not a
+record of a known type is skipped and counted, never a crash; fields of the wrong type read as
+absent. This module knows no sessions, kernels or MCP.
 """
 
 from __future__ import annotations
@@ -62,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from kernelbridge.config import Settings
+from kernelbridge.notebook.access import SandboxAccess
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +44,16 @@ class JournalHeader:
     generation: int | None = None
     """Which generation of the session name this journal records (None: written before
     generations existed)."""
+    access: SandboxAccess | None = None
+    """The mounts and package policy its sandboxes had (None: not recorded, an older journal)."""
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"type": "session", "session": self.session}
         if self.generation is not None:
             entry["generation"] = self.generation
         entry.update(created=self.created, owner_pid=self.owner_pid)
+        if self.access is not None:
+            entry["sandbox"] = self.access.to_json()
         return entry
 
 
@@ -341,16 +306,6 @@ def read_entry_at(path: Path, offset: int, max_bytes: int) -> JournalEntry | Non
     return entry if isinstance(entry, JournalEntry) else None
 
 
-def iter_journal(path: Path, max_bytes: int | None = None) -> Iterator[JournalEntry]:
-    """The entries of a journal file (see :class:`JournalReader`). Raises OSError."""
-    return iter(JournalReader(path, max_bytes))
-
-
-def read_journal(path: Path, max_bytes: int | None = None) -> list[JournalEntry]:
-    """Every entry of a journal file (see :class:`JournalReader`). Raises OSError."""
-    return list(JournalReader(path, max_bytes))
-
-
 class _Unknown:
     """A record of a type this version does not read (see :data:`DECODERS`)."""
 
@@ -381,6 +336,7 @@ def _decode_header(raw: dict[str, Any]) -> JournalHeader:
         created=_number(raw.get("created")) or 0.0,
         owner_pid=_count(raw.get("owner_pid")) or 0,
         generation=_count(raw.get("generation")),
+        access=SandboxAccess.from_json(raw.get("sandbox")),
     )
 
 

@@ -1,32 +1,18 @@
-"""The wheel cache in the state directory, shared by every session (and bridge) on it.
+"""The wheel cache in ``<state dir>/packages/``, shared by every session (and bridge) on it.
 
-Layout under ``<state dir>/packages/``::
-
-    wheels/<sha256>.whl    a wheel, named by the sha256 of its bytes (content-addressed)
-    wheels/<sha256>.json   what it is: {filename, name, version, size, installed_size}
-    resolutions/<key>.json what pip resolved for one set of requirements and constraints
-    downloads/             pip downloads in progress (each in a directory of its own)
-
-A wheel enters only through :meth:`WheelCache.add`, which checks it: its sha256 is the one the
-resolution gave (the index's own hash), its name is the file name pip resolved, it is a zip whose
-members are all relative paths inside it, and its unpacked size is counted from the zip's
-directory (what it will take in the sandbox). Files are written under a temporary name and renamed,
-so a reader never sees half a wheel; every process on the state directory can read while another
-adds or prunes. The cache is bounded (:attr:`WheelCache.max_bytes`): past it the least recently
-used wheels go (their mtime is touched on use).
-
-Resolutions are kept per set of requirements (a few each, newest first) for :data:`FRESH_FOR`
-seconds: within that the same install needs no pip at all, which is how a cached install is "well
-under a second"; an older one is used only when the index cannot be reached ("offline when
-cached"). A stored resolution fits a sandbox when none of its wheels is a distribution the sandbox
-has at another version (unless it was asked for): it was closed under its dependencies, so what
-the sandbox has of other names does not matter.
-Blocking I/O: callers run these methods in a worker thread.
+Wheels named by their sha256, each with its record; resolutions per set of requirements; one
+locked work directory per pip run or fetch in progress (the layout, what :meth:`WheelCache.add`
+checks, and how a killed bridge leaves nothing a later one trusts: docs/architecture.md,
+"Packages and data"). The budget (:attr:`WheelCache.max_bytes`) holds for everything on disk here,
+work directories included. A stored resolution is used for :data:`FRESH_FOR` seconds (no pip at
+all), an older one only when the index cannot be reached. Blocking I/O: callers run these methods
+in a worker thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -34,16 +20,22 @@ import shutil
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kernelbridge.packages.pip import Resolved
+from kernelbridge.packages.pip import Resolved, disk_usage
 
 FRESH_FOR = 24 * 3600.0
 """Seconds a resolution is reused without asking the index again (``%pip install -U`` asks anyway)."""
 MAX_INSTALLED_BYTES = 4 * 1024**3
 """A wheel that unpacks to more than this is refused whatever the caps (a zip bomb, or not for a sandbox)."""
 READ_BLOCK = 1024 * 1024
+OWNER = ".owner"
+"""The lock file of a work directory: locked by the bridge that works there, holding what it reserved."""
+STRAY_AFTER = 60.0
+"""Seconds after which a temporary file, or a work directory without its lock, is a leftover: each
+lives for milliseconds (a rename, a mkdtemp before its lock) unless its writer died."""
 
 
 class CacheError(Exception):
@@ -80,8 +72,22 @@ def fits(wheels: list[Resolved], constraints: dict[str, str], asked: set[str]) -
     return all(w.name in asked or constraints.get(w.name, w.version) == w.version for w in wheels)
 
 
+@dataclass(slots=True)
+class WorkDir:
+    """A directory of ``downloads/`` that one pip run or fetch works in, locked while it does."""
+
+    path: Path
+    _lock: int
+
+    def release(self) -> None:
+        """Remove the directory and what is in it, then let go of the lock."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.close(self._lock)
+
+
 class WheelCache:
-    """Wheels and resolutions on disk (see the module docstring)."""
+    """Wheels and resolutions on disk (docs/architecture.md, "Packages and data")."""
 
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = root
@@ -104,12 +110,15 @@ class WheelCache:
         return self.wheels / f"{sha256}.whl"
 
     def get(self, sha256: str) -> CachedWheel | None:
-        """The cached wheel with this hash, or None (touched: it was just used)."""
+        """The cached wheel with this hash, or None (touched: it was just used). A wheel whose size
+        is not its record's (cut short by a crash) is not one."""
         try:
             path = self.path(sha256)
-            info = json.loads((self.wheels / f"{sha256}.json").read_text())
-            os.utime(path)  # raises if the wheel itself is gone (pruned meanwhile)
-            return CachedWheel(**info)
+            wheel = CachedWheel(**json.loads((self.wheels / f"{sha256}.json").read_text()))
+            if path.stat().st_size != wheel.size or wheel.sha256 != sha256:
+                return None
+            os.utime(path)
+            return wheel
         except (OSError, ValueError, TypeError, CacheError):
             return None
 
@@ -125,7 +134,8 @@ class WheelCache:
         return None
 
     def add(self, file: Path, expected: Resolved) -> CachedWheel:
-        """Check ``file`` (a download of ``expected``) and move it into the cache. Raises CacheError."""
+        """Check ``file`` (a download of ``expected``, in a work directory) and move it into the
+        cache. Raises CacheError."""
         self._prepare()
         if file.name != expected.filename:
             raise CacheError(f"the index served {file.name[:80]} where {expected.filename[:80]} was resolved")
@@ -135,14 +145,14 @@ class WheelCache:
             while block := stream.read(READ_BLOCK):
                 digest.update(block)
                 size += len(block)
+            os.fsync(stream.fileno())
         sha256 = digest.hexdigest()
         if expected.sha256 and sha256 != expected.sha256:
             raise CacheError(f"{expected.filename} does not have the sha256 the index gave; not used")
         installed = installed_size(file)
         wheel = CachedWheel(sha256, expected.filename, expected.name, expected.version, size, installed)
-        target = self.path(sha256)
-        os.replace(file, target)
         _write_json(self.wheels / f"{sha256}.json", asdict(wheel))
+        os.replace(file, self.path(sha256))
         return wheel
 
     def read(self, sha256: str, offset: int, length: int) -> bytes:
@@ -154,43 +164,95 @@ class WheelCache:
         except OSError:
             raise CacheError("the wheel left the host's cache meanwhile; install again") from None
 
-    def download_dir(self) -> Path:
-        """A fresh directory for one download (removed by the caller)."""
+    # -- the budget --------------------------------------------------------------------------------
+    def claim(self, reserve: int) -> WorkDir:
+        """A fresh work directory in ``downloads/``, locked, counted as at least ``reserve`` bytes
+        by every footprint until it is released."""
         self._prepare()
-        return Path(tempfile.mkdtemp(prefix="dl-", dir=self.downloads))
+        path = Path(tempfile.mkdtemp(prefix="dl-", dir=self.downloads))
+        lock = os.open(path / OWNER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(lock, str(max(reserve, 0)).encode())
+        return WorkDir(path, lock)
 
-    def prune(self) -> int:
-        """Remove the least recently used wheels past :attr:`max_bytes`; returns how many went."""
-        entries = []
-        for path in self.wheels.glob("*.whl"):
-            with contextlib.suppress(OSError):
-                info = path.stat()
-                entries.append((info.st_mtime, info.st_size, path))
-        total = sum(size for _, size, _ in entries)
-        removed = 0
-        for _, size, path in sorted(entries):
-            if total <= self.max_bytes:
+    def footprint(self) -> int:
+        """Bytes this cache takes on disk: wheels, records, resolutions, and each live work
+        directory at least at what it reserved (stale ones are removed on the way)."""
+        total = sum(_sizes(self.wheels.glob("*"))) + sum(_sizes(self.resolutions.glob("*")))
+        for work in self._work_dirs():
+            total += max(_reservation(work), disk_usage(work))
+        return total
+
+    def room(self) -> int:
+        """Bytes the budget has left now."""
+        return max(0, self.max_bytes - self.footprint())
+
+    def make_room(self, need: int, keep: Iterable[str] = ()) -> int:
+        """Remove least recently used wheels (none of ``keep``, sha256s installs hold) until
+        ``need`` more bytes fit in the budget; the bytes that fit now, at most ``need``."""
+        self._prepare()
+        kept = set(keep)
+        used = self.footprint()
+        for path in self._by_age():
+            if used + need <= self.max_bytes:
                 break
+            if path.stem not in kept:
+                used -= self._remove(path)
+        return max(0, min(need, self.max_bytes - used))
+
+    def prune(self, keep: Iterable[str] = ()) -> int:
+        """Remove the least recently used wheels (none of ``keep``) past :attr:`max_bytes`, and the
+        leftovers of bridges that died; returns how many wheels went."""
+        self._prepare()
+        kept = set(keep)
+        now = time.time()
+        for stray in [*self.wheels.glob(".*.tmp"), *self.resolutions.glob(".*.tmp")]:
             with contextlib.suppress(OSError):
-                path.unlink()
-                path.with_suffix(".json").unlink(missing_ok=True)
-                total -= size
+                if now - stray.stat().st_mtime > STRAY_AFTER:
+                    stray.unlink()
+        used = self.footprint()
+        removed = 0
+        for path in self._by_age():
+            if used <= self.max_bytes:
+                break
+            freed = self._remove(path) if path.stem not in kept else 0
+            if freed:
+                used -= freed
                 removed += 1
-        # Downloads abandoned by a bridge that died mid-way (an hour is longer than any download).
-        cutoff = time.time() - 3600
-        for stale in self.downloads.glob("dl-*"):
-            with contextlib.suppress(OSError):
-                if stale.stat().st_mtime < cutoff:
-                    shutil.rmtree(stale, ignore_errors=True)
         return removed
 
     def size(self) -> int:
         """Bytes of wheels in the cache."""
-        total = 0
+        return sum(_sizes(self.wheels.glob("*.whl")))
+
+    def _by_age(self) -> list[Path]:
+        """The wheels, least recently used first."""
+        entries = []
         for path in self.wheels.glob("*.whl"):
             with contextlib.suppress(OSError):
-                total += path.stat().st_size
-        return total
+                entries.append((path.stat().st_mtime, path))
+        return [path for _, path in sorted(entries)]
+
+    def _remove(self, wheel: Path) -> int:
+        """Remove a wheel and its record; the bytes that freed (0: it was gone already)."""
+        record = wheel.with_suffix(".json")
+        freed = sum(_sizes([wheel, record]))
+        try:
+            wheel.unlink()
+        except OSError:
+            return 0
+        record.unlink(missing_ok=True)
+        return freed
+
+    def _work_dirs(self) -> list[Path]:
+        """The live work directories; the ones whose owner died are removed."""
+        live = []
+        for work in self.downloads.glob("dl-*"):
+            if _abandoned(work):
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                live.append(work)
+        return live
 
     # -- resolutions -------------------------------------------------------------------------------
     def resolution(
@@ -243,7 +305,45 @@ def installed_size(file: Path) -> int:
     return total
 
 
+def _sizes(paths: Iterable[Path]) -> Iterable[int]:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            yield path.stat().st_size
+
+
+def _reservation(work: Path) -> int:
+    """What a live work directory reserved (0 while its owner is still writing it)."""
+    try:
+        return int((work / OWNER).read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _abandoned(work: Path) -> bool:
+    """Whether ``work``'s owner is gone: its lock is free (flock locks die with their process), or
+    it never had one past :data:`STRAY_AFTER`."""
+    try:
+        lock = os.open(work / OWNER, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            return time.time() - work.stat().st_mtime > STRAY_AFTER
+        return False
+    except OSError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: someone works there
+    else:
+        return True
+    finally:
+        os.close(lock)
+
+
 def _write_json(path: Path, value: object) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value))
+    with tmp.open("w") as stream:
+        stream.write(json.dumps(value))
+        stream.flush()
+        os.fsync(stream.fileno())
     os.replace(tmp, path)

@@ -1,24 +1,14 @@
 """Requirement strings from the sandbox, checked before anything runs: parsing, policy. No I/O.
 
-Everything here is untrusted input: ``%pip install`` lines typed (or generated) in the sandbox,
-and the sandbox's own list of what it has installed. Each requirement is parsed with
-``packaging.requirements.Requirement`` and kept only as what it says (a name, extras, a version
-specifier), then written back in ``packaging``'s canonical form: so **no string from the sandbox
-ever reaches pip's command line or a requirements file as it was sent**. Refused, one line each:
-
-- options (``--index-url``, ``-e``, ``-r``, ``--extra-index-url``...): the host's pip decides where
-  packages come from;
-- URLs and paths (``name @ https://...``, ``./pkg``, ``file:...``, ``git+...``): only what the
-  host's index serves can be installed, and only as a binary wheel;
-- anything that does not parse, is longer than :data:`MAX_LINE` characters, or comes in more than
-  :data:`MAX_REQUIREMENTS` at once.
-
-Environment markers are evaluated here for the *sandbox's* interpreter
-(:data:`kernelbridge.image.target.ENVIRONMENT`), not the host's; a requirement whose marker is
-false is dropped, as pip would.
-
-:class:`PackagePolicy` is ``KERNELBRIDGE_PACKAGES``: ``any``, ``none``, or allowed names (the
-names the sandbox may ask for; their dependencies come with them).
+Everything here is untrusted: ``%pip install`` lines, the sandbox's list of what it has installed,
+the wheels a notebook says it installed. pip *interprets* what it is given (``${VAR}`` in
+requirements files, option lines, anything that looks like a file name or URL), so each
+requirement is parsed by ``packaging`` and rendered again from what it parsed (:func:`render`),
+and the result must match :data:`_RENDERED`. Refused, one line each quoting the sandbox's text:
+options, URLs and paths, ``===`` with anything but a normalized version, what does not parse, a
+line over :data:`MAX_LINE` characters, more than :data:`MAX_REQUIREMENTS` at once. Environment
+markers are evaluated for the *sandbox's* interpreter (:data:`kernelbridge.image.target.ENVIRONMENT`)
+and never reach pip. :class:`PackagePolicy` is ``KERNELBRIDGE_PACKAGES``.
 """
 
 from __future__ import annotations
@@ -28,6 +18,7 @@ from dataclasses import dataclass
 
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import Specifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -37,11 +28,19 @@ from kernelbridge.image.target import ENVIRONMENT
 MAX_REQUIREMENTS = 64
 """Requirements in one install: a requirements file of a real project has a few dozen."""
 MAX_LINE = 200
+MAX_SHOWN = 80
+"""Characters of the sandbox's own text quoted back in a message."""
 MAX_ENVIRONMENT = 2000
 """Distributions the sandbox may report as installed (the default image has about 60)."""
 _NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")
 """A project name as PEP 508 spells it: never starts with ``-``, so never an option."""
 _URL_OR_PATH = re.compile(r"(^[./~\\])|(://)|(^[A-Za-z]:[\\/])|(^file:)|(^[a-z]+\+[a-z]+:)|[/\\]", re.I)
+_WORD = r"[a-z0-9]+(?:-[a-z0-9]+)*"
+_CLAUSE = r"(?:===|==|!=|<=|>=|~=|<|>)[0-9a-z.!+]+(?:\.\*)?"
+_RENDERED = re.compile(rf"{_WORD}(?:\[{_WORD}(?:,{_WORD})*\])?(?:{_CLAUSE}(?:,{_CLAUSE})*)?")
+"""Every line the host hands pip: a normalized name, extras, clauses of normalized versions."""
+_ARCHIVE_END = re.compile(r"\.(?:whl|zip|tar|tgz|tbz|txz|tlz|gz|bz2|xz|lz|lzma)$")
+"""pip reads a requirement ending like an archive (``x==1+local.zip``) as a file to install."""
 REFUSED_HOW = (
     "only package requirements such as `requests` or `polars>=1,<2` are accepted; options, URLs,"
     " paths and -e are refused (the host's pip decides where packages come from)"
@@ -50,18 +49,20 @@ REFUSED_HOW = (
 
 @dataclass(frozen=True, slots=True)
 class Wanted:
-    """One requirement the sandbox asked for, parsed and re-rendered by ``packaging``."""
+    """One requirement the sandbox asked for, parsed by ``packaging`` and rendered again."""
 
     name: str
     """The PEP 503 normalized name (``scikit-learn``)."""
     text: str
-    """The canonical requirement without marker, as the host writes it for pip (``numpy<2,>=1.26``)."""
-    requirement: Requirement
+    """The requirement as the host renders it for pip, without marker (``numpy<2,>=1.26``)."""
+    specifier: SpecifierSet
+    shown: str
+    """The sandbox's own text (stripped, capped): what messages quote, never what pip made of it."""
 
     def allows(self, version: str) -> bool:
         """Whether ``version`` satisfies this requirement's specifier (pre-releases included)."""
         try:
-            return self.requirement.specifier.contains(Version(version), prereleases=True)
+            return self.specifier.contains(Version(version), prereleases=True)
         except InvalidVersion:
             return False
 
@@ -70,19 +71,80 @@ def refuse(message: str) -> RpcError:
     return RpcError("invalid_params", message)
 
 
+def is_rendered(line: str) -> bool:
+    """Whether ``line`` is in the form the host renders for pip (:data:`_RENDERED`, and not ending
+    like an archive): the one check every line passed to pip goes through."""
+    return _RENDERED.fullmatch(line) is not None and _ARCHIVE_END.search(line) is None
+
+
+def render(requirement: Requirement, shown: str) -> str:
+    """``requirement`` (without its marker) rebuilt from what ``packaging`` parsed: normalized name
+    and extras, each clause an operator and a normalized version. Raises RpcError."""
+    extras = sorted(canonicalize_name(extra) for extra in requirement.extras)
+    clauses = sorted(_clause(spec, shown) for spec in requirement.specifier)
+    text = canonicalize_name(requirement.name) + (f"[{','.join(extras)}]" if extras else "")
+    text += ",".join(clauses)
+    if not is_rendered(text):
+        raise refuse(f"{shown!r} cannot be passed on safely: {REFUSED_HOW}")
+    return text
+
+
+def _clause(spec: Specifier, shown: str) -> str:
+    operator, version = spec.operator, spec.version
+    if operator == "===":
+        # Arbitrary equality compares strings, so it takes any text (`===${HOME}` would reach pip,
+        # which expands it); only a version already in normalized form means the same rendered.
+        if not _normalized(version):
+            raise refuse(
+                f"{shown!r}: arbitrary equality (===) is accepted only with a normalized version;"
+                " use ==VERSION"
+            )
+        return operator + version
+    wildcard = version.endswith(".*")
+    base = version[:-2] if wildcard else version
+    try:
+        normal = str(Version(base))
+    except InvalidVersion:
+        raise refuse(f"{shown!r}: {version[:40]!r} is not a version") from None
+    return operator + normal + (".*" if wildcard else "")
+
+
+def _normalized(version: str) -> bool:
+    try:
+        return str(Version(version)) == version
+    except InvalidVersion:
+        return False
+
+
+def render_pin(name: object, version: object) -> str:
+    """``name==version`` for pip from an untrusted name and version (the sandbox's installed
+    distributions, a notebook's record of wheels). Raises RpcError unless both are plain."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise refuse(f"{str(name)[:MAX_SHOWN]!r} is not a distribution name")
+    try:
+        text = f"{canonicalize_name(name)}=={Version(str(version))}"
+    except InvalidVersion:
+        raise refuse(f"{name}: {str(version)[:40]!r} is not a version") from None
+    if not is_rendered(text):
+        raise refuse(f"{name}=={str(version)[:40]} cannot be passed on safely")
+    return text
+
+
 def parse_requirement(line: object) -> Wanted | None:
     """One untrusted requirement line as a :class:`Wanted`; None when its marker is false for the
     sandbox. Raises RpcError ``invalid_params`` with one line saying why it is refused."""
     if not isinstance(line, str):
         raise refuse(f"a requirement is a string, not {type(line).__name__}")
     text = line.strip()
-    shown = text[:80]
+    shown = text[:MAX_SHOWN]
     if not text:
         raise refuse("an empty requirement")
     if len(text) > MAX_LINE:
         raise refuse(f"a requirement of {len(text):,} characters (the limit is {MAX_LINE})")
     if text.startswith("-"):
         raise refuse(f"{shown!r} is an option: {REFUSED_HOW}")
+    if any(ch in text for ch in "\n\r\0"):
+        raise refuse(f"{shown!r} holds a line break: one requirement per item")
     try:
         requirement = Requirement(text)
     except InvalidRequirement:
@@ -98,8 +160,8 @@ def parse_requirement(line: object) -> Wanted | None:
                 return None
         except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
             raise refuse(f"{shown!r}: its environment marker cannot be evaluated") from None
-        requirement.marker = None
-    return Wanted(canonicalize_name(requirement.name), str(requirement), requirement)
+    rendered = render(requirement, shown)
+    return Wanted(canonicalize_name(requirement.name), rendered, requirement.specifier, shown)
 
 
 def parse_requirements(lines: object) -> list[Wanted]:
@@ -120,9 +182,9 @@ def parse_requirements(lines: object) -> list[Wanted]:
 
 
 def parse_environment(items: object) -> dict[str, str]:
-    """The sandbox's installed distributions, ``{normalized name: version}``, from its
-    ``["name==version", ...]``. Untrusted but harmless (it only constrains the sandbox's own
-    resolution); each item must be a plain name and a valid version, else RpcError."""
+    """The sandbox's installed distributions, ``{normalized name: normalized version}``, from its
+    ``["name==version", ...]``. Untrusted: they become the constraints pip resolves with, so each
+    must render as a plain pin (:func:`render_pin`), else RpcError."""
     if not isinstance(items, list):
         raise refuse("environment must be a list of 'name==version' strings")
     if len(items) > MAX_ENVIRONMENT:
@@ -130,14 +192,10 @@ def parse_environment(items: object) -> dict[str, str]:
     found: dict[str, str] = {}
     for item in items:
         if not isinstance(item, str) or item.count("==") != 1 or len(item) > MAX_LINE:
-            raise refuse(f"{str(item)[:80]!r} is not 'name==version'")
+            raise refuse(f"{str(item)[:MAX_SHOWN]!r} is not 'name==version'")
         name, version = item.split("==")
-        if not _NAME.match(name):
-            raise refuse(f"{name[:80]!r} is not a distribution name")
-        try:
-            found[canonicalize_name(name)] = str(Version(version))
-        except InvalidVersion:
-            raise refuse(f"{item[:80]!r}: {version[:40]!r} is not a version") from None
+        pin = render_pin(name, version)
+        found[canonicalize_name(name)] = pin.split("==", 1)[1]
     return found
 
 
@@ -163,10 +221,6 @@ class PackagePolicy:
         if bad:
             raise ValueError(f"{bad[0][:80]!r} is not a package name (expected any, none, or names)")
         return cls("names", frozenset(canonicalize_name(item) for item in names))
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "none"
 
     def describe(self) -> str:
         """One phrase for the manual and messages."""

@@ -6,11 +6,14 @@ Two Protocols on one engine connection:
   to its stdio as one duplex byte stream (:class:`ContainerStream`: the frame tunnel runs over it),
   ``attach_exec`` (a command run in a running container, its stdio as such a stream: how a bridge
   reaches a sandbox that outlived the bridge that made it), ``remove``, ``inspect`` and ``list``
-  them, ``info`` about the engine, ``aclose``. Nothing else: these are the verbs the product calls.
+  them, ``ended`` (how a container that is gone ended, from the engine's event log: a durable
+  sandbox is removed by the engine itself once it ends), ``info`` about the engine, ``aclose``.
+  Nothing else: these are the verbs the product calls.
 - :class:`ImageStore` (``backend.images``), the images on the same engine: their labels (None: no
   such image), importing a root file system tarball, tagging, listing, removing, building from a
-  Containerfile. The image builder, ``doctor``, ``setup`` and ``kernelbridge image`` use it, so a
-  remote engine or several engines build and check their image like a local one.
+  Containerfile, saving one to a docker-archive tarball and loading one. The image builder,
+  ``doctor``, ``setup`` and ``kernelbridge image`` use it, so a remote engine or several engines
+  build and check their image like a local one.
 
 Nothing above this package spawns a runtime CLI or speaks an engine API: everything talks to these
 two, and only ``runtime/select.py`` branches on runtime names. Backends implement them explicitly
@@ -29,12 +32,15 @@ Errors (all in :mod:`kernelbridge.errors`, translated from engine and CLI errors
 ``runtime/`` only): RuntimeUnavailable when the engine cannot be reached or refuses (its own
 message in one line; EngineRefused, a subclass, when the engine API answered with an error
 status), ImageError when an image is missing or an image chore fails. A container that does not
-exist is never an error for ``remove`` (idempotent) and is ``None`` for ``inspect``.
+exist is never an error for ``remove`` (idempotent) and is ``None`` for ``inspect``; nor is one
+that another client of the engine removes at that moment, for any verb (``list`` leaves it out or
+shows it; see :mod:`kernelbridge.runtime.races`).
 """
 
 from __future__ import annotations
 
 import abc
+import builtins
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,8 +88,9 @@ class ContainerSpec:
     durable: bool = False
     """The sandbox may outlive its bridge (:data:`DURABLE_LABEL`): a later bridge reaches it with
     :meth:`RuntimeBackend.attach_exec`. Its stdin is still open for one attachment only (the
-    agent sees EOF when its first bridge goes, and waits for another). Backends whose
-    :attr:`RuntimeInfo.reattach` is False refuse a durable spec."""
+    agent sees EOF when its first bridge goes, and waits for another). Once it ends the engine
+    removes it (no bridge may be there to); :meth:`RuntimeBackend.ended` still tells how it ended.
+    Backends whose :attr:`RuntimeInfo.reattach` is False refuse a durable spec."""
 
     def all_labels(self) -> dict[str, str]:
         labels = {SESSION_LABEL: self.session, OWNER_LABEL: str(self.owner_pid)}
@@ -103,6 +110,8 @@ class ContainerState(enum.Enum):
     PAUSED = "paused"
     EXITED = "exited"
     """Stopped (exited, or killed); ``exit_code`` and ``oom_killed`` say how."""
+    STOPPING = "stopping"
+    """podman: being stopped; its process has not ended yet."""
     REMOVING = "removing"
     UNKNOWN = "unknown"
 
@@ -119,6 +128,9 @@ class ContainerInfo:
     oom_killed: bool = False
     """The engine saw the container's cgroup hit its memory limit (the kernel, or the agent, was
     OOM-killed). Only ``inspect`` fills this in; listings leave it False."""
+    reason: str = ""
+    """Why the runtime itself ended it, in one line, when it did (a cluster evicting or deleting
+    a pod); empty when the container ended on its own or the runtime does not say."""
 
     @property
     def owner_pid(self) -> int | None:
@@ -178,6 +190,18 @@ class ImageInfo:
     def in_repository(self, repository: str) -> bool:
         """Whether one of the image's tags is of ``repository`` (``localhost/kernelbridge-sandbox``)."""
         return any(tag.rpartition(":")[0] == repository for tag in self.tags)
+
+
+def loaded_references(said: str) -> list[str]:
+    """The references in what an engine (its CLI or its API) says after loading an archive:
+    ``Loaded image: a:1``, ``Loaded image(s): a:1,b:2`` (podman), ``Loaded image ID: sha256:..``
+    (docker, for an untagged image)."""
+    found: list[str] = []
+    for line in said.splitlines():
+        head, sep, rest = line.partition(":")
+        if sep and head.strip().lower() in ("loaded image", "loaded image(s)", "loaded image id"):
+            found += [ref.strip() for ref in rest.split(",") if ref.strip()]
+    return list(dict.fromkeys(found))
 
 
 class ContainerStream(ByteStream):
@@ -242,6 +266,18 @@ class ImageStore(Protocol):
         the build's last words."""
         ...
 
+    async def save(self, image: str, archive: Path) -> None:
+        """Write ``image`` (a tag: it is kept in the file) to the file ``archive`` as a
+        docker-archive tarball (what ``docker save`` / ``podman save`` write). Raises ImageError;
+        a partial file may be left (the caller writes beside its target and renames)."""
+        ...
+
+    async def load(self, archive: Path) -> builtins.list[str]:
+        """Load the images of the docker-archive tarball ``archive`` (it is not checked here: the
+        caller inspects it first); the references the engine says it loaded (tags, or ids for
+        untagged images). Raises ImageError."""
+        ...
+
 
 class RuntimeBackend(Protocol):
     """A container engine, driven through its API or its command line.
@@ -276,19 +312,28 @@ class RuntimeBackend(Protocol):
         ...
 
     async def attach_exec(
-        self, container: str, command: Sequence[str], *, user: str = "0"
+        self,
+        container: str,
+        command: Sequence[str],
+        *,
+        user: str = "0",
+        workdir: str = "/",
+        env: Sequence[tuple[str, str]] = (),
     ) -> ContainerStream:
-        """Run ``command`` in the running ``container`` as ``user`` (an exec session) and return
-        its stdin and stdout as a stream (its stderr kept as the stream's tail). The session ends
-        when the command exits; closing the stream closes the command's stdin.
+        """Run ``command`` in the running ``container`` as ``user`` (an exec session), in
+        ``workdir``, and return its stdin and stdout as a stream (its stderr kept as the stream's
+        tail). Its environment is the container's with ``env`` set over it (an engine merges: a
+        variable can be overridden, not removed). The session ends when the command exits;
+        closing the stream closes the command's stdin.
 
         Raises RuntimeUnavailable when the container is not running (gone, exited) or the engine
         refuses, and on backends whose :attr:`RuntimeInfo.reattach` is False."""
         ...
 
     async def remove(self, containers: list[str]) -> None:
-        """Force-remove containers (killing running ones); ids or names that do not exist are
-        ignored. Raises RuntimeUnavailable only if the engine cannot be reached."""
+        """Force-remove containers (killing running ones); ids or names that do not exist, or
+        that another client removed meanwhile, are ignored. Every container is tried; raises
+        RuntimeUnavailable afterwards if the engine cannot be reached or kept any of them."""
         ...
 
     async def inspect(self, container: str) -> ContainerInfo | None:
@@ -297,8 +342,18 @@ class RuntimeBackend(Protocol):
 
     async def list(self, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         """Containers (running or not) carrying all of ``labels`` (an empty value matches any
-        value of that key); by default every kernelbridge container (``SESSION_LABEL``)."""
+        value of that key); by default every kernelbridge container (``SESSION_LABEL``). A
+        container being removed meanwhile does not fail the listing."""
         ...
+
+    async def ended(self, container: str) -> ContainerInfo | None:
+        """How the container ``container`` (an id) ended, from the engine's own record of it
+        (its event log): exited, its exit code and labels, when the engine removed it afterwards
+        (a durable sandbox that ended itself). None when the engine kept no such record (no
+        event log, or it was dropped). Bounded; never raises: it only adds detail to a reason.
+
+        A backend without an event log (the test double) keeps this default."""
+        return None
 
     async def info(self) -> RuntimeInfo:
         """Version, endpoint, rootless, cgroups, storage and whether limits are enforced.

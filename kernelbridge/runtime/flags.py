@@ -133,8 +133,10 @@ class SandboxFlags:
     """No init process: the agent runs as PID 1 itself. An init process holding the frame pipes
     would be reachable from kernel code (same uid, ``/proc/1/fd``)."""
     auto_remove: bool = False
-    """Containers are removed explicitly, so that ``inspect`` can still tell the exit code and the
-    OOM flag after the container exited."""
+    """A sandbox's bridge removes its container itself, so that ``inspect`` can still tell the
+    exit code and the OOM flag after the container exited. A durable one (``spec.durable``) may
+    end with no bridge there (its idle timeout): the engine removes it then, and
+    ``RuntimeBackend.ended`` asks the engine's event log how it ended."""
     pull: bool = False
     """Never reach for a registry: the image is built locally, and a miss must fail fast."""
 
@@ -185,6 +187,7 @@ def sandbox_flags(spec: ContainerSpec) -> SandboxFlags:
         tmpfs=tuple(tmpfs),
         binds=binds,
         ulimits=(Ulimit("nofile", lim.nofile, lim.nofile), Ulimit("nproc", lim.nproc, lim.nproc)),
+        auto_remove=spec.durable,
     )
 
 

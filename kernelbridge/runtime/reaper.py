@@ -10,15 +10,24 @@ may adopt it, and it ends itself after its idle timeout. Once it has exited it i
 bridge of its own state directory (``STATE_LABEL`` is ``state``), and not while that directory's
 records name it (``spare``: the adopter inspects it first, to tell the session truthfully how its
 sandbox ended, then removes it). An exited sandbox holds no process; another installation's is
-that installation's to explain and remove.
+that installation's to explain and remove. (Durable sandboxes are removed by the engine once they
+end, ``ContainerSpec.durable``; what is left here is one an older kernelbridge made.)
+
+Other bridges use the engine at the same moment: the listing survives a container removed while
+it runs (:mod:`kernelbridge.runtime.races`), and a container the reaper cannot remove is said in
+the log while the others still go (the next bridge's reaper tries it again).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Collection
 
+import anyio
+
+from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.runtime.base import (
     SESSION_LABEL,
     STATE_LABEL,
@@ -26,6 +35,8 @@ from kernelbridge.runtime.base import (
     ContainerState,
     RuntimeBackend,
 )
+
+log = logging.getLogger(__name__)
 
 
 def pid_alive(pid: int) -> bool:
@@ -43,7 +54,8 @@ async def reap_orphans(runtime: RuntimeBackend, spare: Collection[str] = (), sta
     """Remove sandbox containers whose owning bridge process is gone (e.g. it was SIGKILLed).
 
     Only containers of this host are considered (an engine may be shared by several machines).
-    Returns how many were removed. Containers of live bridges are left alone.
+    Returns how many were removed. Containers of live bridges are left alone. Raises
+    RuntimeUnavailable when the engine cannot list them.
     """
     here = socket.gethostname()
     orphans = [
@@ -53,8 +65,33 @@ async def reap_orphans(runtime: RuntimeBackend, spare: Collection[str] = (), sta
         and (c.owner_pid is None or not pid_alive(c.owner_pid))
         and (not c.durable or _reapable_durable(c, spare, state))
     ]
-    await runtime.remove(orphans)
+    if not orphans:
+        return 0
+    try:
+        await runtime.remove(orphans)
+    except RuntimeUnavailable:
+        return await _remove_each(runtime, orphans)
     return len(orphans)
+
+
+async def _remove_each(runtime: RuntimeBackend, orphans: list[str]) -> int:
+    """Remove each orphan on its own, so that one the engine keeps does not keep the others;
+    what is left is logged. Returns how many are gone."""
+    removed = 0
+
+    async def remove_one(container: str) -> None:
+        nonlocal removed
+        try:
+            await runtime.remove([container])
+        except RuntimeUnavailable as exc:
+            log.warning("could not remove the orphaned sandbox %s: %s", container, exc)
+        else:
+            removed += 1
+
+    async with anyio.create_task_group() as tg:
+        for container in orphans:
+            tg.start_soon(remove_one, container)
+    return removed
 
 
 def _reapable_durable(c: ContainerInfo, spare: Collection[str], state: str | None) -> bool:

@@ -15,6 +15,8 @@ the reason, for ``doctor``). ``KERNELBRIDGE_RUNTIME``:
 ``docker``      docker: its API (``DOCKER_HOST`` or ``/var/run/docker.sock``), else its CLI
 ``podman-api``  podman's API only; ``docker-api`` likewise (an error when no engine answers)
 ``podman-cli``  the podman command line only; ``docker-cli`` likewise
+``kube``        pods on a Kubernetes cluster (``kube.api.KubeRuntime``: ``KUBECONFIG`` or the
+                in-cluster service account, ``KERNELBRIDGE_KUBE_NAMESPACE``); no fallback
 ==============  ==================================================================================
 
 ``KERNELBRIDGE_ENGINES`` (URLs) puts several engines behind one backend. The engine modules are
@@ -82,6 +84,8 @@ def _split(runtime: str | None) -> tuple[list[Engine], str]:
     if not runtime:
         return ["podman", "docker"], "auto"
     engine, _, mode = runtime.partition("-")
+    if engine == "kube":  # no CLI to fall back on; the callers that want one get podman's
+        return ["podman", "docker"], "auto"
     match engine:
         case "podman" | "docker":
             return [engine], mode or "auto"
@@ -93,6 +97,8 @@ async def select_runtime(settings: Settings) -> Selection:
     exits) ``backend``. Prefer :func:`open_runtime`."""
     from kernelbridge.runtime.engine import connect
 
+    if settings.runtime == "kube":
+        return await _kube(settings)
     engines, mode = _split(settings.runtime)
     es = settings.engine
     if es.urls:
@@ -134,6 +140,19 @@ async def select_runtime(settings: Settings) -> Selection:
         f"no container runtime found ({' or '.join(engines)} not on PATH and no engine answers); "
         "install podman (apt-get install podman runc) or run `make setup` as root"
     )
+
+
+async def _kube(settings: Settings) -> Selection:
+    try:
+        from kernelbridge.runtime.kube import open_kube
+    except ImportError as exc:  # the `kube` extra is not installed
+        raise RuntimeUnavailable(
+            f"KERNELBRIDGE_RUNTIME=kube needs the kube extra ({exc.name} is missing): "
+            "pip install 'kernelbridge-mcp[kube]'"
+        ) from None
+    runtime = await open_kube(settings)
+    where = f"{runtime.endpoint} ({runtime.conn.source})"
+    return Selection(runtime, f"Kubernetes {runtime.version} at {where}, namespace {settings.kube.namespace}")
 
 
 async def _engine_set(settings: Settings, wanted: list[Engine]) -> Selection:

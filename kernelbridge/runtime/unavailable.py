@@ -7,6 +7,7 @@ reason found at start-up (which says what to install), so each call fails with t
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,10 +57,17 @@ class UnavailableImages(ImageStore):
     ) -> None:
         raise RuntimeUnavailable(self.reason)
 
+    async def save(self, image: str, archive: Path) -> None:
+        raise RuntimeUnavailable(self.reason)
+
+    async def load(self, archive: Path) -> builtins.list[str]:
+        raise RuntimeUnavailable(self.reason)
+
 
 @dataclass
 class UnavailableRuntime(RuntimeBackend):
-    """Refuses everything with ``reason``; lists nothing."""
+    """Refuses everything with ``reason`` (an inspection too: nothing can be said of a container);
+    lists nothing, removes nothing."""
 
     reason: str
     name: str = "unavailable"
@@ -76,7 +84,13 @@ class UnavailableRuntime(RuntimeBackend):
         raise RuntimeUnavailable(self.reason)
 
     async def attach_exec(
-        self, container: str, command: Sequence[str], *, user: str = "0"
+        self,
+        container: str,
+        command: Sequence[str],
+        *,
+        user: str = "0",
+        workdir: str = "/",
+        env: Sequence[tuple[str, str]] = (),
     ) -> ContainerStream:
         raise RuntimeUnavailable(self.reason)
 
@@ -84,10 +98,15 @@ class UnavailableRuntime(RuntimeBackend):
         return None
 
     async def inspect(self, container: str) -> ContainerInfo | None:
-        return None
+        # Not None: that would say the container is gone, and a durable session would be
+        # ended lost while its sandbox may run on behind an engine that is only down.
+        raise RuntimeUnavailable(self.reason)
 
     async def list(self, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         return []
+
+    async def ended(self, container: str) -> ContainerInfo | None:
+        return None
 
     async def info(self) -> RuntimeInfo:
         raise RuntimeUnavailable(self.reason)

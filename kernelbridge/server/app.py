@@ -18,25 +18,24 @@ import dataclasses
 import json
 import logging
 import math
+import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp_types import CallToolResult, InputRequiredResult
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, InputRequiredResult
 
 from kernelbridge import __version__
-from kernelbridge.config import Settings, check_state_dir
-from kernelbridge.errors import KernelBridgeError, RuntimeUnavailable
-from kernelbridge.host import SandboxGate, SandboxPolicy, expected_image
-from kernelbridge.host.container import state_identity
-from kernelbridge.hub import Hub
-from kernelbridge.packages import PackageService, WithPackages
-from kernelbridge.runtime import RuntimeBackend, open_runtime, reap_orphans
-from kernelbridge.runtime.unavailable import UnavailableRuntime
+from kernelbridge.config import Settings, check_state_dir, misconfigured, with_problem
+from kernelbridge.errors import ConfigError, KernelBridgeError, RuntimeUnavailable
 from kernelbridge.server.approval import (
     KEEP_FINISHED,
     CallRun,
@@ -46,22 +45,45 @@ from kernelbridge.server.approval import (
     take_answers,
 )
 from kernelbridge.server.departure import Departure
-from kernelbridge.server.exports import ExportLimiters, export_to_file, notebook_for_model
+from kernelbridge.server.exports import (
+    ExportLimiters,
+    export_root,
+    export_to_file,
+    notebook_for_resource,
+    notebook_summary,
+    notebook_uri,
+)
 from kernelbridge.server.files import decode_files, place_files, register_file_resources
-from kernelbridge.server.http import HttpOptions, namespace_of, serve_http
+from kernelbridge.server.http import HttpOptions, namespace_of, namespace_of_request, serve_http
 from kernelbridge.server.images import fit_images, register_output_resources
 from kernelbridge.server.manual import ServerLine, packages_section, render_manual
 from kernelbridge.server.namespaces import Namespaces
 from kernelbridge.server.notes import LimitsNotEnforced, Restored
-from kernelbridge.server.render import notes_result, restore_result, to_tool_result
+from kernelbridge.server.render import export_result, notes_result, restore_result, to_tool_result
 from kernelbridge.server.restore import SessionCalls, restore_session
 from kernelbridge.server.schema import compact_tool
+from kernelbridge.server.start import start_gate, starting
 from kernelbridge.server.stdio import serve_stdio
-from kernelbridge.session.adopter import lost_result
+from kernelbridge.server.tasks import (
+    Bridge,
+    TaskExtension,
+    TaskRecord,
+    TaskStore,
+    TaskTable,
+    current_task,
+    run_task,
+)
 from kernelbridge.session.generations import parse_ref
 from kernelbridge.session.outcome import Note
-from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import adoptable_containers, validate_session_name
+
+if TYPE_CHECKING:  # imported by the start, after the bridge answered initialize (server/start.py)
+    from kernelbridge.host.policy import SandboxGate, SandboxPolicy
+    from kernelbridge.hub.dispatch import Hub
+    from kernelbridge.packages.service import PackageService
+    from kernelbridge.runtime.base import RuntimeBackend
+    from kernelbridge.session.cell import CellResult
+    from kernelbridge.session.registry import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +111,8 @@ class BridgeContext:
     """The cells of ``run_python`` calls, run as the bridge's tasks (see :mod:`.approval`)."""
     calls: SessionCalls | None = None
     """The registries' rpc handler in front of the hub: an automatic restore's answers."""
+    tasks: TaskTable | None = None
+    """``run_python`` calls run as MCP tasks, per namespace (see :mod:`.tasks`)."""
 
     @property
     def registry(self) -> SessionRegistry:
@@ -115,9 +139,13 @@ def _reader(ctx: Context) -> anyio.CapacityLimiter:
     return _bridge(ctx).exports.of(namespace_of(ctx))
 
 
+MAX_NAME_ECHO = 100
+"""Characters of a refused session name said back (a megabyte of name must not come back whole)."""
+
+
 def _check_session(session: str) -> str:
     try:
-        return validate_session_name(session)
+        return validate_session_name(_bounded(session))
     except KernelBridgeError as exc:
         raise ToolError(str(exc)) from None
 
@@ -125,10 +153,15 @@ def _check_session(session: str) -> str:
 def _check_ref(session: str) -> str:
     """A session to read the record of: a name (its current generation) or ``name@N``."""
     try:
-        parse_ref(session)
+        parse_ref(_bounded(session))
     except KernelBridgeError as exc:
         raise ToolError(str(exc)) from None
     return session
+
+
+def _bounded(session: str) -> str:
+    """``session``, or a cut of it that is still invalid when it is too long to be a name."""
+    return session if len(session) <= MAX_NAME_ECHO else session[:MAX_NAME_ECHO] + "/..."
 
 
 def build_server(
@@ -150,11 +183,31 @@ def build_server(
     facts = HostFacts()
 
     @asynccontextmanager
-    async def lifespan(_: MCPServer[BridgeContext]) -> AsyncIterator[BridgeContext]:
+    async def open_bridge() -> AsyncIterator[BridgeContext]:
+        """What the bridge opens as it starts (run by ``server.start.starting``)."""
+        from kernelbridge.host.policy import SandboxGate, SandboxPolicy
+        from kernelbridge.hub.dispatch import Hub
+        from kernelbridge.packages.service import PackageService, WithPackages
+        from kernelbridge.runtime.select import open_runtime
+        from kernelbridge.runtime.unavailable import UnavailableRuntime
+        from kernelbridge.session.registry import SessionRegistry
+
         async with AsyncExitStack() as stack:
             backend = runtime
             gate = None
-            if backend is None:
+            served = settings
+            if settings.problems:
+                # A setting that cannot be read: serve all the same (a client shows only "connection
+                # closed" for a bridge that dies), starting no sandbox and touching nothing of the
+                # state directory (which may be what is wrong): each call says what to fix.
+                refusal = misconfigured(settings.problems)
+                log.warning("%s", refusal)
+                scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="kernelbridge-"))
+                served = dataclasses.replace(settings, state_dir=Path(scratch))
+                backend = UnavailableRuntime(refusal)
+                policy = SandboxPolicy(settings.image or "?", None, refusal=refusal)
+                gate = SandboxGate(served, backend, policy)
+            elif backend is None:
                 try:
                     backend = await stack.enter_async_context(open_runtime(settings))
                 except RuntimeUnavailable as exc:
@@ -173,11 +226,11 @@ def build_server(
                 policy = SandboxPolicy(image, agent_hash)
             facts.policy = policy
             reattach = await _can_reattach(backend)
-            hub = await stack.enter_async_context(Hub(settings))
+            hub = await stack.enter_async_context(Hub(served))
             hubs.append(hub)
             stack.callback(hubs.remove, hub)
             # %pip install through the host: one service (and wheel cache) for every namespace.
-            packages = PackageService(settings)
+            packages = PackageService(served)
             calls = SessionCalls(hub)
             rpc = WithPackages(packages, calls)
 
@@ -196,7 +249,7 @@ def build_server(
                 )
 
             spaces = Namespaces(
-                settings,
+                served,
                 namespaces if namespaces is not None else [""],
                 make_registry,
                 max_calls=settings.http.max_calls if namespaces is not None else None,
@@ -209,7 +262,35 @@ def build_server(
             # call waiting for its own) makes that call as quick as any other.
             await spaces.settle(ADOPTION_WAIT)
             runs = await stack.enter_async_context(RunTable())  # closed first: cells before sessions
-            yield BridgeContext(settings, spaces, hub, gate, runs=runs, packages=packages, calls=calls)
+
+            def resume(record: TaskRecord, store: TaskStore, left: str) -> None:
+                """Follow a task the bridge before left running: its cell, inherited with its
+                session, ends here, and its result is the task's."""
+                registry = spaces.registry(record.namespace)
+                timeout = record.timeout or settings.max_task_time
+
+                async def follow() -> dict[str, Any] | None:
+                    remaining = max(1.0, record.created + timeout - time.time())
+                    result = await registry.follow(
+                        record.session,
+                        record.cell,
+                        timeout=remaining,
+                        label=record.label,
+                        since=record.started,
+                    )
+                    if result is None:
+                        return None
+                    answer = await _rendered(result, settings)
+                    return answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+                runs.spawn(lambda: run_task(record, store, follow, left))
+
+            tasks = TaskTable(lambda namespace: spaces.settings(namespace).state_dir, resume)
+            for namespace in spaces.names:  # its calls queue behind it, as they did before
+                tasks.take_over(namespace)
+            yield BridgeContext(
+                served, spaces, hub, gate, runs=runs, packages=packages, calls=calls, tasks=tasks
+            )
 
     async def run_python(
         code: str,
@@ -222,6 +303,8 @@ def build_server(
         restore: str | None = None,
     ) -> CallToolResult | InputRequiredResult:
         bridge, namespace = _bridge(ctx), namespace_of(ctx)
+        task = current_task()  # this call runs as an MCP task (a long job): see server/tasks.py
+        longest = settings.max_task_time if task is not None else settings.max_timeout
 
         async def progress(elapsed: float, tail: str) -> None:
             await ctx.report_progress(round(elapsed, 1), float(timeout), tail or "running")
@@ -241,8 +324,10 @@ def build_server(
         if len(code) > MAX_CODE_CHARS:
             raise ToolError(f"code is {len(code):,} characters; the limit is {MAX_CODE_CHARS:,}")
         _check_session(session)
-        if not 1 <= timeout <= settings.max_timeout:
-            raise ToolError(f"timeout must be between 1 and {settings.max_timeout:g} seconds, got {timeout}")
+        if not 1 <= timeout <= longest:
+            got = f", got {timeout}" if abs(timeout) < 10**9 else ""
+            kind = " for a task (KERNELBRIDGE_MAX_TASK_TIME)" if task is not None else ""
+            raise ToolError(f"timeout must be between 1 and {longest:g} seconds{kind}{got}")
 
         placed = decode_files(files or {})
         try:
@@ -255,6 +340,8 @@ def build_server(
                 restored, auto, lost = None, None, None
                 if not restore and (lost := await registry.adopt_or_lost(session)) is not None:
                     if not (own.auto_restore and lost.restore and bridge.calls is not None):
+                        from kernelbridge.session.durability import lost_result
+
                         return to_tool_result(lost_result(session, lost))  # nothing ran: the model chooses
                     restore, auto = lost.restore, bridge.calls  # rebuilt from its recording first
                 if restore:
@@ -278,22 +365,23 @@ def build_server(
                     if restored is not None:
                         return restore_result(session, restored, notes)
                     return notes_result(notes)
-                run = CallRun(namespace, elicitation_mode(ctx))
+                # A task's request has been answered: nobody is there to ask (its approvals refused).
+                run = CallRun(namespace, elicitation_mode(ctx) if task is None else None)
                 run.progress = progress
 
                 async def cell() -> CallToolResult:
                     result = await registry.run(
                         session, code, timeout=timeout, servers=servers, on_progress=run.report,
-                        approve=run.approve,
+                        approve=run.approve, label=task.label if task is not None else None,
+                        queue_wait=None if task is not None else timeout,
+                        msg_id=task.cell if task is not None else None,
                     )  # fmt: skip
                     if policy is not None and policy.unlimited and result.execution_count == 1:
                         notes.append(LimitsNotEnforced())
                     if restored is not None:
                         notes.insert(1 if auto is not None else 0, Restored(session, restored))
                     result.notes[:0] = notes
-                    fitted = await fit_images(result.images, session, settings.image_budget)
-                    result.notes.extend(fitted.notes)
-                    return to_tool_result(result, media=fitted.blocks)
+                    return await _rendered(result, settings)
 
                 bridge.runs.start(run, cell)
                 return await _collect(run, ctx, bridge)
@@ -309,25 +397,40 @@ def build_server(
         closed = await _registry(ctx).close(_check_session(session))
         return f"closed session {session!r}" if closed else f"no open session {session!r}"
 
-    async def export_notebook(session: str, ctx: Context, path: str | None = None) -> str:
+    async def export_notebook(session: str, ctx: Context, path: str | None = None) -> CallToolResult:
         own = _settings(ctx)  # an HTTP client's journals and exports are its namespace's
         _check_ref(session)  # a name (its current generation), or NAME@N for an older one
-        if path is None:
-            return await notebook_for_model(own, session, _reader(ctx))
-        await export_to_file(own, session, path, _reader(ctx))
-        return f"wrote {path}"  # as the model gave it: the resolved host path is not its business
+        if path is None:  # never the notebook itself: megabytes the model's context cannot take
+            return export_result(
+                session, await notebook_summary(own, session, _reader(ctx)), notebook_uri(session), None
+            )
+        facts, written = await export_to_file(own, session, path, _reader(ctx))
+        # The host path for the host's own user (stdio); a remote token's client, to whom the
+        # bridge's directories are nobody's business, gets the path inside its export directory.
+        shown = str(written) if namespace_of(ctx) == "" else str(written.relative_to(export_root(own)))
+        return export_result(session, facts, notebook_uri(session), shown)
 
     tools = [
         compact_tool(run_python, RUN_PYTHON_DOC, structured_output=False),
         compact_tool(list_sessions, "List open sessions."),
         compact_tool(close_session, "Close a session; removes its sandbox."),
         compact_tool(
-            export_notebook, "Session history as .ipynb (JSON, or written to path); NAME@N: generation N."
+            export_notebook,
+            "Write a session's history as .ipynb to path, or say where it is; NAME@N: generation N.",
         ),
     ]
+    lifespan = starting(open_bridge, settings)  # initialize is answered while the bridge starts
+    tasks = TaskExtension(_task_bridge)
     app: MCPServer[BridgeContext] = MCPServer(
-        "kernelbridge", version=__version__, lifespan=lifespan, tools=tools, log_level="WARNING"
+        "kernelbridge",
+        version=__version__,
+        lifespan=lifespan,
+        tools=tools,
+        log_level="WARNING",
+        extensions=[tasks],
     )
+    app.middleware.append(start_gate)  # requests that need the bridge wait for its start
+    app.middleware.append(tasks.middleware)  # after the start: it needs the bridge
 
     @app.resource("kernelbridge://capabilities", name="capabilities", mime_type="text/markdown")
     def capabilities() -> str:
@@ -345,7 +448,7 @@ def build_server(
     )
     async def session_notebook(session: str, ctx: Context) -> str:
         try:
-            return await notebook_for_model(_settings(ctx), _check_ref(session), _reader(ctx))
+            return await notebook_for_resource(_settings(ctx), _check_ref(session), _reader(ctx))
         except ToolError as exc:  # a resource answers its own kind of error (else the SDK logs a bug)
             raise ResourceError(str(exc)) from None
 
@@ -359,6 +462,13 @@ RUN_PYTHON_DOC = (
     "Run Python in a persistent sandboxed IPython session (state kept per session). "
     "Manual: kernelbridge://capabilities"
 )
+
+
+async def _rendered(result: CellResult, settings: Settings) -> CallToolResult:
+    """A cell's result as the tool's: its images fitted to the budget (the rest said in notes)."""
+    fitted = await fit_images(result.images, result.session, settings.image_budget)
+    result.notes.extend(fitted.notes)
+    return to_tool_result(result, media=fitted.blocks)
 
 
 async def _collect(run: CallRun, ctx: Context, bridge: BridgeContext) -> CallToolResult | InputRequiredResult:
@@ -381,6 +491,23 @@ async def _collect(run: CallRun, ctx: Context, bridge: BridgeContext) -> CallToo
     return cast(CallToolResult, run.outcome)
 
 
+def _task_bridge(ctx: ServerRequestContext[Any, Any]) -> Bridge:
+    """What the task methods see of the bridge, for the namespace of ``ctx``'s client."""
+    bridge = cast(BridgeContext, ctx.lifespan_context)
+    namespace = namespace_of_request(ctx.request)
+    try:
+        registry = bridge.namespaces.registry(namespace)
+    except KernelBridgeError as exc:
+        raise MCPError(code=INVALID_PARAMS, message=_one_line(exc)) from None
+    assert bridge.tasks is not None
+
+    def running(session: str) -> dict[str, Any] | None:
+        found = registry.session(session)
+        return found.running.listing(time.monotonic()) if found is not None and found.running else None
+
+    return Bridge(bridge.tasks, bridge.runs, namespace, running, bridge.settings.max_task_time)
+
+
 def _one_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -389,6 +516,8 @@ def _sandbox_image(settings: Settings, *, testing: bool) -> tuple[str, str | Non
     """The image and agent for an injected test runtime (the local double has no images)."""
     if testing and not settings.image:
         return "test-double", None  # an injected runtime (the local test double) has no images
+    from kernelbridge.host.policy import expected_image
+
     return expected_image(settings)
 
 
@@ -404,6 +533,9 @@ async def _can_reattach(runtime: RuntimeBackend) -> bool:
 async def _reap_orphans(runtime: RuntimeBackend, settings: Settings) -> None:
     """Remove containers left by bridges that were SIGKILLed (best effort: never blocks serving);
     not the durable sandboxes this state directory's records name (their sessions adopt them)."""
+    from kernelbridge.host.container import state_identity
+    from kernelbridge.runtime.reaper import reap_orphans
+
     try:
         spare = await anyio.to_thread.run_sync(adoptable_containers, settings.state_dir)
         with anyio.fail_after(30):
@@ -422,7 +554,12 @@ def serve(settings: Settings, *, http: HttpOptions | None = None) -> None:
     ``http`` serves streamable HTTP (see :mod:`kernelbridge.server.http`): each token's clients get
     a namespace of their own; without tokens (loopback only) all clients share one.
     """
-    check_state_dir(settings)  # one line and exit 1, not a traceback from inside the lifespan
+    try:
+        check_state_dir(settings)
+    except ConfigError as exc:
+        if http is not None:  # an operator's terminal: one line and exit 1
+            raise
+        settings = with_problem(settings, str(exc))  # over stdio: said by every call instead
     departure = Departure()
     if http is None:
         anyio.run(serve_stdio, build_server(settings, departure=departure), departure)

@@ -1,7 +1,7 @@
 """Asking the MCP client's user about a host tool call, by elicitation, while the cell runs.
 
 A ``run_python`` call's cell may make host calls that need a person's approval
-(``KERNELBRIDGE_APPROVE_TOOLS``; :mod:`kernelbridge.hub.approval`). The session layer asks the
+(``KERNELBRIDGE_APPROVE_TOOLS``; :mod:`kernelbridge.calls.approval`). The session layer asks the
 :class:`CallRun`'s approver of the call running the cell; this module turns that into an MCP
 elicitation to the very client waiting on that ``run_python``, in whichever way its protocol has:
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,7 +41,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from kernelbridge.hub.approval import ApprovalRequest, Decision
+from kernelbridge.calls.approval import ApprovalRequest, Decision
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,11 @@ class RunTable:
             run.notify()
 
         self._tg.start_soon(task)
+
+    def spawn(self, body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``body`` (an MCP task's call, :mod:`.tasks`) as a task of the bridge; it owns its errors."""
+        assert self._tg is not None
+        self._tg.start_soon(body)
 
     def detach(self, run: CallRun) -> None:
         """Keep ``run`` for a retry (it returned an InputRequiredResult)."""

@@ -1,4 +1,11 @@
-"""Notebook exports requested by a model: what may be read, and where a file may be written.
+"""Notebook exports requested by a model: what may be read, where a file may be written, and
+what the model is told.
+
+A notebook never enters the model's context: an export of hundreds of cells with their images
+is megabytes, far past any output limit. ``export_notebook`` without a path measures the notebook
+(:func:`notebook_summary`) and answers where it is, the session's notebook resource, which an MCP
+client reads (:func:`notebook_for_resource`, whole, bounded); with a path it writes the file and
+says where it went.
 
 ``export_notebook(path=...)`` takes its path from the model, which may be prompt-injected: the
 path must never become a way to write arbitrary host files. So a model's export is confined:
@@ -10,8 +17,11 @@ path must never become a way to write arbitrary host files. So a model's export 
 - no symlink is followed below the directory: each component is opened with ``O_NOFOLLOW``
   relative to its parent's descriptor (``openat``), so a link planted anywhere on the way (even
   one created after a check) cannot redirect the write; missing directories are created 0700;
-- the notebook is written to a fresh 0600 file next to the target and renamed over it, so an
-  existing link or hard link at the target is replaced, never written through.
+- the notebook is written to a fresh 0600 file next to the target, flushed to disk, and renamed
+  over it, so an existing link or hard link at the target is replaced, never written through, and
+  the target is the old file or the whole new one, never a part. The fresh file has no name until
+  it is complete (``O_TMPFILE``, linked under a temporary name just before the rename) where the
+  file system allows, so a bridge SIGKILLed mid-export leaves nothing behind in the directory.
 
 A session's notebook is its current generation's (:meth:`~kernelbridge.session.store.SessionStore.journal`).
 And what an export costs is bounded, whoever asks and however big the journal: the work (reading
@@ -19,9 +29,10 @@ at most ``journal_read_limit`` bytes of the journal one line at a time, writing 
 cell at a time) runs in a worker process (:func:`in_worker`, see :mod:`kernelbridge.notebook.export`
 for why not a thread), one at a time per namespace (:class:`ExportLimiters`): a tenant exporting
 in a loop holds one worker and queues behind herself only, and the event loop every session's
-messages go through never waits for it. A notebook returned whole is at most
-``notebook_export.MAX_INLINE_CHARS``; a file export is written by the worker to a private file
-in the namespace's ``run/`` directory, then copied into place as above.
+messages go through never waits for it. The resource returns a notebook of at most
+``notebook_export.MAX_INLINE_CHARS``; a file export is written by the worker to a private scratch
+file in the namespace's ``run/exports/`` (named by the bridge's pid: the next export removes those
+of dead bridges), then copied into place as above.
 """
 
 from __future__ import annotations
@@ -43,7 +54,13 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.notebook.export import export_to_path, notebook_text, run_niced
+from kernelbridge.notebook.export import (
+    NotebookFacts,
+    export_to_path,
+    notebook_facts,
+    notebook_text,
+    run_niced,
+)
 from kernelbridge.notebook.journal import journal_read_limit
 from kernelbridge.session.generations import journal_of as generation_journal
 from kernelbridge.session.generations import parse_ref
@@ -92,10 +109,22 @@ async def journal_of(settings: Settings, session: str) -> Path:
         raise ToolError(str(exc)) from None
 
 
-async def notebook_for_model(settings: Settings, session: str, limiter: anyio.CapacityLimiter) -> str:
+def notebook_uri(session: str) -> str:
+    """The resource that serves ``session``'s notebook (``NAME`` or ``NAME@N``)."""
+    return f"kernelbridge://sessions/{session}/notebook"
+
+
+async def notebook_for_resource(settings: Settings, session: str, limiter: anyio.CapacityLimiter) -> str:
     """``session``'s notebook as text, bounded (see the module docstring). Raises ToolError."""
     journal = await journal_of(settings, session)
     work = partial(notebook_text, journal, parse_ref(session)[0], max_bytes=journal_read_limit(settings))
+    return await in_worker(limiter, work)
+
+
+async def notebook_summary(settings: Settings, session: str, limiter: anyio.CapacityLimiter) -> NotebookFacts:
+    """What ``session``'s notebook holds and weighs, never the notebook. Raises ToolError."""
+    journal = await journal_of(settings, session)
+    work = partial(notebook_facts, journal, parse_ref(session)[0], max_bytes=journal_read_limit(settings))
     return await in_worker(limiter, work)
 
 
@@ -143,13 +172,13 @@ async def check_quota(settings: Settings, session: str) -> None:
         raise ToolError(
             f"this client's files on the host take {taken} of its {quota:.0f} MiB quota "
             "(KERNELBRIDGE_HTTP_DISK_QUOTA, set by the bridge's operator) and this export would not fit; "
-            "export_notebook without a path returns the notebook instead"
+            f"the notebook resource {notebook_uri(session)} serves it instead"
         )
 
 
-def write_confined(root: Path, parts: list[str], write: Callable[[TextIO], object]) -> None:
+def write_confined(root: Path, parts: list[str], write: Callable[[TextIO], object]) -> Path:
     """Write a file ``root/parts...`` with ``write(file)``, without following any symlink below
-    ``root``; the file appears whole or not at all.
+    ``root``; the file appears whole or not at all. Returns its path.
 
     Raises ToolError (a component is a symlink or not a directory) or OSError (no space, ...).
     """
@@ -167,35 +196,81 @@ def write_confined(root: Path, parts: list[str], write: Callable[[TextIO], objec
                 raise
             os.close(fd)
             fd = child
-        name = parts[-1]
-        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        out = os.open(tmp, flags, 0o600, dir_fd=fd)
-        try:
-            with os.fdopen(out, "w", encoding="utf-8") as f:
-                write(f)
-            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd)
-            raise
+        _replace_whole(fd, parts[-1], write)
     finally:
         os.close(fd)
+    return root.joinpath(*parts)
 
 
-async def export_to_file(settings: Settings, session: str, path: str, limiter: anyio.CapacityLimiter) -> None:
-    """Write ``session``'s notebook under the export root (see the module docstring). Raises
-    ToolError with a one-line reason."""
+def _replace_whole(dir_fd: int, name: str, write: Callable[[TextIO], object]) -> None:
+    """Make ``name`` in ``dir_fd`` the file ``write`` writes: written, flushed to disk, then renamed
+    over whatever was there. Nothing named is left if this process dies on the way, except in the
+    instant between the temporary name's link and the rename (or always, on a file system without
+    ``O_TMPFILE``: a hidden ``.<name>.<random>.tmp``, then)."""
+    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+    out = _unnamed_file(dir_fd)
+    named = out is None
+    if out is None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        out = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(out, "w", encoding="utf-8") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            if not named:  # the complete file gets its temporary name, from its descriptor
+                os.link(f"/proc/self/fd/{f.fileno()}", tmp, dst_dir_fd=dir_fd, follow_symlinks=True)
+                named = True
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        if named:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    with contextlib.suppress(OSError):  # the rename on disk too; the file is in place either way
+        os.fsync(dir_fd)
+
+
+def _unnamed_file(dir_fd: int) -> int | None:
+    """A new 0600 file in ``dir_fd`` that has no name (``O_TMPFILE``), or None where the file system
+    or the kernel cannot make one."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):  # naming it later needs /proc
+        return None
+    try:
+        return os.open(".", os.O_WRONLY | flag | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None
+        raise
+
+
+def _sweep_scratch(scratch: Path) -> None:
+    """Remove the scratch files of bridges that died mid-export (their names start with the pid)."""
+    from kernelbridge.runtime.reaper import pid_alive  # the reaper's test of a bridge's pid
+
+    for leftover in scratch.glob("*-*.ipynb"):
+        pid = leftover.name.split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
+async def export_to_file(
+    settings: Settings, session: str, path: str, limiter: anyio.CapacityLimiter
+) -> tuple[NotebookFacts, Path]:
+    """Write ``session``'s notebook under the export root (see the module docstring); what it holds
+    and where it went. Raises ToolError with a one-line reason."""
     root = export_root(settings)
     parts = export_parts(root, path)
     await check_quota(settings, session)
     journal = await journal_of(settings, session)
     scratch = settings.run_dir / "exports"
     scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
-    made = scratch / f"{secrets.token_hex(8)}.ipynb"
+    await anyio.to_thread.run_sync(_sweep_scratch, scratch)
+    made = scratch / f"{os.getpid()}-{secrets.token_hex(8)}.ipynb"
     try:
         limit = journal_read_limit(settings)
-        await in_worker(
+        facts = await in_worker(
             limiter, partial(export_to_path, journal, parse_ref(session)[0], made, max_bytes=limit)
         )
 
@@ -204,10 +279,11 @@ async def export_to_file(settings: Settings, session: str, path: str, limiter: a
                 out.flush()
                 shutil.copyfileobj(written, out.buffer, 1 << 20)
 
-        await anyio.to_thread.run_sync(write_confined, root, parts, copy)
+        written = await anyio.to_thread.run_sync(write_confined, root, parts, copy)
     except IsADirectoryError:
         raise ToolError(f"{path!r} is a directory") from None
     except OSError as exc:
         raise ToolError(f"the notebook could not be written: {exc.strerror or exc}") from None
     finally:
         made.unlink(missing_ok=True)
+    return facts, written

@@ -28,16 +28,18 @@ import binascii
 import json
 import mimetypes
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
 from kernelbridge.errors import SandboxError, SandboxFileError
-from kernelbridge.host import Sandbox
 from kernelbridge.server.notes import FilesPlaced
-from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import validate_session_name
+
+if TYPE_CHECKING:
+    from kernelbridge.host.sandbox import Sandbox
+    from kernelbridge.session.registry import SessionRegistry
 
 MAX_RESOURCE_BYTES = 16 * 1024 * 1024
 """Largest file read as a resource: its base64 in one MCP message is ~22 MB."""

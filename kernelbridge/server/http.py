@@ -314,7 +314,11 @@ async def _reply(send: Send, status: int, error: str, description: str) -> None:
 
 def namespace_of(ctx: Context) -> str:
     """The namespace of the request behind ``ctx``: its token's, or "" (stdio, or HTTP without auth)."""
-    request = ctx.request_context.request
+    return namespace_of_request(ctx.request_context.request)
+
+
+def namespace_of_request(request: object) -> str:
+    """The namespace of a transport's ``request`` (a request context's ``request``)."""
     scope = getattr(request, "scope", None)
     return str(scope.get(NAMESPACE_KEY, "")) if isinstance(scope, dict) else ""
 

@@ -28,7 +28,8 @@ SANDBOX = """\
 - `timeout` (seconds) interrupts the cell; if it does not stop, the kernel restarts and the
   result says `state: lost`. Output is truncated (head and tail kept) past a limit.
 - `IPython.display.display(Image(...))` / matplotlib figures come back as images.
-- Tools: list_sessions, close_session (frees the sandbox), export_notebook (.ipynb of a session).
+- Tools: list_sessions, close_session (frees the sandbox), export_notebook (a session's .ipynb
+  written to path=, or where it is: the notebook is never returned into your context).
 - Each session is also a notebook resource: kernelbridge://sessions/{session}/notebook
 - Files in: `run_python(files={"data.csv": "a,b\\n1,2"})` places files in /workspace before the
   code runs (code may then be empty); a value starting with `base64:` is binary.
@@ -38,6 +39,12 @@ SANDBOX = """\
   exports directory) rebuilds a new session by re-running that notebook's cells; the result
   reports each cell as same / different / error / skipped.
 - Large images arrive downscaled, with a resource link to the full-size original.
+- Long jobs (minutes to hours): if your client can, call `run_python` as an MCP task (a
+  task-augmented call); you get a task id at once, `timeout` defaults to the task maximum,
+  and `tasks/get` shows elapsed time and the latest output line; `tasks/result` gives the
+  ordinary result, `tasks/cancel` interrupts the cell (state kept). Other calls to that session
+  queue behind the task and say so; use another session meanwhile. `list_sessions` shows each
+  running cell's seconds and latest output.
 """
 
 HOST_MCP = """\
@@ -134,7 +141,3 @@ def packages_section(
             + "."
         )
     return "\n".join(lines) + "\n"
-
-
-CAPABILITIES = render_manual()
-"""The manual of a bridge without host servers (for callers that have no hub)."""

@@ -21,12 +21,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 
 from kernelbridge.config import Settings, namespace_state_dir
 from kernelbridge.errors import SessionError
-from kernelbridge.session.registry import SessionRegistry
+
+if TYPE_CHECKING:
+    from kernelbridge.session.registry import SessionRegistry
 
 
 def namespace_settings(base: Settings, namespace: str) -> Settings:

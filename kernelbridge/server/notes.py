@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 from kernelbridge.session.outcome import Note
 
 if TYPE_CHECKING:
-    from kernelbridge.notebook.replay.judge import ReplayReport
+    from kernelbridge.replay.judge import ReplayReport
 
 
 class ServerNoteCode(enum.StrEnum):

@@ -3,7 +3,7 @@
 The session layer and the server's own modules hand over values (a
 :class:`~kernelbridge.session.cell.CellResult` with its :mod:`~kernelbridge.session.outcome`
 notes, the server's :mod:`~kernelbridge.server.notes`, a restore's
-:class:`~kernelbridge.notebook.replay.ReplayReport`); this module is the one place that words them
+:class:`~kernelbridge.replay.ReplayReport`); this module is the one place that words them
 for a model: short text first (outputs verbatim, the notes, one status line), images as image
 content, and the full record as ``structuredContent``, whose ``notes`` are these sentences and
 whose ``note_codes`` say the same as machine-readable codes (one per note, in order).
@@ -17,7 +17,8 @@ from typing import Any, assert_never
 
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
-from kernelbridge.notebook.replay.judge import ReplayReport
+from kernelbridge.notebook.export import MAX_INLINE_CHARS, NotebookFacts
+from kernelbridge.replay.judge import ReplayReport
 from kernelbridge.server.notes import (
     FilesPlaced,
     ImageDownscaled,
@@ -40,6 +41,7 @@ from kernelbridge.session.outcome import (
     Note,
     NotSent,
     ProxiesNotRefreshed,
+    Queued,
     SandboxDied,
     SandboxLost,
     SessionNote,
@@ -116,6 +118,11 @@ def _session_note(note: SessionNote) -> str:
             return (
                 f"The kernel was busy with another client's cell for {waited:g} s; this cell never started "
                 "(it will run when the kernel is free)."
+            )
+        case Queued(ahead=ahead, started_ago=started_ago, seconds=seconds):
+            return (
+                f"This call queued behind {ahead}, started {started_ago:.0f} s ago;"
+                f" it waited {seconds:.1f} s."
             )
         case Waited(seconds=seconds):
             return f"This cell waited {seconds:.1f} s behind another client's cell."
@@ -315,3 +322,39 @@ def restore_result(session: str, report: ReplayReport, notes: list[Note]) -> Cal
 def notes_result(notes: list[Note]) -> CallToolResult:
     """The result of a ``run_python`` call that only placed files."""
     return CallToolResult(content=[TextContent(type="text", text="\n".join(map(render_note, notes)))])
+
+
+def export_result(session: str, facts: NotebookFacts, resource: str, file: str | None) -> CallToolResult:
+    """What ``export_notebook`` answers: what the notebook holds and where it is, never the notebook
+    (``file``: where it was written, as the model may be told; None: nothing was written)."""
+    what = f"{facts.cells} cell{'s' * (facts.cells != 1)}, {_size(facts.bytes)}"
+    if facts.inline:
+        served = f"MCP clients read it whole as the resource {resource}"
+    else:
+        limit = MAX_INLINE_CHARS / 2**20
+        served = f"It is too big for the resource {resource} (over {limit:g} MiB of JSON)"
+    if file is not None:
+        text = f"Wrote the notebook of session {session!r} to {file}: {what}. {served}."
+    else:
+        suggested = session.replace("@", "-") + ".ipynb"
+        text = (
+            f"The notebook of session {session!r}: {what}; not shown here, to keep your context small."
+            f" {served}; export_notebook(session={session!r}, path={suggested!r}) writes it to a file."
+        )
+    structured = {
+        "session": session,
+        "cells": facts.cells,
+        "bytes": facts.bytes,
+        "resource": resource,
+        "resource_too_big": not facts.inline,
+        "file": file,
+    }
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count:,} bytes"
+    if count < 2**20:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count / 2**20:.1f} MiB"

@@ -25,7 +25,7 @@ another name.
 
 An automatic restore (``KERNELBRIDGE_AUTO_RESTORE``: the sandbox of a session with a journal was
 lost) answers the cells' host tool calls from the journal's recording instead (:class:`SessionCalls`
-routes that session's calls to a :class:`~kernelbridge.notebook.replay.tools.ReplayTools` while it
+routes that session's calls to a :class:`~kernelbridge.replay.tools.ReplayTools` while it
 runs): nobody asked for those calls again, and the rebuilt state is the one the recording made.
 
 An option of ``run_python`` rather than a tool of its own: every tool costs ``tools/list`` bytes
@@ -40,24 +40,27 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
-import nbformat
 from mcp.server.mcpserver.exceptions import ToolError
 
+from kernelbridge.calls import RpcCall, RpcHandler
 from kernelbridge.config import Settings
 from kernelbridge.errors import KernelBridgeError
-from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.notebook.convert import read_restorable
 from kernelbridge.notebook.export import restorable_notebook
 from kernelbridge.notebook.journal import journal_read_limit
-from kernelbridge.notebook.replay import ReplayReport, replay_cells
-from kernelbridge.notebook.replay.tools import ReplayTools
-from kernelbridge.packages import PackageService
 from kernelbridge.server.exports import in_worker
 from kernelbridge.session.generations import journal_of, parse_ref
-from kernelbridge.session.registry import SessionRegistry
 from kernelbridge.session.store import SessionStore
+
+if TYPE_CHECKING:  # the replay's modules (nbformat, sessions, sandboxes) load with the first restore
+    import nbformat
+
+    from kernelbridge.packages import PackageService
+    from kernelbridge.replay import ReplayReport
+    from kernelbridge.session.registry import SessionRegistry
 
 _SESSION_NOTEBOOK = re.compile(r"kernelbridge://sessions/([^/]+)/notebook")
 
@@ -106,7 +109,7 @@ async def load_source(
         root = exports_dir(settings).resolve()
         target = (root / relative).resolve()
         if not target.is_relative_to(root):
-            raise ToolError(f"{notebook!r} leads out of the exports directory")
+            raise ToolError(f"{notebook[:200]!r} leads out of the exports directory")
         return await in_worker(reader, read_restorable, target)
     except (KernelBridgeError, ToolError) as exc:  # from here or from the worker (a ToolError then)
         message = str(exc)
@@ -130,6 +133,9 @@ async def restore_session(
     ``run_python``'s timeout); returns the per-cell report. With ``recorded`` (the bridge's
     router), host tool calls are answered from the notebook's recording. Raises ToolError (a bad
     source, an open session, no sandbox)."""
+    from kernelbridge.replay import replay_cells
+    from kernelbridge.replay.tools import ReplayTools
+
     current = registry.session(session)
     if current is not None and current.journal is not None and current.journal.cells:
         raise ToolError(

@@ -6,6 +6,8 @@ from typing import Any
 
 from mcp.server.mcpserver.tools import Tool
 
+from kernelbridge.server.arguments import CheckedTool
+
 
 def compact_schema(schema: Any) -> Any:
     """Drop what a model does not need from a pydantic JSON schema: titles, and the ``null``
@@ -26,7 +28,8 @@ def compact_schema(schema: Any) -> Any:
 
 def compact_tool(fn: Any, description: str, structured_output: bool = False) -> Tool:
     """A tool whose published schema is as small as possible: every byte of tools/list is
-    context spent in every conversation. Arguments are still validated by the full model."""
-    tool = Tool.from_function(fn, description=description, structured_output=structured_output)
+    context spent in every conversation. Arguments are still validated by the full model, and
+    refused in one line (:mod:`kernelbridge.server.arguments`)."""
+    tool = CheckedTool.from_function(fn, description=description, structured_output=structured_output)
     tool.parameters = compact_schema(tool.parameters)
     return tool

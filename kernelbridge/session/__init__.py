@@ -17,12 +17,19 @@
 It knows nothing about MCP; everything here runs on the host.
 """
 
-from kernelbridge.session.cell import CellResult
-from kernelbridge.session.outcome import Note, State, Status
-from kernelbridge.session.records import SessionRecord
-from kernelbridge.session.registry import Session, SessionRegistry
-from kernelbridge.session.state import SessionState
-from kernelbridge.session.store import SessionStore, validate_session_name
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kernelbridge.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernelbridge.session.cell import CellResult
+    from kernelbridge.session.outcome import Note, State, Status
+    from kernelbridge.session.records import SessionRecord
+    from kernelbridge.session.registry import Session, SessionRegistry
+    from kernelbridge.session.state import SessionState
+    from kernelbridge.session.store import SessionStore, validate_session_name
 
 __all__ = [
     "CellResult",
@@ -36,3 +43,6 @@ __all__ = [
     "Status",
     "validate_session_name",
 ]
+
+if not TYPE_CHECKING:  # mypy sees the imports above, and no name beyond them
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -21,7 +21,11 @@ have heard) is folded into one :class:`~.outcome.Adopted` note for the session's
 (:func:`adopted_note`), built when that call ends, so a cell that was still running when this
 bridge arrived is reported as it ended.
 
-No I/O of its own but the engine's ``inspect``/``remove`` and the journal's line count.
+A durable sandbox that ended while no bridge was attached (its idle timeout, its kernel died) is
+removed by the engine at once, so that nothing is left behind without a bridge; how it ended is
+then the engine's event log's word (``RuntimeBackend.ended``), so the session is still told why.
+
+No I/O of its own but the engine's ``inspect``/``ended``/``remove`` and the journal's line count.
 """
 
 from __future__ import annotations
@@ -71,21 +75,32 @@ def restore_uri(record: SessionRecord) -> str:
 
 
 def ours(info: ContainerInfo, record: SessionRecord, state_dir: Path) -> bool:
-    """Whether the container is the one ``record`` (of ``state_dir``'s store) made."""
-    session = f"{record.namespace}/{record.session}" if record.namespace else record.session
+    """Whether the container is the one ``record`` (of ``state_dir``'s store) names: started for
+    this session, or for the warm pool it was taken from (labels never change)."""
     return (
         info.labels.get(STATE_LABEL) == state_identity(state_dir)
-        and info.session == session
+        and info.session == record.container_label
         and info.labels.get(NAMESPACE_LABEL, "") == record.namespace
         and info.durable
     )
 
 
 async def inspect(runtime: RuntimeBackend, container: str) -> ContainerInfo | None:
-    """The container's state now (None: gone). Raises RuntimeUnavailable (the engine does not
-    answer: nothing can be said, so nothing is lost)."""
+    """The container's state now, or, once the engine removed it after it ended itself while no
+    bridge was attached (a durable sandbox is removed by the engine: no bridge may be there
+    to), how it ended as the engine's event log tells: an exit status of the agent's own
+    (:data:`EXIT_REASONS`). None: gone otherwise (removed, killed, the machine restarted, or the
+    engine kept no record). Raises RuntimeUnavailable (the engine does not answer: nothing can
+    be said, so nothing is lost)."""
     with anyio.fail_after(INSPECT_TIMEOUT):
-        return await runtime.inspect(container)
+        info = await runtime.inspect(container)
+    if info is None:
+        # Bounded by the backend, never raises. Only the agent's own statuses say why: a kill
+        # (137, an `rm -f` by anyone, a reboot) says nothing of who or why.
+        ended = await runtime.ended(container)
+        if ended is not None and ended.exit_code in EXIT_REASONS:
+            return ended
+    return info
 
 
 def check_container(
@@ -93,7 +108,11 @@ def check_container(
 ) -> Loss | None:
     """None if the sandbox may be adopted (its own proof is the tunnel's business), else why not."""
     if info is None:
-        return Loss("its container is gone (the machine may have restarted, or it was removed)", False)
+        return Loss(
+            "its container is gone, and the engine no longer says how it ended (the machine may"
+            " have restarted, it was removed, or it ended while no bridge was attached)",
+            False,
+        )
     if not ours(info, record, state_dir):
         return Loss("its container is not this session's (the record does not match it)", False)
     if info.state is ContainerState.EXITED:

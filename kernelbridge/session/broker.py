@@ -62,9 +62,9 @@ from typing import Any
 import anyio
 
 from kernelbridge import frames
+from kernelbridge.calls import RpcCall, RpcHandler
+from kernelbridge.calls.approval import ApprovalRequest, Approver, Decision
 from kernelbridge.errors import RpcError
-from kernelbridge.hub.approval import ApprovalRequest, Approver, Decision
-from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.packages.record import InstallRecord
 from kernelbridge.tunnel import RpcRequest
 
@@ -144,7 +144,7 @@ class ToolCallRecord:
     def to_json(self) -> dict[str, Any]:
         """The journal's (and the notebook metadata's) form: the summary, then ``arguments`` or
         ``arguments_truncated: true``, then ``result`` or ``result_truncated: true`` (none for
-        a failed call). :mod:`kernelbridge.notebook.replay.recorded` reads it back."""
+        a failed call). :mod:`kernelbridge.replay.recorded` reads it back."""
         entry = self.summary()
         if self.arguments_truncated:
             entry["arguments_truncated"] = True

@@ -30,7 +30,7 @@ from kernelbridge.errors import SessionError
 from kernelbridge.notebook.displays import journal_entries
 from kernelbridge.notebook.export import write_notebook
 from kernelbridge.notebook.journal import journal_read_limit
-from kernelbridge.session.records import JOURNAL_SUFFIX, SESSION_NAME, SessionRecord
+from kernelbridge.session.records import JOURNAL_SUFFIX, SESSION_NAME, SessionRecord, Standing
 from kernelbridge.session.store import RECORD_SUFFIX, SessionStore, validate_session_name
 
 _REF = re.compile(r"^(?P<name>[^@]+)@(?P<generation>0|[1-9][0-9]{0,8})$")
@@ -95,6 +95,8 @@ class Generation:
     """Disk its record and journal take."""
     current: bool
     """The newest generation with a journal: what the bare name means."""
+    standing: Standing = Standing.ENDED
+    """Where it is now (a journal without a record: ended)."""
 
     @property
     def name(self) -> str:
@@ -104,7 +106,8 @@ class Generation:
 
     @property
     def live(self) -> bool:
-        return self.record is not None and self.record.live
+        """A bridge holds it, or its sandbox runs on for the next one: not history yet."""
+        return self.standing is not Standing.ENDED
 
     def name_is(self, session: str) -> bool:
         """Whether ``session`` (``name`` or ``namespace/name``) names this generation's session."""
@@ -112,11 +115,7 @@ class Generation:
 
     @property
     def state(self) -> str:
-        if self.live:
-            return "live"
-        if self.record is not None and self.record.ended is not None:
-            return "ended"
-        return "abandoned" if self.record is not None else "old"
+        return self.standing.value
 
     @property
     def writer_alive(self) -> bool:
@@ -172,7 +171,8 @@ def _generations_of(store: SessionStore, namespace: str, name: str) -> list[Gene
         record_path = store.session_dir(name) / f"{number}{RECORD_SUFFIX}"
         size = sum(_size(path) for path in (journal, record_path))
         record = store.record(name, number) if number else None
-        listed.append(Generation(namespace, name, number, record, journal, size, number == current))
+        standing = store.standing(record) if record is not None else Standing.ENDED
+        listed.append(Generation(namespace, name, number, record, journal, size, number == current, standing))
     return listed
 
 

@@ -74,6 +74,7 @@ class NoteCode(enum.StrEnum):
     JOURNAL_FAILED = "journal_failed"
     ADOPTED = "adopted"
     SANDBOX_LOST = "sandbox_lost"
+    QUEUED = "queued"
 
 
 class Note:
@@ -149,6 +150,17 @@ class Waited(Note):
     """The cell waited ``seconds`` behind another client's cell before it began."""
 
     code: ClassVar[str] = NoteCode.WAITED
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Queued(Note):
+    """The call queued behind ``ahead`` (a long job: an MCP task), which had been running for
+    ``started_ago`` seconds, and waited ``seconds`` for it."""
+
+    code: ClassVar[str] = NoteCode.QUEUED
+    ahead: str
+    started_ago: float
     seconds: float
 
 
@@ -267,5 +279,6 @@ SessionNote = (
     | JournalFailed
     | Adopted
     | SandboxLost
+    | Queued
 )
 """Every note the session layer makes."""

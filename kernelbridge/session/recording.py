@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import anyio
 
 from kernelbridge.config import Settings
+from kernelbridge.notebook.access import SandboxAccess
 from kernelbridge.notebook.journal import BUDGET_SETTING, Journal, JournalCell, JournalDisplay, JournalHeader
 from kernelbridge.packages.record import InstallRecord
 from kernelbridge.session.broker import ToolCallRecord
@@ -134,10 +135,11 @@ class SessionJournal:
         quota: int | None,
         later: list[Note],
         secret: str | None = None,
+        access: SandboxAccess | None = None,
     ) -> tuple[SessionJournal, SessionRecord | None]:
         """Begin a new generation of ``session`` in ``store`` (its record, saying ``where`` its
-        sandbox is and keeping a durable sandbox's ``secret``, then its journal's header) in a
-        worker thread. A failure is logged and said once: the session goes on."""
+        sandbox is and keeping a durable sandbox's ``secret``, then its journal's header with the
+        sandbox's ``access``) in a worker thread. A failure is logged and said once: the session goes on."""
 
         def begin() -> tuple[SessionRecord, Journal]:
             record = store.begin(
@@ -145,10 +147,11 @@ class SessionJournal:
                 connection_file=where.get("connection_file"),
                 container=where.get("container"),
                 container_id=where.get("container_id"),
+                label=where.get("label"),
                 secret=secret,
             )
             journal = Journal(store.journal_path(record), budget=budget[0], setting=budget[1])
-            header = JournalHeader(session, record.created, os.getpid(), record.generation)
+            header = JournalHeader(session, record.created, os.getpid(), record.generation, access)
             try:
                 journal.start(header)
             except OSError as exc:

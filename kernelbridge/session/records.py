@@ -15,6 +15,7 @@ without a close (its sandbox was gone when a bridge came back for it).
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -29,6 +30,19 @@ RECORD_FORMAT = 1
 JOURNAL_SUFFIX = ".journal.jsonl"
 SECRET_SUFFIX = ".secret"
 MAX_SERVERS = 64
+MAX_LABEL = 256
+
+
+class Standing(enum.Enum):
+    """A generation in one word, the same wherever it is listed (``kernelbridge sessions``,
+    ``sessions --all``, ``list_sessions``' other bridges' sessions); see ``SessionStore.standing``."""
+
+    ATTACHED = "attached"
+    """A bridge holds it (this one or another): its sandbox runs with a bridge."""
+    DETACHED = "detached"
+    """Its sandbox runs on without a bridge; the next bridge on the state directory adopts it."""
+    ENDED = "ended"
+    """Closed, lost, or gone with its bridge: only its journal and record are left."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,9 @@ class SessionRecord:
     container: str | None = None
     """The live sandbox's container name."""
     container_id: str | None = None
+    label: str | None = None
+    """The live sandbox's ``kernelbridge.session`` label: who its container was started for (this
+    session, or the warm pool it was taken from). Adoption checks the container against it."""
     secret: str | None = None
     """Where the adoption secret is kept (a file name in the session's directory); None: none."""
     ended: float | None = None
@@ -65,6 +82,12 @@ class SessionRecord:
     def name(self) -> str:
         """How the operator names it: ``namespace/session`` for an HTTP token's session."""
         return f"{self.namespace}/{self.session}" if self.namespace else self.session
+
+    @property
+    def container_label(self) -> str:
+        """The label its container must carry: the one recorded, else (a record of a bridge
+        before labels were recorded) the session's own."""
+        return self.label or self.name
 
     @property
     def journal(self) -> str:
@@ -96,6 +119,7 @@ class SessionRecord:
             "connection_file": self.connection_file,
             "container": self.container,
             "container_id": self.container_id,
+            "label": self.label,
             "secret": self.secret,
             "ended": self.ended,
             "durable": self.durable,
@@ -129,6 +153,7 @@ class SessionRecord:
             connection_file=text(raw.get("connection_file")),
             container=text(raw.get("container")),
             container_id=text(raw.get("container_id")),
+            label=label if (label := text(raw.get("label"))) and len(label) <= MAX_LABEL else None,
             # Only a file of the session's own directory, named as the store names them.
             secret=secret if secret is not None and _secret_name(secret) else None,
             ended=ended,

@@ -1,58 +1,41 @@
-"""The session registry: named, stateful sandboxes of one bridge, with ordered calls and a warm pool.
+"""The session registry: the named sessions of one bridge (one namespace) and what they share.
 
-It owns the map of sessions and its limits: create on first use (from the warm pool when one is
-ready), one call at a time per session (an ``anyio.Lock``; different sessions run in parallel),
-host MCP grants per session, idle reaping, closing and teardown. Each session's life is one state
-machine (:mod:`kernelbridge.session.state`); a call's cell runs under the timeout policy of the
-:class:`~kernelbridge.session.runner.CellRunner`; what a session writes down goes to the
-:class:`~kernelbridge.session.store.SessionStore` (its generation's record and journal,
-:mod:`kernelbridge.session.recording`). It knows nothing about MCP: :mod:`kernelbridge.server`
-calls :meth:`SessionRegistry.run` and renders the :class:`~kernelbridge.session.cell.CellResult`,
-whose notes are values (:mod:`kernelbridge.session.outcome`).
-
-Sessions outlive their bridge (``settings.durable``): the registry's
-:class:`~kernelbridge.session.adopter.Adopter` holds each name (a name another live bridge holds is
-refused), lets go of the sandboxes at ``aclose`` instead of stopping them, and adopts the ones a
-bridge before left, at start in the background (a session's first call waits for its own), the
-warm pool's before the pool refills.
-
-Each sandbox sits in a :class:`~kernelbridge.session.seat.Seat` with its handlers: its iopub goes
-to the session's :class:`~kernelbridge.session.recorder.Recorder` (cells sent by any Jupyter
-client, e.g. ``kernelbridge attach``, are journalled too), its rpc to the session's
-:class:`~kernelbridge.session.broker.RpcBroker`. Sandboxes come from an injected
-:class:`~kernelbridge.runtime.RuntimeBackend` (a container engine, or the local test double).
+``async with SessionRegistry(settings, runtime, image=..., agent_hash=...) as registry`` then
+``await registry.run(name, code, timeout=30)``: a session is created on first use (its sandbox
+from the warm pool when one is ready, or adopted when it outlived the bridge before), calls to one
+session queue on its lock, different sessions run in parallel. The registry keeps the map and its
+limit, grants, idle reaping, the warm pool and teardown; each :class:`~.session.Session` owns its
+own life, and sessions that outlive the bridge are :class:`~.durability.Durability`'s business.
+It knows nothing about MCP: :mod:`kernelbridge.server` renders the
+:class:`~kernelbridge.session.cell.CellResult` it returns.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import math
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from kernelbridge.calls import NO_HUB, RpcHandler
+from kernelbridge.calls.approval import Approver
 from kernelbridge.config import Settings
-from kernelbridge.errors import NO_SERVERS_CONFIGURED, SessionError
-from kernelbridge.host import Death, Sandbox, WarmPool, close_sandbox
-from kernelbridge.hub.approval import Approver
-from kernelbridge.hub.rpc import RpcHandler
+from kernelbridge.errors import NO_SERVERS_CONFIGURED, KernelBridgeError, SessionError
+from kernelbridge.host import Sandbox, WarmPool, close_sandbox
+from kernelbridge.notebook.access import SandboxAccess
 from kernelbridge.runtime import RuntimeBackend
-from kernelbridge.session.adopter import Adopter, Lost, lost_result
-from kernelbridge.session.broker import RpcBroker, approving
-from kernelbridge.session.cell import Cell, CellResult, finish_cell
-from kernelbridge.session.closing import Closing, where
-from kernelbridge.session.named import Session
-from kernelbridge.session.outcome import FreshSandbox, ProxiesNotRefreshed, SandboxLost, Status
-from kernelbridge.session.recorder import Recorder
-from kernelbridge.session.recording import SessionJournal, journal_budget, on_display
-from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback, Run
-from kernelbridge.session.seat import NO_HUB, Seat, SeatTarget
+from kernelbridge.session.cell import CellResult
+from kernelbridge.session.durability import Durability, Lost, WarmSandbox, lost_result
+from kernelbridge.session.outcome import FreshSandbox, Queued, SandboxLost
+from kernelbridge.session.recording import SessionJournal, journal_budget
+from kernelbridge.session.records import SessionRecord
+from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback
+from kernelbridge.session.session import Origin, Services, Session
 from kernelbridge.session.state import Change, Loss, SessionState
 from kernelbridge.session.store import SessionStore, validate_session_name
 
@@ -63,14 +46,11 @@ GrantCheck = Callable[[list[str]], list[str]]
 
 TEARDOWN_TIMEOUT = 25.0
 """Bound on stopping every sandbox at exit; they stop in parallel."""
-REFRESH_TIMEOUT = 30.0
-"""Bound on rebinding the host-MCP proxies in the kernel after a grant or a restart (the call's
-own timeout when less: a wedged sandbox must not add this to it)."""
 
 __all__ = ["GrantCheck", "Session", "SessionRegistry", "validate_session_name"]
 
 
-class SessionRegistry(Closing):
+class SessionRegistry:
     """All sessions of one bridge (one namespace). Use as ``async with SessionRegistry(...) as r``."""
 
     def __init__(
@@ -89,56 +69,82 @@ class SessionRegistry(Closing):
         self.image = image
         self.agent_hash = agent_hash
         self.store = SessionStore.of(settings)
-        self._dispatch = dispatch
+        self._dispatch = dispatch or NO_HUB
         self._check_grants = check_grants
         self._runner = CellRunner(max_timeout=settings.max_timeout, clock=clock)
         self._sessions: dict[str, Session] = {}
-        self._pool: WarmPool[Seat] = WarmPool(
-            settings.warm_pool, self._start_sandbox, settings.kernel_start_timeout
+        self._pool: WarmPool[WarmSandbox] = WarmPool(
+            settings.warm_pool, self._start_warm, settings.kernel_start_timeout
         )
+        self._leaving = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._adopter = Adopter(self) if settings.durable else None
-        self._leaving = False
+        self._services: Services | None = None
+        self._durability: Durability | None = None
+        self.adopted_at_start = anyio.Event()
+        """Set once the sessions a bridge before left are adopted (or found lost)."""
         self.lost: dict[str, SandboxLost] = {}
         """Sessions whose sandbox was found gone (at start), until their next call says so."""
 
+    # -- life ----------------------------------------------------------------------------------------
     async def __aenter__(self) -> SessionRegistry:
         self.store.open()
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        if self._adopter is not None:
-            await self._adopter.open(self._tg, self._pool)  # the warm pool's before it refills
-        self._tg.start_soon(self._pool.run)
-        self._tg.start_soon(self._reap_idle)
-        if self._adopter is not None:
-            self._tg.start_soon(self._adopter.adopt_all)
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            self._tg = tg
+            self._services = Services(
+                self.settings,
+                self.store,
+                self._runner,
+                self._dispatch,
+                tg.start_soon,
+                self._leaving,
+                self.durable,
+            )
+            if self.durable:
+                self._durability = Durability(
+                    self.settings, self.store, self.runtime, agent_hash=self.agent_hash, task_group=tg
+                )
+                await self._durability.adopt_warm(self._pool)  # before the pool refills
+            tg.start_soon(self._pool.run)
+            tg.start_soon(self._reap_idle)
+            tg.start_soon(self._adopt_at_start)
+        except BaseException:
+            # Leave the task group we entered, whatever failed half-way (unwrapped: the failure
+            # is ours to raise, not the group's).
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            raise
         return self
 
-    def leave(self) -> None:
-        """The bridge is going: a cancelled call leaves a durable sandbox's cell running."""
-        self._leaving = True
-
-    async def settle(self, timeout: float) -> None:
-        """Wait (at most ``timeout``) until the sessions a bridge before left are adopted."""
-        if self._adopter is not None:
-            with anyio.move_on_after(timeout):
-                await self._adopter.adopted_at_start.wait()
+    async def __aexit__(self, *exc: object) -> None:
+        tg = self.task_group
+        try:
+            await self.aclose()
+        finally:
+            # Not given the caller's exception: anyio would wrap it in a group. A task of ours that
+            # failed is raised from here (as a group), the caller's own exception as its context.
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
 
     @property
     def durable(self) -> bool:
         """Whether this registry's sessions outlive it."""
-        return self._adopter is not None
+        return self.settings.durable
 
     @property
     def task_group(self) -> anyio.abc.TaskGroup:
         assert self._tg is not None
         return self._tg
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(None, None, None)
+    def leave(self) -> None:
+        """The bridge is going: a cancelled call leaves a durable sandbox's cell running."""
+        self._leaving.set()
+
+    async def settle(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until the sessions a bridge before left are adopted."""
+        with anyio.move_on_after(timeout):
+            await self.adopted_at_start.wait()
 
     async def aclose(self) -> None:
         """Let go of every sandbox and pooled sandbox (durable: they run on for the next bridge),
@@ -146,22 +152,31 @@ class SessionRegistry(Closing):
         self.leave()
         sessions, self._sessions = list(self._sessions.values()), {}
         pool = self._pool.drain()
-        adopter = self._adopter
         if sessions or pool:
-            what = "closing" if adopter is None else "letting go of (they run on for the next bridge)"
+            what = "letting go of (they run on for the next bridge)" if self._durability else "closing"
             log.info("%s %d session(s) and %d warm sandbox(es)", what, len(sessions), len(pool))
         with anyio.CancelScope(shield=True), anyio.move_on_after(TEARDOWN_TIMEOUT):
             async with anyio.create_task_group() as tg:
                 for session in sessions:
-                    tg.start_soon(self.close_session if adopter is None else adopter.detach, session)
-                for seat in pool:
-                    if adopter is None:
-                        tg.start_soon(close_sandbox, seat.sandbox)
-                    else:
-                        tg.start_soon(adopter.detach_warm, seat)
+                    tg.start_soon(self._leave_session, session)
+                for warm in pool:
+                    tg.start_soon(self._leave_warm, warm)
 
-    async def _start_sandbox(self, name: str) -> Seat:
-        assert self._tg is not None
+    async def _leave_session(self, session: Session) -> None:
+        if self._durability is not None and await self._durability.detach(session.sandbox, session.record):
+            session.release_claim()
+            return
+        await session.close()
+
+    async def _leave_warm(self, warm: WarmSandbox) -> None:
+        if self._durability is not None:
+            await self._durability.detach_warm(warm)
+        else:
+            await close_sandbox(warm.sandbox)
+
+    async def _start_warm(self, name: str) -> WarmSandbox:
+        """A sandbox started for ``name`` (a session, or ``warm-<id>`` for the pool), heard by nobody
+        until a session takes it; a durable pooled one is kept for a later bridge too."""
         sandbox = Sandbox.create(
             self.settings,
             self.runtime,
@@ -170,33 +185,22 @@ class SessionRegistry(Closing):
             agent_hash=self.agent_hash,
             durable=self.durable,
         )
-        seat = Seat(sandbox)
-        await self._tg.start(partial(sandbox.run, seat.handlers()))
-        if self._adopter is not None and name.startswith("warm-"):
-            self._adopter.keep_warm(seat)
-        return seat
+        await self.task_group.start(sandbox.run)
+        warm = WarmSandbox(sandbox, Origin.WARM if name.startswith("warm-") else Origin.COLD)
+        if self._durability is not None and warm.origin is Origin.WARM:
+            self._durability.keep_warm(warm)
+        return warm
 
-    # -- queries -------------------------------------------------------------------------------
+    # -- queries -------------------------------------------------------------------------------------
     def describe(self) -> list[dict[str, Any]]:
         """``list_sessions``: one entry per open session."""
         now = time.monotonic()
-        busy = (SessionState.STARTING, SessionState.BUSY)
-        return [
-            {
-                "session": s.name,
-                "state": s.state.listed,
-                "cells": s.journal.cells if s.journal is not None else 0,
-                "idle_seconds": 0 if s.state in busy else round(now - s.last_used),
-                "container": s.sandbox.container_name if s.sandbox is not None else None,
-                "servers": sorted(s.grants),
-            }
-            for s in self._sessions.values()
-        ]
+        return [session.listing(now) for session in self._sessions.values()]
 
     def detached(self) -> list[dict[str, Any]]:
         """``list_sessions``' other entries: this namespace's sessions whose sandbox runs without a
-        bridge (``detached``: the next use adopts it), or that another bridge holds (``elsewhere``)."""
-        return self._adopter.listing(set(self._sessions)) if self._adopter is not None else []
+        bridge (``detached``), or that another bridge holds (``attached``, ``elsewhere``)."""
+        return self._durability.listing(set(self._sessions)) if self._durability is not None else []
 
     @property
     def warm_kernels(self) -> int:
@@ -210,7 +214,7 @@ class SessionRegistry(Closing):
     def session(self, name: str) -> Session | None:
         return self._sessions.get(name)
 
-    # -- running code --------------------------------------------------------------------------
+    # -- running code --------------------------------------------------------------------------------
     async def run(
         self,
         name: str,
@@ -220,60 +224,72 @@ class SessionRegistry(Closing):
         servers: list[str] | None = None,
         on_progress: ProgressCallback | None = None,
         approve: Approver | None = None,
+        label: str | None = None,
+        queue_wait: float | None = None,
+        msg_id: str | None = None,
     ) -> CellResult:
         """Run ``code`` in session ``name`` (created on first use); calls to one session queue.
         ``servers`` are granted for the session's lifetime (host MCP servers its code may call);
-        ``approve`` answers for the cell's calls that need a person's approval. Raises SessionError
-        (bad name, too many sessions, unknown server), SandboxError/ImageError (no sandbox could
-        start). A user's Python error is a normal result."""
+        ``approve`` answers for the cell's calls that need a person's approval; ``label`` names a
+        long job (an MCP task) to the calls that queue behind it. Behind such a job a call waits
+        at most ``queue_wait`` seconds (SessionBusy past it; None: as long as it takes) and its
+        result says it queued. Raises SessionError (bad name, too many sessions, unknown server),
+        SandboxError/ImageError (no sandbox could start). A user's Python error is a normal result."""
         validate_session_name(name)
         granted = self._grants_for(servers or [])
         while True:
             if (lost := self.lost.pop(name, None)) is not None:  # also found while this call queued
                 return lost_result(name, lost)
             session = self._session_for(name)
+            ahead = session.running if session.lock.locked() else None
+            queued: Queued | None = None
+            if ahead is not None and ahead.label is not None:
+                now, taken = time.monotonic(), False
+                with anyio.move_on_after(queue_wait if queue_wait is not None else math.inf):
+                    await session.lock.acquire()
+                    taken = True
+                if not taken:
+                    raise SessionError(
+                        f"session {name!r} is busy: queued behind {ahead.label}, started"
+                        f" {now - ahead.started:.0f} s ago, for this call's {queue_wait:g} s; nothing ran"
+                        " (wait for the task's result, cancel it, or use another session)"
+                    )
+                session.lock.release()  # taken again below, with the others' order kept
+                queued = Queued(ahead.label, round(now - ahead.started, 1), round(time.monotonic() - now, 1))
             async with session.lock:
                 if session.state is SessionState.CLOSED:
                     continue  # closed while we queued: the next loop creates a fresh one
-                with self._taken(session) as first:
+                with session.taken() as first:
                     try:
-                        seat = await self._ensure_sandbox(session, first)
+                        await self._ensure_sandbox(session, first)
                     except Lost as exc:
                         return lost_result(name, exc.note)
                     began = self._runner.clock.now()  # waits from here on count against the timeout
-                    if granted - session.grants:
-                        session.grants |= granted
-                        self._write_record(session)
-                    if session.grants != session.bound:
-                        grants = session.grants
-                        refreshed = await seat.refresh_proxies(session.name, min(REFRESH_TIMEOUT, timeout))
-                        if refreshed:
-                            session.bound = grants
-                        elif refreshed is not None:
-                            session.pending.append(ProxiesNotRefreshed())
-                    return await self._execute(session, seat, code, timeout, on_progress, began, approve)
+                    await session.bind_grants(granted, timeout)
+                    if queued is not None:
+                        session.pending.insert(0, queued)
+                    return await session.execute(
+                        code, timeout, began=began, on_progress=on_progress, approve=approve, label=label,
+                        msg_id=msg_id,
+                    )  # fmt: skip
 
-    async def adopt_or_lost(self, name: str) -> SandboxLost | None:
-        """Before a call: take over ``name``'s sandbox if it outlived its bridge (its first
-        result then says so); the note saying it was lost instead, if it had cells (nothing has
-        run: the caller may rebuild it with ``restore=``). None otherwise."""
+    async def follow(
+        self, name: str, msg_id: str, *, timeout: float, label: str | None = None, since: float | None = None
+    ) -> CellResult | None:
+        """The result of cell ``msg_id`` of session ``name``, which the bridge before sent and
+        left running (a task it ran): waited for as that call would have, the calls behind it
+        queueing. None when this bridge did not inherit such a cell (it ended and was journalled
+        before, or its sandbox was lost)."""
         validate_session_name(name)
+        await self.adopted_at_start.wait()
         session = self._sessions.get(name)
-        if session is not None and session.state is SessionState.STARTING:
-            async with session.lock:  # an adoption begun at start: wait for its verdict
-                pass
-        if (lost := self.lost.pop(name, None)) is not None or self._adopter is None:
-            return lost
-        session = self._sessions.get(name)
-        if (session is not None and session.state is not SessionState.NEW) or not self._adopter.record_of(
-            name
-        ):
+        if session is None:
             return None
-        try:
-            await self.sandbox(name)
-        except Lost as exc:
-            return exc.note
-        return None
+        async with session.lock:
+            if session.state is SessionState.CLOSED or not session.alive:
+                return None
+            with session.taken():
+                return await session.follow(msg_id, timeout, label=label, since=since)
 
     async def sandbox(self, name: str) -> Sandbox:
         """The live sandbox of session ``name`` (created on first use, replaced if it died), e.g.
@@ -287,8 +303,32 @@ class SessionRegistry(Closing):
             async with session.lock:
                 if session.state is SessionState.CLOSED:
                     continue
-                with self._taken(session) as first:
-                    return (await self._ensure_sandbox(session, first)).sandbox
+                with session.taken() as first:
+                    await self._ensure_sandbox(session, first)
+                    assert session.sandbox is not None
+                    return session.sandbox
+
+    async def adopt_or_lost(self, name: str) -> SandboxLost | None:
+        """Before a call: take over ``name``'s sandbox if it outlived its bridge (its first
+        result then says so); the note saying it was lost instead, if it had cells (nothing has
+        run: the caller may rebuild it with ``restore=``). None otherwise."""
+        validate_session_name(name)
+        session = self._sessions.get(name)
+        if session is not None and session.state is SessionState.STARTING:
+            async with session.lock:  # an adoption begun at start: wait for its verdict
+                pass
+        if (lost := self.lost.pop(name, None)) is not None or self._durability is None:
+            return lost
+        session = self._sessions.get(name)
+        if session is not None and session.state is not SessionState.NEW:
+            return None
+        if self._durability.record_of(name) is None:
+            return None
+        try:
+            await self.sandbox(name)
+        except Lost as exc:
+            return exc.note
+        return None
 
     def _grants_for(self, servers: list[str]) -> frozenset[str]:
         if not servers:
@@ -307,45 +347,30 @@ class SessionRegistry(Closing):
                     f"too many sessions: {len(self._sessions)} open ({names}), the maximum is "
                     f"{self.settings.max_sessions}; close one with close_session or reuse a session"
                 )
-            session = self._sessions[name] = Session(name)
+            assert self._services is not None
+            session = self._sessions[name] = Session(name, self._services)
         return session
 
-    @contextlib.contextmanager
-    def _taken(self, session: Session) -> Iterator[bool]:
-        """Hold ``session`` for one call (its lock is held): TAKE, then RELEASE whatever happens.
-        Yields whether this is its first call (it never had a sandbox)."""
-        first = session.change(Change.TAKE) is SessionState.NEW
-        try:
-            yield first
-        finally:
-            sandbox = session.sandbox
-            if session.state is SessionState.BUSY and (sandbox is None or not sandbox.alive):
-                session.change(Change.LOSE, _died(sandbox.death if sandbox else None))
-            session.change(Change.RELEASE)
-            session.last_used = time.monotonic()
-
-    async def _ensure_sandbox(self, session: Session, first: bool) -> Seat:
+    async def _ensure_sandbox(self, session: Session, first: bool) -> None:
         """Give the taken ``session`` a live sandbox: its first, or a fresh one after it lost one."""
-        if session.state is SessionState.BUSY:
-            seat = session.seat
-            if seat is not None and seat.sandbox.alive:
-                return seat
-            session.change(Change.LOSE, _died(seat.sandbox.death if seat else None))
-            session.change(Change.TAKE)  # DEAD -> STARTING: a fresh one, below
+        if not session.needs_sandbox():
+            return
         if first:
-            return await self._first_sandbox(session)
-        return await self._fresh_sandbox(session)
+            await self._first_sandbox(session)
+        else:
+            await self._fresh_sandbox(session)
 
-    async def _first_sandbox(self, session: Session) -> Seat:
+    async def _first_sandbox(self, session: Session) -> None:
         """The session's first sandbox here: the one it outlived its bridge with (adopted), or
         one from the pool. Raises SessionError (another bridge holds the name), Lost."""
         try:
             budget = await journal_budget(self.settings)  # before the sandbox: nothing to undo
-            if self._adopter is not None and (record := await self._adopter.hold(session)) is not None:
-                if (adopted := await self._adopter.adopt(session, record, budget)) is not None:
-                    return adopted
-            seat = await self._pool.take(session.name)
-            self.attach(session, seat)
+            if self._durability is not None:
+                session.claim, record = await self._durability.hold(session.name)
+                if record is not None and await self._adopted(session, record, budget):
+                    return
+            warm = await self._pool.take(session.name)
+            session.take(warm.sandbox, warm.origin)
         except BaseException:
             if self._sessions.get(session.name) is session:
                 del self._sessions[session.name]
@@ -353,146 +378,100 @@ class SessionRegistry(Closing):
             session.release_claim()
             raise
         session.change(Change.STARTED)
+        secret = self._durability.secret_of(warm) if self._durability is not None else None
         session.journal, session.record = await SessionJournal.begin(
             self.store,
             session.name,
             budget,
-            where(seat.sandbox),
+            session.where(),
             quota=self.settings.disk_quota,
             later=session.pending,
-            secret=self._adopter.secret_for(seat) if self._adopter is not None else None,
+            secret=secret,
+            access=SandboxAccess.of(self.settings),
         )
-        return seat
 
-    async def _fresh_sandbox(self, session: Session) -> Seat:
+    async def _adopted(self, session: Session, record: SessionRecord, budget: tuple[int, str]) -> bool:
+        """Take over the sandbox ``record`` names for ``session``; False (saying why) when a fresh
+        one must follow. Raises Lost (it had cells: nothing runs, ``restore=`` is offered)."""
+        assert self._durability is not None
+        outcome = await self._durability.adopt(session.name, record)
+        if not isinstance(outcome, Sandbox):
+            note = await self._durability.lose(record, outcome)
+            if note.cells:
+                raise Lost(note)
+            session.pending.append(note)
+            return False
+        session.take(outcome, Origin.ADOPTED)
+        session.change(Change.STARTED)
+        session.grants = session.bound = frozenset(record.servers)
+        session.journal, torn = await SessionJournal.resume(
+            self.store, record, budget, quota=self.settings.disk_quota, later=session.pending
+        )
+        session.record = await self._durability.taken_over(record, outcome)
+        session.inherit(outcome.adoption, torn)
+        outcome.resume()  # the session hears it now: what it held back may come
+        log.info("adopted the sandbox of session %s (%s)", session.name, record.container)
+        return True
+
+    async def _fresh_sandbox(self, session: Session) -> None:
         loss, session.loss = session.loss, None
-        old, session.seat = session.seat, None
+        old = session.drop_sandbox()
         if old is not None:
-            if old.broker is not None:
-                # The old kernel's calls would hold this session's slots in the hub until they end.
-                old.broker.cancel()
-            await close_sandbox(old.sandbox)
+            await close_sandbox(old)
         try:
-            seat = await self._pool.take(session.name)
-            self.attach(session, seat)
+            warm = await self._pool.take(session.name)
         except BaseException:
-            session.seat = old  # keep something to report and to close later
             session.change(Change.LOSE, Loss("no sandbox could be started"))
             raise
+        session.take(warm.sandbox, warm.origin)
         session.change(Change.STARTED)
-        if self._adopter is not None:
-            self._adopter.rekey(session, seat)
-        self._write_record(session)
+        if self._durability is not None:
+            self._durability.secret_of(warm)
+            if session.record is not None:
+                session.record = self._durability.rekey(session.record, warm.sandbox)
+        session.write_record()
         session.pending.append(FreshSandbox(loss.died if loss is not None else None))
-        return seat
 
-    def attach(self, session: Session, seat: Seat) -> None:
-        """Make the seat's sandbox the session's: its recorder, rpc broker and journal hooks."""
-        assert self._tg is not None
-        sandbox = seat.sandbox
-        broker = RpcBroker(
-            session.name,
-            self._dispatch or NO_HUB,
-            sandbox.agent.answer_rpc,
-            self._tg.start_soon,
-            lambda: session.grants,
-            namespace=self.settings.namespace,
-        )
-
-        def running(msg_id: str, running: bool) -> None:  # host calls are a running cell's only
-            (broker.open_cell if running else broker.close_cell)(msg_id)
-
-        async def client_cell(cell: Cell) -> None:
-            if session.journal is not None:
-                await session.journal.append_client(cell, *broker.take_cell(cell.msg_id))
-
-        recorder = Recorder(
-            self.settings.output_limit,
-            on_client_cell=client_cell,
-            client_execute=sandbox.client_execute,
-            on_running=running,
-            on_display=lambda event, shown: on_display(session.journal, event, shown),  # earlier cells'
-            clock=self._runner.clock.now,
-        )
-        seat.recorder, seat.broker = recorder, broker
-        seat.on_end = partial(self._seat_ended, session)
-        session.seat = seat
-        session.bound = frozenset()
-
-    def _seat_ended(self, session: Session, seat: Seat) -> None:
-        """A sandbox of ``session`` ended: if it died while the session was idle, say so now
-        (``list_sessions``); a call in progress finds out by itself."""
-        if session.seat is seat and session.state is SessionState.IDLE:
-            session.change(Change.LOSE, _died(seat.sandbox.death))
-
-    async def _execute(
-        self,
-        session: Session,
-        seat: Seat,
-        code: str,
-        timeout: float,
-        on_progress: ProgressCallback | None,
-        began: float,
-        approve: Approver | None = None,
-    ) -> CellResult:
-        recorder = seat.recorder
-        assert recorder is not None
-        notes, session.pending = session.pending, []
-        if (background := recorder.take_background()) is not None:
-            notes.append(background)
-        cell = recorder.expect(uuid.uuid4().hex, code)
-
-        async def finish(run: Run) -> CellResult:
-            if self._leaving and run.status is Status.CANCELLED and self._adopter is not None:
-                # Left running for the next bridge, which journals it as it ends.
-                return finish_cell(cell, session=session.name, status=run.status, state=run.state)
-            if self._adopter is not None:
-                notes[:0] = await self._adopter.inherited(session, recorder)
-            result = finish_cell(
-                cell, session=session.name, status=run.status, state=run.state, notes=notes + run.notes
-            )
-            if seat.broker is not None:
-                result.tool_calls, result.packages = seat.broker.take_cell(cell.msg_id)
-            result.waited_ms = cell.waited_ms() if cell.started is not None else 0
-            if session.journal is not None:
-                result.notes += await session.journal.append_result(
-                    code, result, sorted(session.grants), timeout
-                )
-            return result
-
-        target = SeatTarget(
-            seat,
-            closed=lambda: session.state is SessionState.CLOSED,
-            discard=partial(self._discard, session, seat),
-            restarted=partial(self._restarted, session),
-            leaving=lambda: self._leaving and self._adopter is not None,
-        )
+    async def _adopt_at_start(self) -> None:
+        """In the background at start: adopt every session of this namespace whose sandbox
+        outlived its bridge (in parallel, at most the session limit), so that its first call finds
+        it attached; a sandbox found lost is said by the session's next call."""
         try:
-            with approving(seat.broker, cell.msg_id, approve):  # its calls ask this call's client
-                run = await self._runner.run(
-                    target, cell, code, timeout, began=began, on_progress=on_progress, on_cancel=finish
-                )
+            if self._durability is not None:
+                records = await self._durability.adoptable()
+                async with anyio.create_task_group() as tg:
+                    for record in records:
+                        tg.start_soon(self._adopt_early, record.session)
         finally:
-            recorder.forget(cell)
-        return await finish(run)
+            self.adopted_at_start.set()
 
-    def _restarted(self, session: Session) -> None:
-        """The session's kernel was restarted in place: its proxies are gone."""
-        session.bound = frozenset()
-        self._write_record(session)
+    async def _adopt_early(self, name: str) -> None:
+        try:
+            await self.sandbox(name)
+        except Lost as exc:
+            self.lost[name] = exc.note
+        except KernelBridgeError as exc:  # held by another bridge meanwhile, the engine is down
+            log.info("session %s was not adopted at start: %s", name, exc)
 
-    def _discard(self, session: Session, seat: Seat) -> None:
-        """Drop the session's sandbox now; it is closed in the background (bounded)."""
-        if session.seat is seat:
-            session.seat = None
-            session.bound = frozenset()
-            if session.state is not SessionState.CLOSED:
-                session.change(Change.LOSE, Loss.discarded())
-        if seat.broker is not None:  # its calls answer a kernel that is gone: end them now
-            seat.broker.cancel()
-        if self._tg is not None:
-            self._tg.start_soon(close_sandbox, seat.sandbox)
+    # -- closing -------------------------------------------------------------------------------------
+    async def close(self, name: str) -> bool:
+        """Close session ``name`` (stopping its sandbox, even mid-cell; a detached one's too);
+        False if it is not open. Raises SessionError when another bridge holds it."""
+        session = self._sessions.pop(validate_session_name(name), None)
+        if session is None:
+            self.lost.pop(name, None)
+            return self._durability is not None and await self._durability.end_detached(name)
+        await session.close()
+        return True
 
-
-def _died(death: Death | None) -> Loss:
-    return Loss(death.reason if death is not None else "the sandbox ended while idle")
+    async def _reap_idle(self) -> None:
+        every = max(min(self.settings.idle_timeout / 4, 30.0), 0.25)
+        while True:
+            await anyio.sleep(every)
+            cutoff = time.monotonic() - self.settings.idle_timeout
+            for session in list(self._sessions.values()):
+                if not session.lock.locked() and session.last_used < cutoff:
+                    log.info("closing idle session %s", session.name)
+                    if self._sessions.get(session.name) is session:
+                        del self._sessions[session.name]
+                    await session.close()

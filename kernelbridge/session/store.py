@@ -74,6 +74,7 @@ from kernelbridge.session.records import (
     SECRET_SUFFIX,
     SESSION_NAME,
     SessionRecord,
+    Standing,
     WarmRecord,
 )
 
@@ -145,6 +146,7 @@ class SessionStore:
         connection_file: str | None = None,
         container: str | None = None,
         container_id: str | None = None,
+        label: str | None = None,
         secret: str | None = None,
         servers: tuple[str, ...] = (),
     ) -> SessionRecord:
@@ -165,6 +167,7 @@ class SessionStore:
                 connection_file=connection_file,
                 container=container,
                 container_id=container_id,
+                label=label,
                 durable=secret is not None,
                 servers=servers,
                 secret=f"{generation}{SECRET_SUFFIX}" if secret is not None else None,
@@ -247,6 +250,17 @@ class SessionStore:
         """Whether a bridge holds ``record``'s session now (a probe of its lock)."""
         return held_elsewhere(self.session_dir(record.session) / LOCK_FILE)
 
+    def standing(self, record: SessionRecord) -> Standing:
+        """Where ``record``'s generation is now, in the one word every listing uses."""
+        if record.ended is not None:
+            return Standing.ENDED
+        if record.durable:
+            if self.holder(record):
+                return Standing.ATTACHED
+            return Standing.DETACHED if record.adoptable else Standing.ENDED
+        # A sandbox that ends with its bridge: gone if that bridge is.
+        return Standing.ATTACHED if record.live else Standing.ENDED
+
     def secret(self, record: SessionRecord) -> str | None:
         """The secret of ``record``'s durable sandbox, or None (none, or not to be trusted)."""
         if not record.secret:
@@ -277,19 +291,23 @@ class SessionStore:
 
     def warm(self) -> list[tuple[WarmRecord, Claim]]:
         """The durable warm sandboxes no bridge holds, each now held by this one."""
-        try:
-            names = sorted(e.name for e in os.scandir(self.warm_dir) if e.name.endswith(RECORD_SUFFIX))
-        except OSError:
-            return []
         found = []
-        for name in names:
-            record = WarmRecord.decode(_read_json(self.warm_dir / name))
-            if record is None or name != f"{record.container}{RECORD_SUFFIX}":
-                continue
+        for record in self.warm_records():
             held = claim(self.warm_dir / f"{record.container}.lock", attempts=1)
             if held is not None:
                 found.append((record, held))
         return found
+
+    def warm_records(self) -> list[WarmRecord]:
+        """Every durable warm sandbox's record (held by a bridge or not)."""
+        try:
+            names = sorted(e.name for e in os.scandir(self.warm_dir) if e.name.endswith(RECORD_SUFFIX))
+        except OSError:
+            return []
+        records = [WarmRecord.decode(_read_json(self.warm_dir / name)) for name in names]
+        return [
+            r for r, name in zip(records, names, strict=True) if r and name == f"{r.container}{RECORD_SUFFIX}"
+        ]
 
     def warm_secret(self, record: WarmRecord) -> str | None:
         return read_secret(self.warm_dir / record.secret)
@@ -376,27 +394,21 @@ class SessionStore:
 
 
 def live_sessions(state_dir: Path) -> list[SessionRecord]:
-    """Live sessions of every bridge process using ``state_dir``, every namespace's (a bridge that
-    was SIGKILLed leaves records whose owner is gone: they are left out; so are detached ones)."""
-    return [record for record, attached in sessions_of(state_dir) if attached]
+    """Sessions of every namespace of ``state_dir`` that a bridge holds (a bridge that was
+    SIGKILLed leaves records whose owner is gone: they are left out; so are detached ones)."""
+    return [record for record, standing in sessions_of(state_dir) if standing is Standing.ATTACHED]
 
 
-def sessions_of(state_dir: Path) -> list[tuple[SessionRecord, bool]]:
-    """Every session of ``state_dir`` (every namespace's) that a bridge holds (True) or that is
-    detached, its sandbox left running for a later bridge (False; whether it still runs is the
+def sessions_of(state_dir: Path) -> list[tuple[SessionRecord, Standing]]:
+    """Every session of ``state_dir`` (every namespace's) that has not ended: attached to a bridge,
+    or detached (its sandbox left running for a later bridge; whether it still runs is the
     engine's answer)."""
-    found: list[tuple[SessionRecord, bool]] = []
+    found: list[tuple[SessionRecord, Standing]] = []
     for namespace in namespace_names(state_dir):
         store = SessionStore.of_namespace(state_dir, namespace)
         for record in store.records():
-            if record.ended is not None:
-                continue
-            if record.durable:
-                held = store.holder(record)
-                if held or record.adoptable:
-                    found.append((record, held))
-            elif record.live:
-                found.append((record, True))
+            if (standing := store.standing(record)) is not Standing.ENDED:
+                found.append((record, standing))
     return found
 
 
@@ -411,16 +423,28 @@ def adoptable_containers(state_dir: Path) -> set[str]:
 
 def list_session_records(state_dir: Path) -> list[dict[str, Any]]:
     """:func:`sessions_of` as ``kernelbridge sessions --json`` shows them (HTTP clients' named
-    ``namespace/session``): attached ones with ``state: attached``, the others ``detached``."""
+    ``namespace/session``), each with its :class:`~.records.Standing` as ``state``."""
     listed = []
-    for record, attached in sessions_of(state_dir):
+    for record, standing in sessions_of(state_dir):
         shown = record.listing()
-        shown["state"] = "attached" if attached else "detached"
-        if not attached:
+        shown["state"] = standing.value
+        if standing is Standing.DETACHED:
             shown["connection_file"] = None
             shown["detached"] = record.detached
         listed.append(shown)
     return listed
+
+
+def warm_sandboxes(state_dir: Path) -> dict[Standing, int]:
+    """How many durable warm-pool sandboxes of every namespace are held by a bridge (ATTACHED)
+    or wait detached for the next one."""
+    counts = {Standing.ATTACHED: 0, Standing.DETACHED: 0}
+    for namespace in namespace_names(state_dir):
+        store = SessionStore.of_namespace(state_dir, namespace)
+        for record in store.warm_records():
+            held = held_elsewhere(store.warm_dir / f"{record.container}.lock")
+            counts[Standing.ATTACHED if held else Standing.DETACHED] += 1
+    return counts
 
 
 def disk_use(settings: Settings) -> int:

@@ -14,10 +14,15 @@ after a "During handling..." part), ANSI codes already removed:
 
 - a frame is the **user's** when it is a cell (``Cell In[3], line 2``, ``Input In [3]``,
   ``<ipython-input-...>``) or a file outside the installed packages and the standard library
-  (a module the user wrote in /workspace, ``<string>``); every other frame is a **library** frame;
+  (a module the user wrote in /workspace, ``<string>``); a frame of **kernelbridge's own** sandbox
+  code (the ``mcp`` package, the kernel's extensions: ``.../kernelbridge/inside/...``) is neither:
+  the model did not write it and cannot change it, the exception line says what it refused, so
+  it is always left out, and so is IPython's ``[... skipping hidden N frame]`` line about such
+  frames; every other frame is a **library** frame, compiled ones too (a Cython frame,
+  ``File pandas/_libs/parsers.pyx:1041, in ...``, whose source IPython "could not get");
 - in each exception of a chain, every user frame is kept, and so is the last frame (where it was
-  raised, library or not, its signature shortened to ``name(...)``); library frames before it are
-  left out;
+  raised, library or not, its signature shortened to ``name(...)``, IPython's "Could not get
+  source" line dropped); library frames before it are left out;
 - one line, before the last frame kept, says how many library frames were left out, of which
   packages, and that the full traceback is in the session's notebook (the journal keeps every
   part as the kernel sent it).
@@ -39,7 +44,15 @@ MAX_KEPT_SIGNATURE = 120
 _CELL = re.compile(r"^\s*(Cell In\s*\[|Input In\s*\[|<ipython-input-)")
 _FILE = re.compile(r"^\s*File (?P<path>.+?):(?P<line>\d+)(?:, in (?P<name>[^\s(]+)(?P<args>\(.*\))?)?\s*$")
 _LIBRARY_PATH = re.compile(r"/(?:site|dist)-packages/|/lib/python3(?:\.\d+)?/|^<frozen ")
+# A compiled (Cython) frame: its path is the source's, relative to its package's root, and that
+# source is not installed (a .pyx; or a .py compiled in Cython's pure Python mode, as pyzmq's).
+_COMPILED_PATH = re.compile(r"^(?P<package>[A-Za-z_][A-Za-z0-9_]*)/\S*\.(?P<ext>pyx|pxd|pxi|py)$")
+_OWN_PATH = re.compile(r"/kernelbridge/inside/")
 _PACKAGE = re.compile(r"/(?:site|dist)-packages/(?P<package>[A-Za-z0-9_.]+)")
+_NO_SOURCE = re.compile(
+    r"^.*'Could not get source, probably due dynamically evaluated source code\.'\n?", re.M
+)
+_HIDDEN = re.compile(r"^\s*\[\.\.\. skipping hidden \d+ frames?\]\s*$")
 _HEADER = re.compile(r"^\s*\S.*\s{2,}Traceback \(most recent call last\)\s*$")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 
@@ -50,44 +63,46 @@ class Trimmed:
 
     parts: list[str]
     left_out: int
-    """Library frames left out (0: ``parts`` is the traceback as it came)."""
+    """Library frames left out, as the note line counts them (kernelbridge's own frames are left
+    out too, uncounted: ``parts`` is the traceback as it came only if there were none of either)."""
 
 
 def trim_traceback(parts: Sequence[str], *, notebook_hint: str = "the session's notebook") -> Trimmed:
     """``parts`` (IPython's structured traceback, without ANSI codes) with library frames before
-    the raising frame of each exception left out, and one note line saying so."""
+    the raising frame of each exception left out, and one note line saying so; kernelbridge's own
+    frames left out wherever they are."""
     kinds = [_kind(part) for part in parts]
-    keep = [True] * len(parts)
+    keep = [kind not in ("own", "hidden") for kind in kinds]
     left_out: list[int] = []
     # Each exception of a chain: the frames after its header, up to its last frame.
     for start, end in _sections(kinds):
         frames = [i for i in range(start, end) if kinds[i] in ("user", "library")]
-        if not frames:
-            continue
         for i in frames[:-1]:
             if kinds[i] == "library":
                 keep[i] = False
                 left_out.append(i)
-    if not left_out:
+    if all(keep) and not any(_NO_SOURCE.search(part) for part in parts):
         return Trimmed(list(parts), 0)
-    packages = list(dict.fromkeys(p for i in left_out if (p := _package(parts[i]))))
-    which = f" ({', '.join(packages[:4])}{', ...' if len(packages) > 4 else ''})" if packages else ""
-    count = len(left_out)
-    note = (
-        f"[... {count} library frame{'s' * (count != 1)}{which} left out; the full traceback is in"
-        f" {notebook_hint} ...]"
-    )
+    note = _note(parts, left_out, notebook_hint) if left_out else None
+    kept_frames = [i for i in range(len(parts)) if keep[i] and kinds[i] in ("user", "library")]
     out: list[str] = []
-    noted = False
-    last_kept_frame = max(i for i in range(len(parts)) if keep[i] and kinds[i] in ("user", "library"))
     for i, part in enumerate(parts):
         if not keep[i]:
             continue
-        if i == last_kept_frame and not noted:
+        if note is not None and kept_frames and i == kept_frames[-1]:
             out.append(note)
-            noted = True
-        out.append(_short_signature(part) if kinds[i] == "library" else part)
-    return Trimmed(out, count)
+        out.append(_shown_frame(part, kinds[i]))
+    return Trimmed(out, len(left_out))
+
+
+def _note(parts: Sequence[str], left_out: list[int], notebook_hint: str) -> str:
+    packages = list(dict.fromkeys(p for i in left_out if (p := _package(parts[i]))))
+    which = f" ({', '.join(packages[:4])}{', ...' if len(packages) > 4 else ''})" if packages else ""
+    count = len(left_out)
+    return (
+        f"[... {count} library frame{'s' * (count != 1)}{which} left out; the full traceback is in"
+        f" {notebook_hint} ...]"
+    )
 
 
 def _kind(part: str) -> str:
@@ -98,11 +113,16 @@ def _kind(part: str) -> str:
         return "header"
     if any(marker in part for marker in _CHAIN) and len(part) < 200:
         return "chain"
+    if _HIDDEN.match(part):
+        return "hidden"
     if _CELL.match(first):
         return "user"
     match = _FILE.match(first)
     if match is not None:
-        return "library" if _LIBRARY_PATH.search(match["path"]) else "user"
+        path = match["path"]
+        if _OWN_PATH.search(path):
+            return "own"
+        return "library" if _LIBRARY_PATH.search(path) or _compiled(path, part) else "user"
     return "other"
 
 
@@ -119,15 +139,31 @@ def _sections(kinds: list[str]) -> list[tuple[int, int]]:
     return sections
 
 
+def _compiled(path: str, part: str) -> re.Match[str] | None:
+    match = _COMPILED_PATH.match(path)
+    if match is None or (match["ext"] == "py" and not _NO_SOURCE.search(part)):
+        return None  # a relative .py with its source is the user's (compile(src, "pkg/x.py", ...))
+    return match
+
+
 def _package(part: str) -> str | None:
     first = part.lstrip("\n").split("\n", 1)[0]
+    match = _FILE.match(first)
+    compiled = _compiled(match["path"], part) if match is not None else None
+    if compiled is not None:
+        return compiled["package"]
     match = _PACKAGE.search(first)
     if match is None:
         return "the standard library" if _LIBRARY_PATH.search(first) else None
     return match["package"].split(".")[0]
 
 
-def _short_signature(part: str) -> str:
+def _shown_frame(part: str, kind: str) -> str:
+    """A kept frame as the model reads it: without IPython's "Could not get source" line (a
+    compiled or dynamically made frame), a library frame's long signature shortened."""
+    part = _NO_SOURCE.sub("", part)
+    if kind != "library":
+        return part
     head, sep, rest = part.lstrip("\n").partition("\n")
     match = _FILE.match(head)
     if match is None or len(head) <= MAX_KEPT_SIGNATURE or not match["args"]:

@@ -20,7 +20,7 @@ from kernelbridge.testing.images import MemoryImages
 from kernelbridge.testing.runtime import LocalProcessRuntime
 
 if TYPE_CHECKING:
-    from kernelbridge.image import ImageExtras
+    from kernelbridge.image import ImageContents
 
 __all__ = ["LocalProcessRuntime", "MemoryImages", "ensure_sandbox_image"]
 
@@ -28,15 +28,15 @@ __all__ = ["LocalProcessRuntime", "MemoryImages", "ensure_sandbox_image"]
 def ensure_sandbox_image(
     runtime: str | None = "podman-cli",
     *,
-    extras: ImageExtras | None = None,
+    contents: ImageContents | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> str:
-    """The tag of the current sandbox image (of ``extras``) in the store of ``runtime`` (a
+    """The tag of the current sandbox image (of ``contents``) in the store of ``runtime`` (a
     ``KERNELBRIDGE_RUNTIME`` value; None: the settings'), built first if missing or stale.
     Synchronous: for session fixtures, outside any event loop. The default asks podman's store
     through its CLI: the same store as its API, without starting a service for one question."""
     from kernelbridge.config import load_settings
-    from kernelbridge.image import NO_EXTRAS, ensure_image
+    from kernelbridge.image import DEFAULT_CONTENTS, ensure_image
     from kernelbridge.runtime import open_runtime
 
     settings = load_settings()
@@ -45,6 +45,6 @@ def ensure_sandbox_image(
 
     async def ensure() -> str:
         async with open_runtime(settings) as backend:
-            return await ensure_image(backend.images, log=log, extras=extras or NO_EXTRAS)
+            return await ensure_image(backend.images, log=log, contents=contents or DEFAULT_CONTENTS)
 
     return anyio.run(ensure)

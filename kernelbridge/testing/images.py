@@ -4,14 +4,19 @@ It behaves as the engines do where the product relies on it (the runtime conform
 over it too): an import needs a readable tarball and applies ``LABEL`` changes; a build needs its
 base image (``FROM``) in the store, the files it ``COPY``s in the context, and applies ``ARG`` and
 ``LABEL`` lines; a tag names one image; removing a tag an image still has other tags for keeps
-the image; an image a container uses is kept (``remove`` returns False). Times of creation come
-from a counter, so "newer" is well defined even within one clock tick.
+the image; an image a container uses is kept (``remove`` returns False); ``save`` writes a
+docker-archive (``manifest.json``, the config with the labels, one empty layer) that ``load``
+reads back, refusing a file without a whole manifest, config and layers as the engines do. Times
+of creation come from a counter, so "newer" is well defined even within one clock tick.
 """
 
 from __future__ import annotations
 
+import builtins
 import hashlib
+import io
 import itertools
+import json
 import shlex
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
@@ -141,6 +146,72 @@ class MemoryImages(ImageStore):
         if labels is None:
             raise ImageError(f"building {tag} failed: {containerfile} has no FROM")
         self._tags[tag] = self._add(labels, "\n".join(lines).encode()).id
+
+    async def save(self, image: str, archive: Path) -> None:
+        found = self._find(image)
+        if found is None:
+            raise ImageError(f"saving {image} failed: no such image")
+        config = f"{found.id.removeprefix('sha256:')}.json"
+        tags = [image] if image in self._tags else []
+        manifest = [{"Config": config, "RepoTags": tags, "Layers": ["layer.tar"]}]
+        files = {
+            "layer.tar": _empty_tar(),
+            config: json.dumps({"config": {"Labels": found.labels}}).encode(),
+            "manifest.json": json.dumps(manifest).encode(),
+        }
+        await anyio.to_thread.run_sync(_write_tar, archive, files)
+
+    async def load(self, archive: Path) -> builtins.list[str]:
+        try:
+            entries = await anyio.to_thread.run_sync(_read_archive, archive)
+        except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
+            raise ImageError(f"loading {archive.name} failed: not a whole image archive ({exc})") from None
+        loaded = []
+        for labels, tags in entries:
+            image = self._add(labels, archive.name.encode())
+            for tag in tags:
+                self._tags[tag] = image.id
+            loaded += tags or [image.id]
+        return loaded
+
+
+def _empty_tar() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w"):
+        pass
+    return buffer.getvalue()
+
+
+def _write_tar(path: Path, files: dict[str, bytes]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _read_archive(path: Path) -> list[tuple[dict[str, str], list[str]]]:
+    """(labels, tags) of each image of an (uncompressed) docker-archive; raises on anything
+    missing or cut short."""
+    with tarfile.open(path, "r:") as tar:
+        members = {member.name: member for member in tar.getmembers()}
+        size = path.stat().st_size
+        if any(m.offset_data + m.size > size for m in members.values()):
+            raise ValueError("cut short")
+
+        def read(name: str) -> bytes:
+            file = tar.extractfile(members[name])
+            if file is None:
+                raise ValueError(f"{name} is not a file")
+            return file.read()
+
+        entries = []
+        for entry in json.loads(read("manifest.json")):
+            for layer in entry["Layers"]:
+                read(layer)
+            labels = json.loads(read(entry["Config"]))["config"].get("Labels") or {}
+            entries.append(({str(k): str(v) for k, v in labels.items()}, list(entry.get("RepoTags") or [])))
+        return entries
 
 
 def _pairs(text: str, args: Mapping[str, str]) -> dict[str, str]:

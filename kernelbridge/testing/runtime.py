@@ -30,6 +30,7 @@ import anyio
 import anyio.abc
 
 from kernelbridge.errors import RuntimeUnavailable
+from kernelbridge.image.containerfile import AGENT_PREFIX
 from kernelbridge.inside.agent.adoption import RELAY_UID_ENV
 from kernelbridge.inside.handover import AGENT_PID_ENV, SOCKET_ENV
 from kernelbridge.runtime.base import (
@@ -47,6 +48,18 @@ from kernelbridge.runtime.process import end_process
 from kernelbridge.testing.images import MemoryImages
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+IMAGE_CODE = f"/{AGENT_PREFIX}/"
+"""Where the image keeps the code that runs inside: here, the checkout."""
+
+
+def local_path(arg: str) -> str:
+    """An exec's argument with the image's paths made this machine's: its Python is the one running
+    the tests, its copy of kernelbridge the checkout."""
+    if arg in ("python3", "/usr/bin/python3"):
+        return sys.executable
+    if arg.startswith(IMAGE_CODE):
+        return str(REPO_ROOT / arg[len(IMAGE_CODE) :])
+    return arg
 
 
 @dataclass
@@ -145,20 +158,31 @@ class LocalProcessRuntime(RuntimeBackend):
         return stream
 
     async def attach_exec(
-        self, container: str, command: Sequence[str], *, user: str = "0"
+        self,
+        container: str,
+        command: Sequence[str],
+        *,
+        user: str = "0",
+        workdir: str = "/",
+        env: Sequence[tuple[str, str]] = (),
     ) -> ContainerStream:
         local = self._containers.get(container)
         if local is None or local.removed or local.process is None or local.process.returncode is not None:
             raise RuntimeUnavailable(f"cannot attach to {container} again: it is not running")
-        argv = [sys.executable if arg == "python3" else arg for arg in command]
-        env = {
+        environ = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": str(REPO_ROOT),
+            **dict(env),
             SOCKET_ENV: local.attach_point,
             AGENT_PID_ENV: str(local.process.pid),
         }
         process = await anyio.open_process(
-            argv, stdin=-1, stdout=-1, stderr=-1, env=env, start_new_session=True
+            [local_path(arg) for arg in command],
+            stdin=-1,
+            stdout=-1,
+            stderr=-1,
+            env=environ,
+            cwd=workdir,
+            start_new_session=True,
         )
         local.execs.append(process)
         stream = ProcessStream(process)

@@ -14,27 +14,34 @@ process for the bridge's own sessions, or in a small process of its own
 It knows nothing of runtimes, sessions, Jupyter clients' kernels or MCP.
 """
 
-from kernelbridge.tunnel.channel import ControlChannel, SocketControlChannel, memory_channel_pair
-from kernelbridge.tunnel.core import ClientExecute, PeerMessage, Tunnel, TunnelState
-from kernelbridge.tunnel.durable import Adoption, Durability, InheritedCell
-from kernelbridge.tunnel.events import (
-    Command,
-    ControlMessage,
-    Detach,
-    Event,
-    Exited,
-    FsRequest,
-    FsResponse,
-    Interrupt,
-    Launch,
-    Ready,
-    Restart,
-    Resume,
-    RpcRequest,
-    RpcResponse,
-    Shutdown,
-)
-from kernelbridge.tunnel.sockets import ClientSockets
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kernelbridge.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernelbridge.tunnel.channel import ControlChannel, SocketControlChannel, memory_channel_pair
+    from kernelbridge.tunnel.core import ClientExecute, PeerMessage, Tunnel, TunnelState
+    from kernelbridge.tunnel.durable import Adoption, Durability, InheritedCell
+    from kernelbridge.tunnel.events import (
+        Command,
+        ControlMessage,
+        Detach,
+        Event,
+        Exited,
+        FsRequest,
+        FsResponse,
+        Interrupt,
+        Launch,
+        Ready,
+        Restart,
+        Resume,
+        RpcRequest,
+        RpcResponse,
+        Shutdown,
+    )
+    from kernelbridge.tunnel.sockets import ClientSockets
 
 __all__ = [
     "Adoption",
@@ -64,3 +71,6 @@ __all__ = [
     "TunnelState",
     "memory_channel_pair",
 ]
+
+if not TYPE_CHECKING:  # mypy sees the imports above, and no name beyond them
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -1,48 +1,20 @@
 """The tunnel: frames on a sandbox's stdio stream <-> Jupyter clients, an in-process peer, the owner.
 
-::
+``Tunnel(stream, control, ...)``, run in a task group, binds the Jupyter sockets, says ``hello``
+(or, adopting a durable sandbox, answers its challenge), then relays until the stream ends or it
+is cancelled; its last event on the control channel is always one ``Exited``. It knows nothing of
+sessions, runtimes or MCP (docs/architecture.md, "The tunnel and its channels").
 
-    Jupyter clients --ZMQ (host key)--> ClientSockets --+
-    in-process peer (the bridge) --send_kernel()--------+--> kernel frames --> stream --> agent
-    owner --control channel (Interrupt, Restart, RpcResponse, FsRequest, Shutdown)--+
-
-    stream --> kernel frames --> iopub: peer first (awaited: backpressure), then the PUB socket
-                             --> replies: to whoever asked (a client identity, or the peer)
-           --> ready / exit / rpc_request / fs_response --> Ready, Exited, RpcRequest, FsResponse
-                                                            to the owner, on the control channel
-
-The tunnel moves frames and routes replies. It knows nothing of sessions, notebooks, runtimes
-or MCP: it gets a stream (from whatever started the container), a control channel and the
-connection info, and runs until the stream ends or it is cancelled. Its last event is always one
-:class:`~kernelbridge.tunnel.events.Exited` (the agent's, or "the container ended" if it had none).
-
-The one thing it remembers about Jupyter: which execute requests really arrived from a
-client on the shell or control socket (signed with the connection file's key), with the sender's
-username, session and code from that verified header (:meth:`Tunnel.take_client_execute`). Kernel
-code can publish iopub messages under any parent it makes up; only this record says a person sent
-a cell.
-
-A durable sandbox (``durability``) outlives its bridge: the tunnel puts ``durable`` in the new
-sandbox's ``hello``, acknowledges the frames it handles (:class:`~kernelbridge.tunnel.durable.Acker`,
-also the heartbeat), and turns a ``Detach`` into the ``detach`` frame. Adopting one that already
-runs, it sends no ``hello`` of its own: it answers the sandbox's ``challenge`` with its proof,
-checks the sandbox's in ``adopted`` (a refusal, garbage, or a wrong proof ends the tunnel with an
-``Exited`` of kind ``protocol`` saying why), tells the owner ``Ready`` with the
-:class:`~kernelbridge.tunnel.durable.Adoption`, routes the replies of the inherited cells to the
-peer, and lets the sandbox send what it held back once the owner says ``Resume``.
-
-Untrusted input: every frame from the stream is decoded with the frame cap and shape limits;
-frames a sandbox has no business sending at that moment (a ``ready`` while no start or restart is
-pending, a host-bound type) are dropped and counted; the rest become typed events
-(:mod:`~kernelbridge.tunnel.events` clips their strings); strings are clipped before being logged,
-and log lines are rate-limited (:class:`~kernelbridge.ratelimit.RateLimitedLog`), so a sandbox
-cannot flood the host's logs.
+Every frame from the stream is untrusted: decoded within the frame cap, dropped and counted
+(rate-limited logs) when the sandbox has no business sending it at that moment. Kernel code can
+publish iopub under any parent it makes up: only :meth:`Tunnel.take_client_execute` says that a
+Jupyter client really sent a cell.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -80,6 +52,8 @@ from kernelbridge.tunnel.events import (
     Shutdown,
 )
 from kernelbridge.tunnel.sockets import ClientSockets
+from kernelbridge.tunnel.state import Change, accepts, next_state
+from kernelbridge.tunnel.state import TunnelState as TunnelState  # kernelbridge.tunnel re-exports it
 
 log = logging.getLogger("kernelbridge.tunnel")
 
@@ -101,6 +75,13 @@ SANDBOX_EVENTS: dict[str, Callable[[frames.Frame], Event]] = {
 }
 BATCH_BYTES = 1 << 20
 """Owner frames gathered into one write to the sandbox's stdin."""
+SEND_TIMEOUT = frames.HOST_SILENCE
+"""Bound on one write to the sandbox's stdin. Its agent reads stdin whatever the kernel does (the
+largest frame takes a second), so a write that takes longer means the sandbox stopped reading
+(a frozen or wedged container): its stdin is given up, and every other writer, waiting for the
+lock meanwhile, is held at most this long."""
+STDIN_CLOSE_TIMEOUT = 5.0
+"""Bound on closing the stdin given up (the sandbox's agent then sees its host leave)."""
 PEER = "peer"
 """Route of a request sent by the in-process peer (instead of ZMQ identities)."""
 MAX_CLIENT_EXECUTES = 64
@@ -121,17 +102,6 @@ class ClientExecute:
 
 PeerMessage = Callable[[str, dict[str, Any], list[bytes]], Awaitable[None]]
 """The in-process peer's handler: (channel, msg, buffers) for iopub and for its own replies."""
-
-
-class TunnelState(enum.Enum):
-    STARTING = "starting"
-    ADOPTING = "adopting"
-    """Waiting for an adopted sandbox's ``challenge``."""
-    PROVING = "proving"
-    """Answered the challenge; waiting for ``adopted``."""
-    READY = "ready"
-    RESTARTING = "restarting"
-    ENDED = "ended"
 
 
 class Tunnel:
@@ -163,6 +133,9 @@ class Tunnel:
         self.durability = durability
         self.acker = Acker() if durability is not None else None
         self._ack_due = anyio.Event()
+        """Frames were handled since the last ack: one is due within ACK_DELAY ..."""
+        self._ack_now = anyio.Event()
+        """... or at once (the acker's count or bytes say so)."""
         self._handshake: Handshake | None = None
         self.adoption: Adoption | None = None
         adopting = durability is not None and durability.adopting
@@ -177,6 +150,8 @@ class Tunnel:
         self.detach_sent = anyio.Event()
         """``detach`` is written: what this bridge reads after it, the next one gets again."""
         self._send_lock = anyio.Lock()
+        self._stdin_stuck = False
+        """A write overran SEND_TIMEOUT: the stream may hold half a frame, nothing more goes out."""
         who = session.replace("%", "%%")
         self._sandbox_log = RateLimitedLog(
             log, f"session {who}: %d sandbox log lines suppressed", burst=LOG_BURST, window=LOG_WINDOW
@@ -187,6 +162,10 @@ class Tunnel:
 
     def __repr__(self) -> str:
         return f"<Tunnel {self.session!r} {self.state.value}>"
+
+    def _change(self, change: Change) -> None:
+        """The one place the state changes. Raises IllegalTransition (a bug) for a forbidden pair."""
+        self.state = next_state(self.state, change)
 
     # -- life -------------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -220,7 +199,7 @@ class Tunnel:
                 tg.cancel_scope.cancel()
             await self.tell_owner(self.exited or _container_exited())
         finally:
-            self.state = TunnelState.ENDED
+            self._change(Change.END)
             if self.clients is not None:
                 self.clients.close()
             self._sandbox_log.flush()
@@ -236,7 +215,7 @@ class Tunnel:
             while True:
                 chunk = await self.stream.receive(READ_CHUNK)
                 for item in self.decoder.feed(chunk):
-                    numbered = self.acker is not None and self.state not in _HANDSHAKE
+                    numbered = self.acker is not None and not self.state.handshaking
                     if isinstance(item, frames.FrameError):
                         self.drop(item.reason)
                     else:
@@ -244,10 +223,11 @@ class Tunnel:
                     if numbered and self.acker is not None:
                         self.acker.count()
                 if self.acker is not None and self.acker.behind:
+                    # The heartbeat sends the ack: this reader never waits for stdin (see
+                    # :meth:`heartbeat`).
                     if self.acker.received(len(chunk)):
-                        await self.send_ack()
-                    else:
-                        self._ack_due.set()
+                        self._ack_now.set()
+                    self._ack_due.set()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             log.info("session %s: the sandbox's stdout closed", self.session)
         except _HandshakeFailed as failed:
@@ -255,20 +235,28 @@ class Tunnel:
             self.exited = Exited(None, ExitKind.PROTOCOL, failed.reason)
 
     async def heartbeat(self) -> None:
-        """Acks of a durable link: soon after frames were handled, and at least every
-        ``frames.HEARTBEAT`` seconds (the sandbox takes silence for a bridge that has gone)."""
+        """Acks of a durable link: at once when the acker says so, else soon after frames were
+        handled, and at least every ``frames.HEARTBEAT`` seconds (the sandbox takes silence for a
+        bridge that has gone).
+
+        Its own task, never :meth:`pump_stream`'s: an ack waits for the stdin lock, and a runtime
+        that relays both directions in one loop (podman's conmon) takes no stdin while the
+        sandbox's stdout is not read. A reader waiting behind a stdin write that waits for the
+        reader is a deadlock (a burst of host calls whose answers fill stdin while their requests
+        fill stdout)."""
         assert self.acker is not None
         while True:
             with anyio.move_on_after(frames.HEARTBEAT):
                 await self._ack_due.wait()
             if self._ack_due.is_set():
-                await anyio.sleep(ACK_DELAY)  # gather what follows into one ack
-            if self.state not in _HANDSHAKE:
+                with anyio.move_on_after(ACK_DELAY):  # gather what follows into one ack
+                    await self._ack_now.wait()
+            if not self.state.handshaking:
                 await self.send_ack()
 
     async def send_ack(self) -> None:
         assert self.acker is not None
-        self._ack_due = anyio.Event()
+        self._ack_due, self._ack_now = anyio.Event(), anyio.Event()
         await self.send_frame(self.acker.ack())
 
     async def pump_control(self) -> None:
@@ -305,7 +293,7 @@ class Tunnel:
             )
             return None
         if isinstance(command, Restart):
-            self.state = TunnelState.RESTARTING
+            self._change(Change.RESTART)
         frame = command.to_frame()
         if isinstance(command, Detach) and self.acker is not None:
             frame["seq"] = self.acker.ack()["seq"]  # it goes with what was handled: nothing resent
@@ -318,16 +306,16 @@ class Tunnel:
     # -- sandbox -> host ------------------------------------------------------------------------
     async def handle(self, frame: frames.Frame) -> None:
         kind = frame["type"]
-        if self.state in _HANDSHAKE:
+        if self.state.handshaking:
             await self.handshake(frame)
             return
         if kind == frames.KERNEL:
             await self.deliver(frame)
         elif kind == frames.READY:
-            if self.state not in (TunnelState.STARTING, TunnelState.RESTARTING):
+            if not accepts(self.state, Change.READY):
                 self.drop("a ready frame while no start or restart was pending")
                 return
-            self.state = TunnelState.READY
+            self._change(Change.READY)
             await self.tell_owner(Ready.from_frame(frame))
         elif kind == frames.EXIT:
             self.exited = Exited.from_frame(frame)
@@ -351,21 +339,21 @@ class Tunnel:
             if isinstance(answer, str):
                 raise _HandshakeFailed(f"the sandbox answered with garbage: {answer}")
             self._handshake = answer
-            self.state = TunnelState.PROVING
+            self._change(Change.CHALLENGE)
             await self.send_frame(answer.hello)
             return
         if self.state is TunnelState.PROVING and kind == frames.ADOPTED:
             assert self._handshake is not None
             problem = check_adopted(self.durability, frame, self._handshake)
             if problem is not None:
-                raise _HandshakeFailed(f"the sandbox is not the one this session made: {problem}")
+                raise _HandshakeFailed(problem)
             adoption = Adoption.from_frame(frame)
             self.adoption = adoption
             assert self.acker is not None
             self.acker.rebase(adoption.next)
             for cell in adoption.cells:  # their replies (resent, or still to come) go to the peer
                 self.remember(cell.msg_id, PEER)
-            self.state = TunnelState.READY
+            self._change(Change.ADOPTED)
             agent_hash = frames.clip(frame.get("agent_hash") or "", 80)
             await self.tell_owner(Ready(dict(adoption.versions), agent_hash, adoption))
             return
@@ -478,14 +466,35 @@ class Tunnel:
         await self.send_bytes(frames.encode(frame), f"a {frame['type']} frame")
 
     async def send_bytes(self, data: bytes, what: str) -> None:
+        """Write ``data`` to the sandbox's stdin, one writer at a time, each bounded by
+        SEND_TIMEOUT. A sandbox that is gone, or stopped reading, drops it (logged)."""
         async with self._send_lock:
+            if self._stdin_stuck:
+                log.debug("session %s: the sandbox's stdin was given up; dropped %s", self.session, what)
+                return
             try:
-                await self.stream.send(data)
+                with anyio.fail_after(SEND_TIMEOUT):
+                    await self.stream.send(data)
+            except TimeoutError:
+                await self._give_up_stdin(what)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 log.info("session %s: the sandbox's stdin is closed; dropped %s", self.session, what)
 
-
-_HANDSHAKE = (TunnelState.ADOPTING, TunnelState.PROVING)
+    async def _give_up_stdin(self, what: str) -> None:
+        """A write overran its bound: what it wrote may end mid-frame, so nothing more is written;
+        stdin is closed, so the agent sees its host leave (a durable one detaches)."""
+        self._stdin_stuck = True
+        log.warning(
+            "session %s: the sandbox took nothing of its stdin for %g s; gave it up (dropped %s)",
+            self.session,
+            SEND_TIMEOUT,
+            what,
+        )
+        with (
+            anyio.move_on_after(STDIN_CLOSE_TIMEOUT),
+            contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError),
+        ):
+            await self.stream.send_eof()
 
 
 class _HandshakeFailed(Exception):

@@ -10,8 +10,10 @@
   for a host that has gone).
 - :class:`Adoption`: what an adopted sandbox said about the time without a bridge (the
   ``adopted`` frame, decoded once and bounded: it comes from the sandbox).
-- :func:`adoption_hello` and :func:`check_adopted`: the handshake (the proofs are
-  ``frames.adoption_proof``).
+- :func:`adoption_hello` and :func:`check_adopted`: the handshake. Each proof is
+  ``frames.adoption_proof``, a MAC under the secret over both nonces and its frame's every other
+  field: an ``adopted`` frame whose facts were changed on the way (by anything relaying the
+  handover's pipes) fails like one from a sandbox without the secret, in one line.
 """
 
 from __future__ import annotations
@@ -97,8 +99,6 @@ class Adoption:
 
     next: int
     """The sequence number of the first frame it resends."""
-    resend: int
-    """How many frames it held for this bridge."""
     dropped_frames: int
     dropped_bytes: int
     """What it dropped past its buffer while no bridge was attached."""
@@ -134,7 +134,6 @@ class Adoption:
         how = frame.get("how")
         return cls(
             next=max(_count(frame.get("next")) or 1, 1),
-            resend=_count(frame.get("resend")) or 0,
             dropped_frames=_count(dropped.get("frames")) or 0,
             dropped_bytes=_count(dropped.get("bytes")) or 0,
             detached=_seconds(frame.get("detached")),
@@ -166,24 +165,27 @@ def adoption_hello(
     if not isinstance(nonce, str) or not 16 <= len(nonce) <= 128:
         return "its challenge carries no nonce"
     host_nonce = secrets.token_hex(frames.NONCE_BYTES)
-    proof = frames.adoption_proof(durability.secret, frames.HOST_ROLE, nonce, host_nonce)
-    hello = {
+    hello: frames.Frame = {
         "type": frames.HELLO,
         "session": session,
         "agent_hash": agent_hash,
         "nonce": host_nonce,
-        "proof": proof,
     }
+    hello["proof"] = frames.adoption_proof(durability.secret, frames.HOST_ROLE, nonce, host_nonce, hello)
     return Handshake(hello, nonce, host_nonce)
 
 
 def check_adopted(durability: Durability, adopted: frames.Frame, handshake: Handshake) -> str | None:
-    """None if the ``adopted`` frame proves the sandbox knows the secret, else why not."""
+    """None if the ``adopted`` frame is the sandbox's, as it sent it: its proof is the secret's MAC
+    over both nonces and every fact in it. Else why not (one line, for ``AdoptionFailed``)."""
     expected = frames.adoption_proof(
-        durability.secret, frames.AGENT_ROLE, handshake.nonce, handshake.host_nonce
+        durability.secret, frames.AGENT_ROLE, handshake.nonce, handshake.host_nonce, adopted
     )
     if not frames.proof_matches(expected, adopted.get("proof")):
-        return "its answer does not prove it knows this session's secret"
+        return (
+            "the sandbox is not the one this session made, or its answer was changed on the way"
+            " (it is not signed with this session's secret over what it says)"
+        )
     return None
 
 

@@ -1,27 +1,7 @@
-"""The control channel's messages, typed: decoded once, where a frame becomes a message.
+"""The control channel's messages between a tunnel and its owner, typed: decoded once, where a frame
+becomes a message (which message goes which way: docs/architecture.md, "Control channel").
 
-A tunnel and its owner (the bridge's :class:`~kernelbridge.host.sandbox.Sandbox`, or the tunnel
-process of a plain Jupyter client) talk in these slotted records, never in frame dicts:
-
-==============  ===============  ===================================================================
-message         direction        meaning
-==============  ===============  ===================================================================
-Ready           tunnel -> owner  the kernel proved iopub delivers (at start and after each restart)
-Exited          tunnel -> owner  the sandbox is gone (always the tunnel's last event), or never came
-RpcRequest      tunnel -> owner  sandboxed code calls the host (answered with an RpcResponse)
-FsResponse      tunnel -> owner  the agent's answer to an FsRequest
-Interrupt       owner -> tunnel  SIGINT to the kernel's process group
-Restart         owner -> tunnel  a new kernel in the same container (answered by Ready)
-Shutdown        owner -> tunnel  stop the kernel and leave
-Detach          owner -> tunnel  leave the sandbox running (durable: a later bridge adopts it)
-Resume          owner -> tunnel  an adopted sandbox may send what it held back
-RpcResponse     owner -> tunnel  the host's answer to an RpcRequest
-FsRequest       owner -> tunnel  a file operation on /workspace, served by the agent
-Launch          provisioner ->   what a tunnel *process* must start (never reaches a tunnel)
-                tunnel process
-==============  ===============  ===================================================================
-
-In one process the messages travel as objects (:func:`~kernelbridge.tunnel.channel.memory_channel_pair`);
+In one process they travel as objects (:func:`~kernelbridge.tunnel.channel.memory_channel_pair`),
 between processes as frames of :mod:`kernelbridge.frames` (:meth:`to_frame` / :func:`from_frame`).
 What the sandbox sends (``ready``, ``exit``, ``rpc_request``, ``fs_response``) is untrusted: the
 decoders here clip its strings and keep only well-typed fields, so no owner parses a sandbox's dict.

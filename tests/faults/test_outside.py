@@ -15,10 +15,23 @@ from pathlib import Path
 
 import anyio
 import pytest
-from bridge_harness import KERNELBRIDGE, REPO, Bridge, container_gone, fill, open_bridge, serve_params
+from bridge_harness import (
+    CLIENT_TIMEOUT,
+    KERNELBRIDGE,
+    REPO,
+    Bridge,
+    fill,
+    free_port,
+    open_bridge,
+    serve_params,
+    text_of,
+)
+from engine_probe import gone
+from mcp.client.client import Client
 
-from kernelbridge.notebook.journal import JournalCell, read_journal
+from kernelbridge.notebook.journal import JournalCell
 from kernelbridge.session.store import SessionStore
+from kernelbridge.testing.notebooks import read_journal
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -35,12 +48,13 @@ INITIALIZE = {
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
-def serve_once(state_dir: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-    """``kernelbridge serve`` with stdin closed at once: it must end by itself."""
-    params = serve_params(state_dir, **env)
+def serve_http_once(state_dir: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``kernelbridge serve --http`` on a free loopback port: with a bad state directory it must
+    end by itself (an operator's terminal gets one line and exit 1)."""
+    params = serve_params(state_dir)
     return subprocess.run(
-        [str(KERNELBRIDGE), "serve"],
-        input="",
+        [str(KERNELBRIDGE), "serve", "--http", "--port", str(free_port())],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -59,6 +73,21 @@ def assert_one_line_failure(done: subprocess.CompletedProcess[str], *words: str)
         assert word in lines[0], lines[0]
 
 
+async def assert_served_misconfigured(state_dir: Path, *words: str) -> None:
+    """Over stdio an MCP client would show a server that exits as merely "failed": the bridge
+    serves instead, lists its tools, and every call says the one line of what is wrong."""
+    async with Client(serve_params(state_dir), read_timeout_seconds=CLIENT_TIMEOUT) as client:
+        tools = await client.list_tools()
+        assert "run_python" in [tool.name for tool in tools.tools]
+        answer = await client.call_tool("run_python", {"code": "1", "session": "s"})
+    text = text_of(answer)
+    assert answer.is_error, text
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text
+    assert text.startswith("kernelbridge is misconfigured: "), text
+    for word in words:
+        assert word in text, text
+
+
 @contextlib.contextmanager
 def tmpfs(path: Path, options: str) -> Iterator[Path]:
     """A small tmpfs mounted at ``path`` for the test, unmounted (lazily if busy) afterwards."""
@@ -72,15 +101,18 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
 
 
-def test_a_state_directory_that_is_a_file(tmp_path: Path) -> None:
+async def test_a_state_directory_that_is_a_file(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.write_text("not a directory")
-    assert_one_line_failure(serve_once(state), str(state), "KERNELBRIDGE_STATE_DIR")
+    await assert_served_misconfigured(state, str(state), "KERNELBRIDGE_STATE_DIR")
+    assert_one_line_failure(serve_http_once(state), str(state), "KERNELBRIDGE_STATE_DIR")
+    assert state.read_text() == "not a directory"
 
 
-def test_a_read_only_state_directory(tmp_path: Path) -> None:
+async def test_a_read_only_state_directory(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "ro", "size=1m,ro") as mount:
-        assert_one_line_failure(serve_once(mount / "state"), "Read-only")
+        await assert_served_misconfigured(mount / "state", "Read-only")
+        assert_one_line_failure(serve_http_once(mount / "state"), "Read-only")
 
 
 async def test_a_full_state_directory_still_serves(tmp_path: Path) -> None:
@@ -88,7 +120,7 @@ async def test_a_full_state_directory_still_serves(tmp_path: Path) -> None:
         state = mount / "state"
         state.mkdir()
         fill(mount / "filler")
-        async with open_bridge(state, KERNELBRIDGE_WARM_POOL="0") as bridge:
+        async with open_bridge(state) as bridge:
             tools = await bridge.client.list_tools()
             assert "run_python" in [tool.name for tool in tools.tools]
             result = await bridge.run("print('ran anyway')", "full")
@@ -123,7 +155,7 @@ async def test_a_missing_runtime(tmp_path: Path) -> None:
 
 def raw_exchange(state_dir: Path, requests: list[str], wanted_ids: set[int], timeout: float = 120) -> dict:
     """Talk JSON-RPC lines to ``kernelbridge serve`` directly; return the answers by id."""
-    params = serve_params(state_dir, KERNELBRIDGE_WARM_POOL="0")
+    params = serve_params(state_dir)
     proc = subprocess.Popen(
         [str(KERNELBRIDGE), "serve"],
         stdin=subprocess.PIPE,
@@ -174,7 +206,7 @@ def test_a_request_with_lone_surrogate_escapes_is_answered(tmp_path: Path) -> No
     assert result["isError"] is False and result["structuredContent"]["stdout"] == "\ufffd ok\n", result
 
 
-async def test_a_bridge_killed_mid_call_leaves_journals_and_its_containers_are_reaped(tmp_path: Path) -> None:
+async def test_a_bridge_killed_mid_call_leaves_journals_and_the_next_bridge_adopts(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with pytest.raises(Exception):  # noqa: B017 - the client loses its server: any error
         async with open_bridge(state) as bridge:
@@ -187,14 +219,19 @@ async def test_a_bridge_killed_mid_call_leaves_journals_and_its_containers_are_r
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(kill_soon, bridge)
-                await bridge.run("import time; time.sleep(60)", "victim")
+                await bridge.run("import time; time.sleep(8); y = 2", "victim")
     # The journal of the finished cell survived the SIGKILL.
     entries = read_journal(SessionStore(state).journal("victim"))
     cells = [e for e in entries if isinstance(e, JournalCell)]
     assert cells and cells[0].code == "x = 1\nprint('journalled')"
-    # The next bridge on the same state removes what the dead one left and serves again.
+    # The sandbox ran on (durable sessions, the default) and the cell in flight finished there;
+    # the next bridge on the same state adopts it with its variables and serves again.
     async with open_bridge(state) as bridge:
-        assert await container_gone(container)
-        failed, exported = await bridge.call("export_notebook", session="victim")
-        assert not failed and "journalled" in exported
+        kept = await bridge.run("print(x + y)", "victim")
+        assert kept.stdout == "3\n", kept.text
+        assert await bridge.container("victim") == container
+        assert "journalled" in await bridge.notebook("victim")
         assert (await bridge.run("1", "after")).status == "ok"
+        await bridge.close("victim")
+        await bridge.close("after")
+    assert await gone(container)

@@ -36,7 +36,6 @@ async def bridge(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -
     state = tmp_path_factory.mktemp("wedged") / "state"
     env = {
         "KERNELBRIDGE_MAX_SESSIONS": "16",
-        "KERNELBRIDGE_WARM_POOL": "1",
         "KERNELBRIDGE_RUNTIME": "podman-cli",
     }
     async with open_bridge(state, **env) as opened:

@@ -69,7 +69,6 @@ class TestUser:
             "LOGNAME": self.name,
             "LANG": "C.UTF-8",
             "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
-            "KERNELBRIDGE_DURABLE": os.environ["KERNELBRIDGE_DURABLE"],
             **extra,
         }
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from bridge_harness import uses_state_dir
 from install_harness import PIP_TIMEOUT, Dists, run
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
@@ -73,7 +74,7 @@ def environ(tools: Tools, home: Path, tmp: Path, **extra: str) -> dict[str, str]
     env.update(
         PATH=f"{tmp / 'bin'}:{tools.bin}:{env.get('PATH', '/usr/bin:/bin')}",
         HOME=str(home),
-        KERNELBRIDGE_STATE_DIR=str(tmp / "state"),
+        KERNELBRIDGE_STATE_DIR=str(uses_state_dir(tmp / "state")),
         PIPX_HOME=str(tmp / "pipx"),
         PIPX_BIN_DIR=str(tmp / "bin"),
         PIPX_MAN_DIR=str(tmp / "man"),
@@ -97,7 +98,6 @@ def _passed_on(key: str) -> bool:
             "PATH",
             "LANG",
             "KERNELBRIDGE_LABELS",
-            "KERNELBRIDGE_DURABLE",
             "SSL_CERT_FILE",
             "SSL_CERT_DIR",
             "REQUESTS_CA_BUNDLE",

@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from bridge_harness import uses_state_dir
 from install_harness import PIP_TIMEOUT, REPO, Dists, run
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
@@ -72,7 +73,7 @@ def elsewhere(tmp_path: Path) -> Path:
 
 
 def kernelbridge(venv: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(cwd / "state"), **env}
+    environ = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(uses_state_dir(cwd / "state")), **env}
     environ.pop("PYTHONPATH", None)
     return run([str(venv / "bin" / "kernelbridge"), *args], timeout=PIP_TIMEOUT, cwd=cwd, env=environ)
 
@@ -103,9 +104,8 @@ async def test_a_real_session_with_the_installed_package(
         command=str(venv / "bin" / "kernelbridge"),
         args=["serve"],
         env={
-            "KERNELBRIDGE_STATE_DIR": str(elsewhere / "state"),
+            "KERNELBRIDGE_STATE_DIR": str(uses_state_dir(elsewhere / "state")),
             "KERNELBRIDGE_LABELS": os.environ["KERNELBRIDGE_LABELS"],
-            "KERNELBRIDGE_DURABLE": os.environ["KERNELBRIDGE_DURABLE"],
             "PATH": os.environ["PATH"],
         },
         cwd=str(elsewhere),
@@ -148,5 +148,5 @@ def test_setup_as_root_finds_everything_in_place(venv: Path, elsewhere: Path, sa
 
 def test_demo_runs_from_the_installed_package(venv: Path, elsewhere: Path, sandbox_image: str) -> None:
     # (The transcript itself shows a sandboxed Python traceback on purpose; the command must not.)
-    demo = kernelbridge(venv, "demo", cwd=elsewhere, KERNELBRIDGE_WARM_POOL="0")
+    demo = kernelbridge(venv, "demo", cwd=elsewhere)
     assert "Traceback" not in demo.stderr, demo.stderr

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from bridge_harness import KERNELBRIDGE, free_port, serve_params
+from bridge_harness import KERNELBRIDGE, free_port, notebook_of, serve_params
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -66,7 +66,6 @@ def env_for(tmp_path: Path) -> dict[str, str]:
         "KERNELBRIDGE_SERVERS_CONFIG": str(config),
         "KERNELBRIDGE_CLIENT_CONFIGS": "none",
         "KERNELBRIDGE_APPROVE_TOOLS": "edge.echo",
-        "KERNELBRIDGE_WARM_POOL": "0",
     }
 
 
@@ -162,8 +161,7 @@ async def test_a_person_approves_each_call(
         assert structured["status"] in ("error", "timeout"), structured
         assert time.monotonic() - started < 20
         person.delay = 0.0
-        notebook = await client.call_tool("export_notebook", {"session": "s1"})
-        approvals = journal_approvals(notebook.content[0].text)  # type: ignore[union-attr]
+        approvals = journal_approvals(await notebook_of(client, "s1"))
     assert approvals == ["accepted", "declined", "cancelled", "declined", "malformed", None, "unanswered"]
 
 

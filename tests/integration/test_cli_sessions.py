@@ -88,14 +88,18 @@ async def test_export_notebook_names_an_older_generation_and_the_bare_name_the_c
         await client.call_tool("run_python", {"code": "print('first life')", "session": "g"})
         await client.call_tool("close_session", {"session": "g"})
         await client.call_tool("run_python", {"code": "print('second life')", "session": "g"})
-        current = await client.call_tool("export_notebook", {"session": "g"})
-        older = await client.call_tool("export_notebook", {"session": "g@1"})
+        current = await client.call_tool("export_notebook", {"session": "g", "path": "current.ipynb"})
+        older = await client.call_tool("export_notebook", {"session": "g@1", "path": "older.ipynb"})
         missing = await client.call_tool("export_notebook", {"session": "g@9"})
         forged = await client.call_tool("export_notebook", {"session": "../g@1"})
     text = {name: "\n".join(b.text for b in r.content if b.type == "text") for name, r in
-            (("current", current), ("older", older), ("missing", missing), ("forged", forged))}  # fmt: skip
-    assert "second life" in text["current"] and "first life" not in text["current"]
-    assert "first life" in text["older"] and "second life" not in text["older"]
+            (("missing", missing), ("forged", forged))}  # fmt: skip
+    exports = tmp_path / "state" / "exports"
+    written = {name: (exports / f"{name}.ipynb").read_text() for name in ("current", "older")}
+    assert "second life" in written["current"] and "first life" not in written["current"]
+    assert "first life" in written["older"] and "second life" not in written["older"]
+    assert not current.is_error and current.structured_content["cells"] == 1
+    assert older.structured_content["resource"] == "kernelbridge://sessions/g@1/notebook"
     assert (
         missing.is_error and "no generation 9" in text["missing"] and len(text["missing"].splitlines()) == 1
     )

@@ -29,8 +29,8 @@ import pytest
 from nbclient import NotebookClient
 
 from kernelbridge.config import load_settings
-from kernelbridge.notebook.replay import normalize_text, replay_notebook
-from kernelbridge.notebook.replay.judge import png_size
+from kernelbridge.replay import normalize_text, replay_notebook
+from kernelbridge.replay.judge import png_size
 from kernelbridge.session.text import strip_ansi
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]

@@ -1,8 +1,8 @@
 """Sessions that outlive their bridge (issue 15), with real bridges, real MCP clients over stdio and
 real podman containers (the engine API backend, ``podman-api``, the local default).
 
-Each test runs bridges one after another (or side by side) on one state directory, with
-``KERNELBRIDGE_DURABLE=1``: a client exits (or its bridge is SIGKILLed), and the next bridge adopts
+Each test runs bridges one after another (or side by side) on one state directory, with every
+setting at its default: a client exits (or its bridge is SIGKILLed), and the next bridge adopts
 the session's sandbox on its first use. Every wait is on a condition with a bound; the sandboxes a
 test leaves detached are removed when it ends (by the state directory's label), so the suite-wide
 leftover check still holds.
@@ -41,14 +41,19 @@ from kernelbridge.session.store import SessionStore
 
 pytestmark = pytest.mark.anyio
 
-DURABLE = {"KERNELBRIDGE_DURABLE": "1", "KERNELBRIDGE_WARM_POOL": "0"}
+DURABLE: dict[str, str] = {}
+"""Sessions outlive their bridge with every setting at its default (a warm pool of one included:
+most sessions' sandboxes come from it)."""
 WAIT = 60.0
 
 
-def sandboxes_of(state_dir: Path, *, every: bool = True) -> list[str]:
-    """Containers labelled with ``state_dir``'s identity (running ones only unless ``every``)."""
-    args = ["ps", "-q", "--filter", f"label={STATE_LABEL}={state_identity(state_dir)}"]
-    return podman(*([*args, "-a"] if every else args)).split()
+def sandboxes_of(state_dir: Path, *, every: bool = True, warm: bool = False) -> list[str]:
+    """Containers labelled with ``state_dir``'s identity (running ones only unless ``every``): the
+    sessions' (those waiting in a warm pool, by its records, only with ``warm``)."""
+    args = ["ps", "-q", "--no-trunc", "--filter", f"label={STATE_LABEL}={state_identity(state_dir)}"]
+    found = podman(*([*args, "-a"] if every else args)).split()
+    pooled = {record.container_id for record in SessionStore(state_dir).warm_records()}
+    return [container for container in found if warm or container not in pooled]
 
 
 @pytest.fixture
@@ -60,7 +65,7 @@ def state(tmp_path: Path, sandbox_image: str) -> Iterator[Path]:
     # was in flight at the engine when its bridge exited, which appears a moment later.
     namespaces = [state_dir, *sorted((state_dir / "http").glob("*"))]
     for attempt in range(2):
-        left = [name for namespace in namespaces for name in sandboxes_of(namespace)]
+        left = [name for namespace in namespaces for name in sandboxes_of(namespace, warm=True)]
         if left:
             podman("rm", "-f", "-t", "0", *left, timeout=120)
         if attempt == 0:
@@ -207,7 +212,7 @@ async def test_a_second_bridge_on_the_state_directory_never_takes_a_held_session
         error, text = await two.call("run_python", code="w = 'two'", session="s")
         assert error and "held by another kernelbridge" in text and "\n" not in text.strip(), text
         listed = await two.listed()
-        assert listed["s"]["state"] == "elsewhere", listed
+        assert listed["s"]["state"] == "attached" and listed["s"]["elsewhere"], listed
         mine = await two.run("print('own session')", "t")  # its own sessions work
         assert mine.status == "ok", mine.text
         assert (await one.run("print(w)", "s")).stdout == "one\n"
@@ -236,7 +241,8 @@ async def test_a_forged_adoption_is_refused_and_the_session_goes_on_fresh(state:
 async def test_a_detached_sandbox_ends_itself_after_its_idle_timeout(state: Path) -> None:
     async with open_bridge(state, **DURABLE, KERNELBRIDGE_IDLE_TIMEOUT="3") as bridge:
         assert (await bridge.run("v = 1", "s")).status == "ok"
-    await wait_for(lambda: not sandboxes_of(state, every=False), "it ended itself with no bridge")
+    # Not even an exited container is left: the engine removed it, with no bridge there.
+    await wait_for(lambda: not sandboxes_of(state), "it ended itself and was removed with no bridge")
     async with open_bridge(state, **DURABLE) as bridge:
         result = await bridge.run("print('v' in globals())", "s")
         assert "sandbox_lost" in result.codes and "idle timeout" in result.notes, result.text
@@ -249,7 +255,7 @@ async def test_a_detached_sandbox_ends_itself_after_its_idle_timeout(state: Path
 async def test_after_a_machine_restart_the_session_says_so_and_offers_restore(state: Path) -> None:
     async with open_bridge(state, **DURABLE) as bridge:
         assert (await bridge.run("u = 5\nprint(u)", "s")).status == "ok"
-    podman("rm", "-f", "-t", "0", *sandboxes_of(state), timeout=120)  # what a reboot leaves: nothing
+    podman("rm", "-f", "-t", "0", *sandboxes_of(state, warm=True), timeout=120)  # what a reboot leaves
     async with open_bridge(state, **DURABLE) as bridge:
         result = await bridge.run("print(u)", "s")
         assert result.status != "ok" and "sandbox_lost" in result.codes, result.text
@@ -281,7 +287,7 @@ async def test_auto_restore_rebuilds_a_lost_session_with_its_recorded_tool_resul
         made = await bridge.run(f"then = {ask}\nu = 5\nprint(then)", "s", servers=["time"])
         assert made.status == "ok", made.text
         then = made.stdout.strip()
-    podman("rm", "-f", "-t", "0", *sandboxes_of(state), timeout=120)  # what a reboot leaves: nothing
+    podman("rm", "-f", "-t", "0", *sandboxes_of(state, warm=True), timeout=120)  # what a reboot leaves
     async with time_bridge(state, servers, KERNELBRIDGE_AUTO_RESTORE="1") as bridge:
         result = await bridge.run(f"print(u, then)\nprint({ask} != then)", "s")
         # Rebuilt first, the tool call answered from the journal (a live one tells a later time).
@@ -293,7 +299,7 @@ async def test_auto_restore_rebuilds_a_lost_session_with_its_recorded_tool_resul
 
 
 async def test_durable_off_restores_sessions_that_end_with_their_bridge(state: Path) -> None:
-    async with open_bridge(state, KERNELBRIDGE_DURABLE="0", KERNELBRIDGE_WARM_POOL="0") as bridge:
+    async with open_bridge(state, KERNELBRIDGE_DURABLE="0") as bridge:
         assert (await bridge.run("q = 1", "s")).status == "ok"
         container = await bridge.container("s")
     assert not podman("ps", "-a", "-q", "--filter", f"name={container}").split()
@@ -365,12 +371,11 @@ async def test_an_http_restart_gives_each_token_only_its_own_sessions(state: Pat
 
 
 async def test_a_new_bridge_adopts_the_warm_pool_of_the_one_before(state: Path) -> None:
-    warm = {**DURABLE, "KERNELBRIDGE_WARM_POOL": "1"}
-    async with open_bridge(state, **warm) as bridge:
+    async with open_bridge(state, **DURABLE) as bridge:
         await wait_for(lambda: list((state / "warm").glob("*.json")), "the pool filled: its sandbox ready")
-        (pooled,) = sandboxes_of(state, every=False)
+        (pooled,) = sandboxes_of(state, every=False, warm=True)
         assert bridge.sessions == set()
-    async with open_bridge(state, **warm) as bridge:
+    async with open_bridge(state, **DURABLE) as bridge:
         result = await bridge.run("print('warm')", "s")
         assert result.status == "ok", result.text
         container = podman("inspect", "--format", "{{.Id}}", await bridge.container("s")).strip()

@@ -449,8 +449,8 @@ async def test_each_tool_call_is_recorded_in_the_notebook(bridge: Client, sessio
     ]
     assert calls[2]["error"].startswith("denied: Tool 'get-env'")
     with anyio.fail_after(30):
-        exported = await bridge.call_tool("export_notebook", {"session": session})
-    notebook = json.loads(text_of(exported))
+        exported = await bridge.read_resource(f"kernelbridge://sessions/{session}/notebook")
+    notebook = json.loads(exported.contents[0].text)  # type: ignore[union-attr]
     (cell,) = [c for c in notebook["cells"] if "mcp_edge.fail" in "".join(c["source"])]
     meta = cell["metadata"]["kernelbridge"]
     assert meta["servers"] == ["edge", "everything", "time"]

@@ -46,7 +46,8 @@ def one_line(proc: subprocess.CompletedProcess[str]) -> str:
 def test_an_unusable_state_directory_is_one_line(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
-    for command in (["serve"], ["serve", "--http"], ["replay", "x.ipynb"]):
+    # `serve` over stdio starts all the same and says it at every call (test_bad_settings.py).
+    for command in (["serve", "--http"], ["replay", "x.ipynb"]):
         line = one_line(kernelbridge(*command, tmp=tmp_path, KERNELBRIDGE_STATE_DIR=str(blocker / "state")))
         assert "state directory" in line and "KERNELBRIDGE_STATE_DIR" in line
 
@@ -111,7 +112,7 @@ def plain_image() -> Iterator[str]:
 @pytest.mark.anyio
 async def test_a_plain_image_gets_a_clear_message(connect, kb, plain_image: str) -> None:
     # The predecessor's variable names a plain image: the model and the operator get one line.
-    async with connect(MCP_BRIDGE_IMAGE=plain_image, KERNELBRIDGE_WARM_POOL="0") as client:
+    async with connect(MCP_BRIDGE_IMAGE=plain_image) as client:
         result = await kb.run(client, "1 + 1")
     assert result.is_error
     text = kb.text_of(result)
@@ -122,9 +123,7 @@ async def test_a_plain_image_gets_a_clear_message(connect, kb, plain_image: str)
 @pytest.mark.podman
 @pytest.mark.anyio
 async def test_a_missing_image_of_configured_packages_says_to_build_it(connect, kb) -> None:
-    async with connect(
-        KERNELBRIDGE_IMAGE_PACKAGES="kernelbridge-test-not-built", KERNELBRIDGE_WARM_POOL="0"
-    ) as client:
+    async with connect(KERNELBRIDGE_IMAGE_PACKAGES="kernelbridge-test-not-built") as client:
         result = await kb.run(client, "1 + 1")
     assert result.is_error
     assert "is missing; run `kernelbridge image build`" in kb.text_of(result)
@@ -135,7 +134,7 @@ async def test_a_daemon_that_is_down_reaches_the_model_as_one_line(connect, kb, 
     if shutil.which("docker") is None:
         pytest.skip("the docker CLI is not installed")
     down = {"KERNELBRIDGE_RUNTIME": "docker-cli", "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
-    async with connect(KERNELBRIDGE_WARM_POOL="0", **down) as client:
+    async with connect(**down) as client:
         result = await kb.run(client, "1 + 1")
         capabilities = await client.read_resource("kernelbridge://capabilities")
     assert result.is_error
@@ -150,7 +149,7 @@ async def test_a_daemon_that_is_down_reaches_the_model_as_one_line(connect, kb, 
 async def test_timeout_settings_are_the_tool_default(connect) -> None:
     """KERNELBRIDGE_DEFAULT_TIMEOUT (and the predecessor's MCP_BRIDGE_TIMEOUT) become the default
     the tool schema shows and the one a call without ``timeout`` gets."""
-    async with connect(MCP_BRIDGE_TIMEOUT="3", KERNELBRIDGE_WARM_POOL="0") as client:
+    async with connect(MCP_BRIDGE_TIMEOUT="3") as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         assert tools["run_python"].input_schema["properties"]["timeout"]["default"] == 3
         result = await client.call_tool("run_python", {"code": "import time; time.sleep(30)"})

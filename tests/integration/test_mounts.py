@@ -15,9 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import nbformat
 import pytest
-from bridge_harness import KERNELBRIDGE, open_bridge
+from bridge_harness import open_bridge
 from nbclient import NotebookClient
 from PIL import Image
 
@@ -87,7 +88,7 @@ async def test_a_mount_is_read_but_not_written_run_or_left_by_a_symlink(
     tmp_path: Path, data: Path, sandbox_image: str
 ) -> None:
     before = files_of(data)
-    env = {"KERNELBRIDGE_WARM_POOL": "0", "KERNELBRIDGE_MOUNTS": f"{data}:/data"}
+    env = {"KERNELBRIDGE_MOUNTS": f"{data}:/data"}
     async with open_bridge(tmp_path / "state", **env) as bridge:
         verdict = await bridge.probe(PROBE, "mounted")
         capabilities = (await bridge.client.read_resource("kernelbridge://capabilities")).contents[0].text
@@ -110,7 +111,7 @@ async def test_serve_mount_adds_a_directory_beside_the_setting(
     models = tmp_path / "models"
     models.mkdir()
     (models / "weights.txt").write_text("w\n")
-    env = {"KERNELBRIDGE_WARM_POOL": "0", "KERNELBRIDGE_MOUNTS": f"{data}:/data"}
+    env = {"KERNELBRIDGE_MOUNTS": f"{data}:/data"}
     from bridge_harness import serve_params
     from mcp.client.client import Client
 
@@ -124,10 +125,15 @@ async def test_serve_mount_adds_a_directory_beside_the_setting(
     assert "w\n" in text and "region" in text, text
 
 
-@pytest.mark.parametrize("which", ["state", "parent", "file", "missing"])
-def test_serve_refuses_a_mount_of_the_state_directory_its_parent_or_a_non_directory(
+@pytest.mark.parametrize("which", ["state", "parent", "file", "missing", "proc"])
+async def test_serve_refuses_a_mount_of_the_state_directory_its_parent_a_host_path_or_a_non_directory(
     tmp_path: Path, which: str
 ) -> None:
+    # The bridge still answers (an MCP client would show only "connection closed" for one that
+    # died): every call says the one line.
+    from bridge_harness import serve_params
+    from mcp.client.client import Client
+
     state = tmp_path / "state"
     state.mkdir()
     (tmp_path / "file.txt").write_text("x")
@@ -136,22 +142,16 @@ def test_serve_refuses_a_mount_of_the_state_directory_its_parent_or_a_non_direct
         "parent": tmp_path,
         "file": tmp_path / "file.txt",
         "missing": tmp_path / "nope",
+        "proc": Path("/proc"),
     }[which]
-    result = subprocess.run(
-        [str(KERNELBRIDGE), "serve", "--mount", f"{source}:/data"],
-        env={**os.environ, "KERNELBRIDGE_STATE_DIR": str(state)},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kernelbridge: --mount: "), result.stderr
+    async with Client(serve_params(state, "--mount", f"{source}:/data"), read_timeout_seconds=60) as client:
+        answer = await client.call_tool("run_python", {"code": "print(1)"})
+    text = "\n".join(block.text for block in answer.content if block.type == "text")
+    assert answer.is_error and "\n" not in text.strip(), text
+    assert "kernelbridge is misconfigured: --mount: " in text, text
     why = {"state": "is the state directory", "parent": "holds the state directory",
-           "file": "is not a directory", "missing": "does not exist"}[which]  # fmt: skip
-    assert why in lines[0]
+           "file": "is not a directory", "missing": "does not exist", "proc": "is /proc"}[which]  # fmt: skip
+    assert why in text
 
 
 def test_a_notebook_run_by_nbclient_sees_the_files_beside_it(
@@ -230,3 +230,38 @@ def test_nbconvert_executes_a_notebook_that_reads_its_neighbours(
     assert result.returncode == 0, result.stderr[-3000:]
     done = nbformat.read(project / "done.ipynb", as_version=4)
     assert done.cells[0].outputs[0]["text"] == "10\n"
+
+
+async def test_a_notebook_records_its_mounts_and_a_replay_without_them_says_so_first(
+    tmp_path: Path, data: Path, sandbox_image: str
+) -> None:
+    """Issue 23: a replay without the original's mount used to say only FileNotFoundError (the
+    original did not raise) and blame later cells. The notebook records the mounts' targets (not
+    their host paths) and the %pip policy; the replay says up front what it lacks, and the failing
+    cell says why."""
+    env = {"KERNELBRIDGE_MOUNTS": f"{data}:/data"}
+    async with open_bridge(tmp_path / "state", **env) as bridge:
+        read = await bridge.run("rows = open('/data/sales.csv').read().splitlines()\nprint(len(rows))", "s")
+        assert read.stdout == "3\n", read.text
+        text = await bridge.notebook("s")
+    nb = nbformat.reads(text, as_version=4)
+    assert nb.metadata["kernelbridge"]["sandbox"] == {"mounts": ["/data"], "packages": "any"}
+    assert str(data) not in text
+    path = tmp_path / "s.ipynb"
+    nbformat.write(nb, path)
+    with anyio.fail_after(180):
+        result = await anyio.run_process(
+            [str(Path(sys.executable).with_name("kernelbridge")), "replay", str(path)],
+            env={**os.environ, "KERNELBRIDGE_STATE_DIR": str(tmp_path / "state")},
+            check=False,
+        )
+    stdout = result.stdout.decode()
+    lines = stdout.splitlines()
+    assert result.returncode == 1, stdout + result.stderr.decode()
+    assert lines[0] == (
+        "note: the original session had a host directory mounted on /data (read-only); this replay"
+        " has none there: set KERNELBRIDGE_MOUNTS=SRC:/data to give it one"
+    )
+    assert lines[1].startswith("cell   1  error      FileNotFoundError: ") and lines[1].endswith(
+        "(the original had /data mounted; this replay does not)"
+    ), lines[1]

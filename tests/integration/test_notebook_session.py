@@ -19,12 +19,13 @@ from typing import Any
 import anyio
 import nbformat
 import pytest
+from bridge_harness import notebook_of
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from nbclient import NotebookClient
 
 from kernelbridge.config import load_settings
 from kernelbridge.jupyter import install_kernelspec
-from kernelbridge.notebook.replay import behaviour, judge
+from kernelbridge.replay import behaviour, judge
 from kernelbridge.runtime import cli_runtime, reap_orphans
 from kernelbridge.session.store import SessionStore, list_session_records
 
@@ -82,9 +83,9 @@ async def test_an_mcp_session_and_a_second_client_make_one_notebook_that_replays
             assert reply["status"] == "ok", reply
             seen = await client.call_tool("run_python", {"code": "y"})
             assert seen.structured_content["result"] == "43"
-            exported = await client.call_tool("export_notebook", {"session": "default"})
+            exported = await notebook_of(client, "default")
 
-    nb = nbformat.reads(text_of(exported), as_version=4)
+    nb = nbformat.reads(exported, as_version=4)
     nbformat.validate(nb)
     sources = [cell.source for cell in nb.cells]
     assert sources == ["import math\nx = 40", "def f(v):\n    return v + 2", "print(f(x))\nmath.pi > 3",

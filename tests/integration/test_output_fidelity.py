@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import nbformat
 import pytest
+from bridge_harness import notebook_of
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from nbclient import NotebookClient
 from nbconvert.preprocessors import CoalesceStreamsPreprocessor
@@ -79,8 +80,7 @@ def _versions() -> str:
 
 
 async def _outputs_of(client: Any, session: str) -> list[list[dict[str, Any]]]:
-    exported = await client.call_tool("export_notebook", {"session": session})
-    nb = nbformat.reads("\n".join(b.text for b in exported.content if b.type == "text"), as_version=4)
+    nb = nbformat.reads(await notebook_of(client, session), as_version=4)
     nbformat.validate(nb)
     return [_plain(cell.outputs) for cell in nb.cells]
 

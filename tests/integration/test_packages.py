@@ -35,7 +35,7 @@ KEPT = "print('kept', x + 1)"
 @pytest.fixture(scope="module")
 async def bridge(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> AsyncIterator[Bridge]:
     state = tmp_path_factory.mktemp("packages") / "state"
-    async with open_bridge(state, KERNELBRIDGE_MAX_SESSIONS="16", KERNELBRIDGE_WARM_POOL="1") as opened:
+    async with open_bridge(state, KERNELBRIDGE_MAX_SESSIONS="16") as opened:
         yield opened
 
 
@@ -193,7 +193,7 @@ async def test_cache_reuse_across_sessions_and_bridges_offline(bridge: Bridge) -
     assert any(len(w.stem) == 64 for w in wheels), "content-addressed by sha256"
     # Another bridge on the same state directory, whose index is down: the cached wheel still
     # installs, and a package it never saw says the index cannot be reached.
-    async with second_bridge(bridge.state_dir, KERNELBRIDGE_WARM_POOL="0", **DEAD_INDEX) as offline:
+    async with second_bridge(bridge.state_dir, **DEAD_INDEX) as offline:
         cached = await offline.run(
             "%pip install tabulate\nimport tabulate\nprint(tabulate.__name__)", "offline"
         )
@@ -206,16 +206,12 @@ async def test_cache_reuse_across_sessions_and_bridges_offline(bridge: Bridge) -
 
 
 async def test_the_policy_none_and_an_allow_list(tmp_path: Path, sandbox_image: str) -> None:
-    async with open_bridge(
-        tmp_path / "none", KERNELBRIDGE_WARM_POOL="0", KERNELBRIDGE_PACKAGES="none"
-    ) as off:
+    async with open_bridge(tmp_path / "none", KERNELBRIDGE_PACKAGES="none") as off:
         refused = await off.run("%pip install six", "s")
         assert "KERNELBRIDGE_PACKAGES=none" in one_line_error(refused.text)
         capabilities = (await off.client.read_resource("kernelbridge://capabilities")).contents[0].text
         assert "Installing more packages is turned off on this host" in capabilities
-    async with open_bridge(
-        tmp_path / "allowed", KERNELBRIDGE_WARM_POOL="0", KERNELBRIDGE_PACKAGES="tabulate"
-    ) as allowed:
+    async with open_bridge(tmp_path / "allowed", KERNELBRIDGE_PACKAGES="tabulate") as allowed:
         ok = await allowed.run("%pip install tabulate", "s", timeout=120)
         assert ok.status == "ok", ok.text
         other = await allowed.run("%pip install six", "s")
@@ -225,8 +221,9 @@ async def test_the_policy_none_and_an_allow_list(tmp_path: Path, sandbox_image: 
 
 
 async def test_the_caps_on_bytes_and_installs(tmp_path: Path, sandbox_image: str) -> None:
-    env = {"KERNELBRIDGE_PACKAGES_MAX_BYTES": "2m", "KERNELBRIDGE_PACKAGES_MAX_INSTALLS": "2"}
-    async with open_bridge(tmp_path / "caps", KERNELBRIDGE_WARM_POOL="0", **env) as capped:
+    # Three installs: the refused one counts too (it cost the host a resolution and a download).
+    env = {"KERNELBRIDGE_PACKAGES_MAX_BYTES": "2m", "KERNELBRIDGE_PACKAGES_MAX_INSTALLS": "3"}
+    async with open_bridge(tmp_path / "caps", **env) as capped:
         await capped.run(STATE_PROBE, "s")
         # networkx is a pure-Python wheel of about 2 MB that unpacks to about 8 MB.
         big = await capped.run("%pip install networkx", "s", timeout=120)
@@ -250,7 +247,7 @@ async def test_a_restore_reinstalls_the_recorded_wheels(bridge: Bridge) -> None:
         "%pip install tabulate==0.9.0\nimport tabulate\ntabulate.__version__", "to-restore", timeout=120
     )
     assert made.status == "ok" and "0.9.0" in made.text, made.text
-    _, notebook = await bridge.call("export_notebook", session="to-restore")
+    notebook = await bridge.notebook("to-restore")
     (cell,) = [c for c in json.loads(notebook)["cells"] if "%pip" in "".join(c["source"])]
     (record,) = cell["metadata"]["kernelbridge"]["packages"]
     assert record["ok"] is True and record["requirements"] == ["tabulate==0.9.0"]
@@ -266,7 +263,7 @@ async def test_a_restore_reinstalls_the_recorded_wheels(bridge: Bridge) -> None:
     assert restored.status == "ok", restored.text
     assert "0.9.0 /packages/site/tabulate" in restored.text
     assert "1 same" in restored.text, "the reinstall printed what the original did"
-    _, again = await bridge.call("export_notebook", session="restored")
+    again = await bridge.notebook("restored")
     (cell,) = [c for c in json.loads(again)["cells"] if "%pip" in "".join(c["source"])]
     (reinstall,) = cell["metadata"]["kernelbridge"]["packages"]
     assert reinstall["source"] == "recorded" and reinstall["installed"] == record["installed"]

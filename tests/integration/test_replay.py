@@ -204,3 +204,25 @@ def test_replay_takes_what_nbclient_takes_and_judges_fairly(tmp_path: Path, sand
     for minor in (0, 4):
         again = replay(tmp_path, str(tmp_path / f"old-{minor}.ipynb"))
         assert again.returncode == 1 and again.stderr == "", again.stderr
+
+
+def test_a_cell_never_run_before_that_raises_now_fails_the_replay(tmp_path: Path, sandbox_image: str) -> None:
+    """Issue 23: a foreign notebook that was never executed (as an editor saves it) and fails
+    replays as a failure, as `jupyter nbconvert --execute` fails on it; a cell tagged
+    ``raises-exception`` may raise, as nbclient lets it."""
+    fresh = v4.new_notebook(
+        cells=[v4.new_code_cell("total = 1 + 1"), v4.new_code_cell("raise RuntimeError('boom')")]
+    )
+    path = tmp_path / "fresh.ipynb"
+    nbformat.write(fresh, path)
+    result = replay(tmp_path, str(path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert verdicts(result.stdout) == ["same", "error"], result.stdout
+    assert (
+        "cell   2  error      not executed in the original; now it raised RuntimeError: boom" in result.stdout
+    )
+    fresh.cells[1].metadata["tags"] = ["raises-exception"]
+    nbformat.write(fresh, path)
+    allowed = replay(tmp_path, str(path))
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert verdicts(allowed.stdout) == ["same", "unexecuted"], allowed.stdout

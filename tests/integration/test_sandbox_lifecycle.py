@@ -90,7 +90,8 @@ def doctor(settings: Settings, **env: str) -> tuple[int, list[list[str]]]:
 
 def test_doctor_passes_every_check(settings: Settings) -> None:
     status, lines = doctor(settings)
-    assert lines[:6] == [
+    assert lines[:7] == [
+        ["ok", "settings"],
         ["ok", "state"],
         ["ok", "runtime"],
         ["ok", "durable"],
@@ -98,18 +99,18 @@ def test_doctor_passes_every_check(settings: Settings) -> None:
         ["ok", "limits"],
         ["ok", "kernel"],
     ]
-    assert lines[6][1] == "hub"  # host MCP config: ok, or warn for a bad file
-    assert lines[7][1] == "summary" and len(lines) == 8
-    assert lines[7][0] in ("ok", "warn")
+    assert lines[7][1] == "hub"  # host MCP config: ok, or warn for a bad file
+    assert lines[8][1] == "summary" and len(lines) == 9
+    assert lines[8][0] in ("ok", "warn")
     assert status == 0
 
 
 def test_doctor_fails_with_one_line_per_check_when_the_image_is_missing(settings: Settings) -> None:
     status, lines = doctor(settings, KERNELBRIDGE_IMAGE="localhost/kernelbridge-sandbox:nope")
-    expected = [["ok", "state"], ["ok", "runtime"], ["ok", "durable"], ["FAIL", "image"], ["skip", "limits"]]
-    assert lines[:6] == [*expected, ["skip", "kernel"]]
-    assert lines[6][1] == "hub"
-    assert lines[7] == ["FAIL", "summary"] and len(lines) == 8
+    expected = [["ok", "settings"], ["ok", "state"], ["ok", "runtime"], ["ok", "durable"], ["FAIL", "image"]]
+    assert lines[:7] == [*expected, ["skip", "limits"], ["skip", "kernel"]]
+    assert lines[7][1] == "hub"
+    assert lines[8] == ["FAIL", "summary"] and len(lines) == 9
     assert status == 1
 
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 import zlib
+from pathlib import Path
 from typing import Any
 
 import anyio
 import nbformat
 import pytest
+from bridge_harness import KERNELBRIDGE
 from mcp.client.client import Client
 
 from kernelbridge.server.render import render_note
@@ -141,15 +144,15 @@ async def test_input_fails_immediately(mcp_client: Client) -> None:
 BAD_INPUT: list[tuple[dict[str, Any], str]] = [
     ({"code": ""}, "code is empty"),
     ({"code": "   \n"}, "code is empty"),
-    ({"code": 5}, "validation error"),
+    ({"code": 5}, "run_python needs `code` as a string, not an integer"),
     ({"code": "1", "timeout": -1}, "timeout must be between 1 and 600"),
     ({"code": "1", "timeout": 10**9}, "timeout must be between 1 and 600"),
-    ({"code": "1", "timeout": "soon"}, "validation error"),
+    ({"code": "1", "timeout": "soon"}, "run_python needs `timeout` as an integer, not a string"),
     ({"code": "1", "session": "../etc"}, "invalid session name"),
     ({"code": "1", "session": "a b"}, "invalid session name"),
     ({"code": "1", "session": "x" * 65}, "invalid session name"),
     ({"code": "1", "servers": ["x"]}, "unknown server 'x'; no host MCP servers are configured"),
-    ({"code": "1", "servers": "x"}, "validation error"),
+    ({"code": "1", "servers": "x"}, "run_python needs `servers` as a list of strings, not a string"),
 ]
 
 
@@ -185,7 +188,7 @@ async def test_progress_notifications_arrive_for_a_long_call(mcp_client: Client)
     assert any(message and "step" in message for _, _, message in seen)
 
 
-async def test_sessions_list_close_and_export(mcp_client: Client, kb: Any) -> None:
+async def test_sessions_list_close_and_export(mcp_client: Client, kb: Any, tmp_path: Path) -> None:
     with anyio.fail_after(90):
         await run(mcp_client, "a = 1\nprint('in a')", session="alpha")
         await run(mcp_client, "b = 2", session="beta")
@@ -195,19 +198,33 @@ async def test_sessions_list_close_and_export(mcp_client: Client, kb: Any) -> No
         alpha_container = names["alpha"]["container"]
         assert alpha_container in kb.containers()
 
-        exported = await mcp_client.call_tool("export_notebook", {"session": "alpha"})
-        nb = nbformat.reads(text_of(exported), as_version=4)
+        # The notebook itself comes from the resource; export_notebook says where it is.
+        resource = await mcp_client.read_resource("kernelbridge://sessions/alpha/notebook")
+        nb = nbformat.reads(resource.contents[0].text, as_version=4)
         nbformat.validate(nb)
         assert nb.cells[0].source == "a = 1\nprint('in a')"
         assert nb.cells[0].metadata.kernelbridge["status"] == "ok"
         assert nb.metadata.kernelspec.name == "kernelbridge"
+        exported = await mcp_client.call_tool("export_notebook", {"session": "alpha"})
+        assert exported.is_error is False and exported.structured_content == {
+            "session": "alpha",
+            "cells": 1,
+            "bytes": len(resource.contents[0].text.encode()),
+            "resource": "kernelbridge://sessions/alpha/notebook",
+            "resource_too_big": False,
+            "file": None,
+        }
         written = await mcp_client.call_tool("export_notebook", {"session": "alpha", "path": "alpha.ipynb"})
-        assert written.is_error is False and text_of(written).endswith("alpha.ipynb")
+        file = tmp_path / "state" / "exports" / "alpha.ipynb"  # the state directory of mcp_client
+        assert written.is_error is False and written.structured_content["file"] == str(file)
+        on_disk = nbformat.read(file, as_version=4)  # the same notebook (cell ids are made per export)
+        assert [c.source for c in on_disk.cells] == [c.source for c in nb.cells]
+        assert (
+            file.stat().st_size == written.structured_content["bytes"] == exported.structured_content["bytes"]
+        )
         refused = await mcp_client.call_tool("export_notebook", {"session": "alpha", "path": "/tmp/x.sh"})
         assert refused.is_error is True and ".ipynb" in text_of(refused)
 
-        resource = await mcp_client.read_resource("kernelbridge://sessions/alpha/notebook")
-        nbformat.validate(nbformat.reads(resource.contents[0].text, as_version=4))
         manual = await mcp_client.read_resource("kernelbridge://capabilities")
         assert "run_python" in manual.contents[0].text
 
@@ -220,9 +237,64 @@ async def test_sessions_list_close_and_export(mcp_client: Client, kb: Any) -> No
         assert fresh.structured_content["result"] == "False"
 
 
-async def test_disconnecting_removes_every_container(connect: Any, kb: Any) -> None:
+NOISE_IMAGE = """
+import io
+import numpy as np
+from PIL import Image
+from IPython.display import Image as Shown, display
+png = io.BytesIO()
+Image.fromarray(np.random.default_rng(0).integers(0, 255, (600, 600, 3), dtype=np.uint8)).save(png, "PNG")
+display(Shown(png.getvalue()))
+"""
+
+
+async def test_an_export_keeps_the_notebook_out_of_the_models_context(mcp_client: Client) -> None:
+    with anyio.fail_after(120):
+        shown = await run(mcp_client, NOISE_IMAGE, session="pics")
+        assert shown.is_error is False, text_of(shown)
+        exported = await mcp_client.call_tool("export_notebook", {"session": "pics"})
+        resource = await mcp_client.read_resource("kernelbridge://sessions/pics/notebook")
+    notebook = resource.contents[0].text
+    assert len(notebook) > 1_000_000  # the image, base64, inline in the notebook
+    # The answer: a few lines that say what the notebook holds and where it is; not the notebook.
+    assert exported.is_error is False and [block.type for block in exported.content] == ["text"]
+    assert len(text_of(exported)) < 600, len(text_of(exported))
+    assert "kernelbridge://sessions/pics/notebook" in text_of(exported)
+    summary = exported.structured_content
+    assert summary["cells"] == 1 and summary["bytes"] == len(notebook.encode()) and summary["file"] is None
+    assert nbformat.reads(notebook, as_version=4).cells[0].outputs[0]["data"]["image/png"]
+
+
+async def test_disconnecting_lets_every_sandbox_run_on_until_it_is_closed(
+    connect: Any, kb: Any, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with anyio.fail_after(120):
+        async with connect(state) as client:
+            await run(client, "1", session="one")
+            await run(client, "1", session="two")
+            listed = json.loads(text_of(await client.call_tool("list_sessions", {})))
+            ours = [s["container"] for s in listed["sessions"]]
+            assert all(name in kb.containers() for name in ours)
+        # The client went: its sessions run on, detached, for the next bridge (the default).
+        assert set(ours) <= set(kb.containers())
+        env = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(state)}
+        shown = await anyio.run_process([str(KERNELBRIDGE), "sessions", "--json"], env=env)
+        assert {r["name"]: r["state"] for r in json.loads(shown.stdout)} == {
+            "one": "detached",
+            "two": "detached",
+        }
+        for name in ("one", "two"):
+            await anyio.run_process([str(KERNELBRIDGE), "sessions", "close", name], env=env)
+    assert not set(ours) & set(kb.containers())
+
+
+async def test_disconnecting_removes_every_container_when_sessions_end_with_their_bridge(
+    connect: Any, kb: Any
+) -> None:
+    # KERNELBRIDGE_DURABLE=0 is what this test is about.
     with anyio.fail_after(90):
-        async with connect() as client:
+        async with connect(KERNELBRIDGE_DURABLE="0") as client:
             await run(client, "1", session="one")
             await run(client, "1", session="two")
             listed = json.loads(text_of(await client.call_tool("list_sessions", {})))

@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 from anyio.abc import Process
+from bridge_harness import uses_state_dir
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -44,8 +45,7 @@ async def test_run_python_over_streamable_http(tmp_path: Path, sandbox_image: st
     token = "only-me-0123456789abcdef"
     env = {
         **os.environ,
-        "KERNELBRIDGE_STATE_DIR": str(tmp_path / "state"),
-        "KERNELBRIDGE_WARM_POOL": "0",
+        "KERNELBRIDGE_STATE_DIR": str(uses_state_dir(tmp_path / "state")),
         "KERNELBRIDGE_HTTP_TOKENS": f"me:{token}",
     }
     argv = [str(KERNELBRIDGE), "serve", "--http", "--port", str(port)]

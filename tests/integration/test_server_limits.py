@@ -5,6 +5,7 @@ Measured figures are printed (run with ``-s`` to see them) and asserted against 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -72,21 +73,34 @@ async def test_50mb_print_is_truncated_and_the_bridge_memory_stays_bounded(
     assert settled - before < SETTLED_GROWTH_LIMIT_KIB, (before, settled)
 
 
+SLEEP_CELL = "began = time.time()\ntime.sleep(2)\n(began, time.time())"
+"""A cell that says when it ran, by the host's clock (a container shares it)."""
+
+
 async def test_two_sessions_run_in_parallel(mcp_client: Client) -> None:
+    ran: dict[str, tuple[float, float]] = {}
+
+    async def sleep_in(name: str) -> None:
+        result = await run(mcp_client, SLEEP_CELL, session=name)
+        ran[name] = ast.literal_eval(result.structured_content["result"])
+
     with anyio.fail_after(120):
         async with anyio.create_task_group() as tg:
             for name in ("left", "right"):
                 tg.start_soon(partial(run, mcp_client, "import time", session=name))
         start = time.monotonic()
-        await run(mcp_client, "time.sleep(2)", session="left")
+        await sleep_in("left")
         one = time.monotonic() - start
         start = time.monotonic()
         async with anyio.create_task_group() as tg:
             for name in ("left", "right"):
-                tg.start_soon(partial(run, mcp_client, "time.sleep(2)", session=name))
+                tg.start_soon(sleep_in, name)
         both = time.monotonic() - start
     print(f"\none session: {one:.2f}s, two in parallel: {both:.2f}s")
-    assert both < one + 0.8, (one, both)
+    # Whatever the machine's load: the two cells were running at the same time (one after the
+    # other, they would not overlap at all).
+    overlap = min(ran["left"][1], ran["right"][1]) - max(ran["left"][0], ran["right"][0])
+    assert overlap > 0.5, ran
 
 
 async def test_out_of_memory_reports_kernel_died_and_the_next_call_starts_fresh(
@@ -105,62 +119,89 @@ async def test_out_of_memory_reports_kernel_died_and_the_next_call_starts_fresh(
     assert fresh.structured_content["note_codes"] == ["fresh_sandbox"]
 
 
-async def test_warm_pool_makes_the_first_call_fast(connect: Any, kb: Any, tmp_path: Path) -> None:
+async def test_a_first_call_takes_a_warm_sandbox_and_the_pool_refills(
+    connect: Any, kb: Any, tmp_path: Path
+) -> None:
+    # How much faster that is belongs to bench/bench_runtime.py; here, that it happens.
     with anyio.fail_after(120):
-        async with connect(tmp_path / "cold", KERNELBRIDGE_WARM_POOL="0") as client:
-            start = time.monotonic()
-            await run(client, "1")
-            cold = time.monotonic() - start
         async with connect(tmp_path / "warm") as client:
             await wait_for_warm(client, kb)
-            start = time.monotonic()
-            await run(client, "1")
-            warm = time.monotonic() - start
+            await run(client, "1", session="first")
+            taken = json.loads(kb.text_of(await client.call_tool("list_sessions", {})))["sessions"]
+            assert taken[0]["container"].startswith("kernelbridge-warm-"), taken  # started before the call
             await wait_for_warm(client, kb)  # refilled in the background
-    print(f"\nfirst call: cold {cold:.3f}s, from the warm pool {warm:.3f}s")
-    assert warm < cold / 2, (cold, warm)
+        # KERNELBRIDGE_WARM_POOL=0 is what this half is about: no pool, a sandbox of its own.
+        async with connect(tmp_path / "cold", KERNELBRIDGE_WARM_POOL="0") as client:
+            await run(client, "1", session="first")
+            listed = json.loads(kb.text_of(await client.call_tool("list_sessions", {})))
+            assert listed["warm"] == 0 and listed["sessions"][0]["container"].startswith(
+                "kernelbridge-first-"
+            )
 
 
-async def test_sigterm_removes_every_container(connect: Any, kb: Any, tmp_path: Path) -> None:
+async def listed(client: Client, kb: Any) -> dict[str, Any]:
+    return json.loads(kb.text_of(await client.call_tool("list_sessions", {})))
+
+
+async def wait_until_gone(pid: int) -> None:
+    while _exists(pid):  # noqa: ASYNC110 - another process: no event to wait on
+        await anyio.sleep(0.1)
+
+
+async def test_sigterm_detaches_the_sandboxes_and_the_next_bridge_takes_them(
+    connect: Any, kb: Any, tmp_path: Path
+) -> None:
+    """Durable sessions (the default): SIGTERM leaves the session's sandbox and the warm pool's
+    running, detached; the next bridge on the same state adopts both (the variables kept, no new
+    warm sandbox started), and closing the session removes its container."""
     state = tmp_path / "state"
-    with anyio.fail_after(90):
+    with anyio.fail_after(180):
         async with connect(state) as client:
-            await run(client, "1", session="a")
+            await run(client, "x = 41", session="a")
             await wait_for_warm(client, kb)
-            ours = [c for c in kb.containers() if _owned_by(c, kb.serve_pids(state))]
-            assert len(ours) == 2
+            session = (await listed(client, kb))["sessions"][0]["container"]
             (pid,) = kb.serve_pids(state)
+            ours = {c for c in kb.containers() if _owned_by(c, [pid])}
+            assert len(ours) == 2 and session in ours, ours
             os.kill(pid, signal.SIGTERM)
-            while _exists(pid):  # noqa: ASYNC110 - another process: no event to wait on
-                await anyio.sleep(0.1)
-            assert not set(ours) & set(kb.containers())
+            await wait_until_gone(pid)
             with pytest.raises(Exception):  # noqa: B017 - any transport error: the server is gone
                 await client.call_tool("list_sessions", {})
+        assert ours <= set(kb.containers()), "a detached sandbox did not outlive its bridge"
+        async with connect(state) as client:
+            again = await run(client, "x + 1", session="a")
+            assert again.structured_content["result"] == "42", kb.text_of(again)
+            await wait_for_warm(client, kb)
+            (new_pid,) = kb.serve_pids(state)
+            started = {c for c in kb.containers() if _owned_by(c, [new_pid])}
+            assert not started, f"the next bridge started {started} beside the adopted ones"
+            await client.call_tool("close_session", {"session": "a"})
+            assert session not in kb.containers()
 
 
-async def test_containers_of_a_sigkilled_bridge_are_reaped_at_the_next_start(
+async def test_containers_of_a_sigkilled_bridge_are_adopted_or_reaped_at_the_next_start(
     connect: Any, kb: Any, tmp_path: Path, sandbox_image: str
 ) -> None:
+    """A SIGKILLed bridge leaves its durable session to the next bridge (adopted, its variables
+    kept); a sandbox whose owner died and that no record claims (an orphan) is removed."""
     state = tmp_path / "state"
     orphan = _start_orphan(sandbox_image)
     assert orphan in kb.containers()
-    with anyio.fail_after(120):
+    with anyio.fail_after(180):
         async with connect(state) as client:
-            await run(client, "1", session="a")
+            await run(client, "x = 7", session="a")
+            session = (await listed(client, kb))["sessions"][0]["container"]
             (pid,) = kb.serve_pids(state)
-            ours = [c for c in kb.containers() if _owned_by(c, [pid])]
-            assert ours
             os.kill(pid, signal.SIGKILL)
-            while _exists(pid):  # noqa: ASYNC110 - another process: no event to wait on
-                await anyio.sleep(0.1)
+            await wait_until_gone(pid)
             with pytest.raises(Exception):  # noqa: B017 - any transport error: the server is gone
                 await client.call_tool("list_sessions", {})
-        # Usually the sandboxes outlive a SIGKILLed bridge (their tunnels are separate processes).
-        survivors = set(ours) & set(kb.containers())
-        print(f"\nafter SIGKILL {len(survivors)} of {len(ours)} sandboxes were still there")
         async with connect(state) as client:
-            await client.call_tool("list_sessions", {})  # the lifespan (and its reaping) has run
-            assert not (set(ours) | {orphan}) & set(kb.containers())
+            kept = await run(client, "x", session="a")
+            assert kept.structured_content["result"] == "7", kb.text_of(kept)
+            assert (await listed(client, kb))["sessions"][0]["container"] == session
+            assert orphan not in kb.containers()
+            await client.call_tool("close_session", {"session": "a"})
 
 
 def _exists(pid: int) -> bool:

@@ -19,7 +19,7 @@ from kernelbridge.host.container import STATE_LABEL, state_identity
 pytestmark = pytest.mark.anyio
 
 SESSIONS = 50
-ENV = {"KERNELBRIDGE_DURABLE": "1", "KERNELBRIDGE_WARM_POOL": "0", "KERNELBRIDGE_MAX_SESSIONS": "64"}
+ENV = {"KERNELBRIDGE_MAX_SESSIONS": "64"}  # fifty sessions, in one namespace
 
 
 def running(state: Path) -> list[str]:

@@ -6,9 +6,10 @@ backend per test, parametrized over every backend this machine can run.
 - ``docker_url``: ``DOCKER_HOST`` or ``/var/run/docker.sock`` when a dockerd answers there, else a
   dockerd of our own under ``/run/kernelbridge-test-docker`` (no bridge, no iptables, so the host's
   network is untouched), with the sandbox image copied in from podman's store. Stopped afterwards.
-- ``backend``: a fresh backend per test (podman-api, docker-api, podman-cli, docker-cli, and the
-  local test double); every container the test made (label ``kernelbridge.test-run=<pid>``) is
-  removed afterwards, whatever happened.
+- ``backend``: a fresh backend per test (podman-api, docker-api, podman-cli, docker-cli, the
+  local test double, and ``kube``: pods on the development cluster, ``kube_cluster``, skipped with
+  one line when its binaries are not built); every container the test made (label
+  ``kernelbridge.test-run=<pid>``) is removed afterwards, whatever happened.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_harness import SCRIPT
 from runtime_harness import (
     DOCKER_DIR,
     TEST_RUN_LABEL,
@@ -33,14 +35,16 @@ from runtime_harness import (
     start_podman_service,
 )
 
+from kernelbridge.config import Settings, load_settings
 from kernelbridge.runtime.base import RuntimeBackend
 from kernelbridge.runtime.cli.backend import CliRuntime
 from kernelbridge.runtime.engine.api import open_engine
 from kernelbridge.runtime.engine.endpoint import parse_endpoint
 from kernelbridge.runtime.engine.transport import EngineClient
+from kernelbridge.runtime.kube import open_kube
 from kernelbridge.testing import LocalProcessRuntime
 
-BACKENDS = ["podman-api", "docker-api", "podman-cli", "docker-cli", "local"]
+BACKENDS = ["podman-api", "docker-api", "podman-cli", "docker-cli", "local", "kube"]
 
 
 @pytest.fixture
@@ -117,6 +121,21 @@ def docker_url(sandbox_image: str, tmp_path_factory: pytest.TempPathFactory) -> 
             daemon.stop()
 
 
+def kube_settings(request: pytest.FixtureRequest) -> Settings:
+    """``KERNELBRIDGE_RUNTIME=kube`` on the development cluster; the image loader is its import
+    (the ImageStore's writes are built locally and loaded onto the node, which is what the image
+    tests test)."""
+    cluster = request.getfixturevalue("kube_cluster")
+    return load_settings(
+        {
+            "KERNELBRIDGE_RUNTIME": "kube",
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "KERNELBRIDGE_KUBE_IMAGE_LOADER": f"{SCRIPT} import",
+            "HOME": os.environ.get("HOME", "/root"),
+        }
+    )
+
+
 def engine_url(request: pytest.FixtureRequest, name: str) -> str:
     return request.getfixturevalue("podman_url" if name.startswith("podman") else "docker_url")
 
@@ -151,6 +170,8 @@ async def backend(
             stack.push_async_callback(runtime.aclose)
         elif name == "local":
             runtime = await stack.enter_async_context(LocalProcessRuntime())
+        elif name == "kube":
+            runtime = await stack.enter_async_context(await open_kube(kube_settings(request)))
         else:
             engine = name.removesuffix("-cli")
             executable = shutil.which(engine)

@@ -34,7 +34,7 @@ START_TIMEOUT = 60.0
 """dockerd answers in ~2 s here; its first start on a fresh data root, or a loaded machine, more."""
 STOP_TIMEOUT = 20.0
 LOAD_TIMEOUT = 300.0
-"""`podman save` + `POST /images/load` of the ~470 MB sandbox image: ~10 s here."""
+"""`podman save` + `POST /images/load` of the 0.9 GB sandbox image: 10-35 s each way here."""
 POLL = 0.1
 
 
@@ -241,7 +241,7 @@ def make_tls(directory: Path, server_ip: str) -> Path:
 
 def tiny_rootfs(tarball: Path) -> Path:
     """A root file system of the host's ``cat``, ``sh`` and ``dd`` and the libraries they load:
-    an image of a few MB that imports in a blink (the sandbox image is ~470 MB)."""
+    an image of a few MB that imports in a blink (the sandbox image is 0.9 GB)."""
     wanted: set[str] = set()
     for tool in ("/bin/cat", "/bin/sh", "/bin/dd"):
         wanted.add(tool)

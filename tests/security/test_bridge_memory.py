@@ -41,8 +41,8 @@ for i in range(20):
     display({"text/plain": f"d{i}"}, raw=True, metadata=meta)
 """
     await measured(bridge, code, "mem-metadata")
-    failed, notebook = await bridge.call("export_notebook", session="mem-metadata")
-    assert not failed and "metadata of" in notebook and len(notebook) < 2_000_000
+    notebook = await bridge.notebook("mem-metadata")
+    assert "metadata of" in notebook and len(notebook) < 2_000_000
 
 
 async def test_displays_with_huge_json_data(bridge: Bridge) -> None:

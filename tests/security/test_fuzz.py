@@ -185,7 +185,6 @@ def test_the_tunnel_handles_any_frame(batch: list[dict[str, Any]]) -> None:
     async def main() -> None:
         owner, tunnel_end = memory_channel_pair()
         tunnel = Tunnel(_NullStream(), tunnel_end, connection=None, session="fuzz", kernel_key="k", peer=peer)
-        tunnel.state = TunnelState.READY
         recorder.expect("ours", "x")
 
         async def drain() -> None:
@@ -194,6 +193,10 @@ def test_the_tunnel_handles_any_frame(batch: list[dict[str, Any]]) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(drain)
+            await tunnel.handle({"type": frames.READY, "versions": {}})  # the kernel is up
+            await anyio.wait_all_tasks_blocked()
+            assert tunnel.state is TunnelState.READY and reached_owner == [frames.READY]
+            reached_owner.clear()
             for frame in batch:
                 parsed = frames.parse_line(frames.encode(frame)[:-1])  # through the decoder's checks
                 if isinstance(parsed, dict):

@@ -123,24 +123,28 @@ print("@@verdict@@" + json.dumps(verdict))
     assert peak < 200 * MiB  # the agent dropped the raw line: the host never held it
 
 
-async def test_a_burst_of_10000_requests_is_answered_or_refused(bridge: Bridge) -> None:
+BURST = 10_000
+"""Calls sent at once: 156 times the cap in flight (``frames.MAX_RPC_IN_FLIGHT``, 64)."""
+
+
+async def test_a_burst_far_past_the_cap_is_answered_or_refused(bridge: Bridge) -> None:
     before = bridge.rss_kib()
     reset_peak(bridge.pid)
     body = r"""
 import collections, time
 start = time.monotonic()
-results = await asyncio.gather(*(attempt("edge", "echo", {"text": str(i)}) for i in range(10_000)))
+results = await asyncio.gather(*(attempt("edge", "echo", {"text": str(i)}) for i in range(BURST)))
 counts = collections.Counter(r[0] if r[0] == "ok" else r[1] for r in results)
 verdict = {"counts": dict(counts), "seconds": time.monotonic() - start}
 import json; print("@@verdict@@" + json.dumps(verdict))
 """
-    verdict = await probe(bridge, "mcp-burst", body, timeout=300)
+    verdict = await probe(bridge, "mcp-burst", f"BURST = {BURST}\n" + body, timeout=240)
     counts = verdict["counts"]
-    assert sum(counts.values()) == 10_000
+    assert sum(counts.values()) == BURST
     assert set(counts) <= {"ok", "busy"}, counts
     assert counts.get("ok", 0) >= 64, counts
     peak = bridge.peak_kib() - before
-    print(f"\n10,000 requests: {counts} in {verdict['seconds']:.1f} s; bridge peak +{peak // MiB} MiB")
+    print(f"\n{BURST:,} requests: {counts} in {verdict['seconds']:.1f} s; bridge peak +{peak // MiB} MiB")
     assert peak < 200 * MiB
     # The session and the server are fine afterwards.
     again = 'verdict = await attempt("edge", "echo", {"text": "x"})\nimport json\n'

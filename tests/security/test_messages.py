@@ -70,9 +70,7 @@ async def test_a_display_nested_900_deep_leaves_the_notebook_exportable(
     assert result.status == "ok" and result.stdout == "done\n", result.text
     failed, text = await bridge.call("export_notebook", session=session)
     assert not failed, text
-    nbformat.validate(nbformat.reads(text, as_version=4))
-    resource = await bridge.client.read_resource(f"kernelbridge://sessions/{session}/notebook")
-    assert resource.contents
+    nbformat.validate(nbformat.reads(await bridge.notebook(session), as_version=4))
     out = tmp_path / "deep.ipynb"
     env = {**os.environ, "KERNELBRIDGE_STATE_DIR": str(bridge.state_dir)}
     with anyio.fail_after(60):

@@ -1,7 +1,8 @@
 """The agent's rpc relay over its real socketpair, with the test as the kernel: requests become
 frames carrying only their own fields, anything else a kernel writes is dropped, an oversized line
-is answered ``too_large``, answers for a kernel that stops reading are bounded, and the kernel's exit
-closes the relay."""
+is answered ``too_large``, a burst past the requests waiting for the host is refused ``busy`` by the
+relay itself (the host's link carries at most that many), answers for a kernel that stops reading
+are bounded, and the kernel's exit closes the relay."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ class Wired:
 
     def kernel_reads(self) -> list[frames.Frame]:
         data = b""
-        while select.select([self.kernel], [], [], 0.2)[0]:
+        while self.relay.wants_write or select.select([self.kernel], [], [], 0.2)[0]:
+            self.relay.on_writable()
             chunk = self.kernel.recv(1 << 20)
             if not chunk:
                 break
@@ -91,6 +93,34 @@ def test_an_oversized_request_is_answered_too_large(wired: Wired) -> None:
     (answer,) = wired.kernel_reads()
     assert answer["id"] == 42 and answer["error"]["kind"] == "too_large"
     assert wired.sent == []
+
+
+def request(request_id: int) -> bytes:
+    return frames.encode({"type": "rpc_request", "id": request_id, "method": "call_tool", "params": {}})
+
+
+def test_a_burst_past_the_waiting_bound_is_refused_busy_without_reaching_the_host(wired: Wired) -> None:
+    burst = 10 * rpc_relay.MAX_WAITING
+    wired.kernel_writes(b"".join(request(i) for i in range(1, burst + 1)))
+    assert [frame["id"] for frame in wired.sent] == list(range(1, rpc_relay.MAX_WAITING + 1))
+    answers = wired.kernel_reads()
+    assert [a["id"] for a in answers] == list(range(rpc_relay.MAX_WAITING + 1, burst + 1))
+    assert {a["error"]["kind"] for a in answers} == {"busy"}
+    assert wired.logs == []  # a flood is not a log flood
+    # The host's answers free the places: the next request goes to the host again.
+    wired.relay.deliver({"type": "rpc_response", "id": 1, "result": None})
+    wired.kernel_writes(request(burst + 1))
+    assert wired.sent[-1]["id"] == burst + 1
+    assert [a["id"] for a in wired.kernel_reads()] == [1]
+
+
+def test_a_request_whose_id_is_waiting_is_refused_and_the_first_still_waits(wired: Wired) -> None:
+    wired.kernel_writes(request(5) + request(5))
+    assert [frame["id"] for frame in wired.sent] == [5]
+    (refusal,) = wired.kernel_reads()
+    assert refusal["id"] == 5 and refusal["error"]["kind"] == "invalid_params"
+    assert list(wired.relay.waiting) == [5]
+    assert wired.relay.fail_waiting("gone") == 1
 
 
 def test_answers_for_a_kernel_that_does_not_read_are_bounded(wired: Wired) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import mcp_types as types
 import pytest
 
+from kernelbridge.calls.approval import ApprovalRequest, Decision, refusal
 from kernelbridge.config import load_settings
 from kernelbridge.errors import ConfigError
 from kernelbridge.hub import Policy
-from kernelbridge.hub.approval import ApprovalRequest, Decision, refusal
 from kernelbridge.server.approval import decision_of
 
 

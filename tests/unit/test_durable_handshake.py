@@ -43,7 +43,7 @@ async def adopt(tmp_path: Path, script: Callable[[Agent], Awaitable[None]]) -> S
     agent = Agent(await SocketStream.from_socket(agent_sock))
     source = Scripted(await SocketStream.from_socket(host_sock))
     sandbox = Sandbox(
-        Settings(state_dir=tmp_path, kernel_start_timeout=5),
+        Settings(state_dir=tmp_path, kernel_start_timeout=2),
         source,
         "scripted",
         agent_hash=None,
@@ -67,8 +67,8 @@ async def adopt(tmp_path: Path, script: Callable[[Agent], Awaitable[None]]) -> S
     return sandbox
 
 
-def proof_for(nonce: str, host_nonce: str, secret: str = SECRET) -> str:
-    return frames.adoption_proof(secret, frames.AGENT_ROLE, nonce, host_nonce)
+def proof_for(nonce: str, host_nonce: str, frame: frames.Frame, secret: str = SECRET) -> str:
+    return frames.adoption_proof(secret, frames.AGENT_ROLE, nonce, host_nonce, frame)
 
 
 NONCE = "ab" * 32
@@ -108,8 +108,8 @@ async def test_a_sandbox_that_cannot_prove_the_secret_is_not_adopted(tmp_path: P
     async def impostor(agent: Agent) -> None:
         await agent.send({"type": frames.CHALLENGE, "nonce": NONCE})
         hello = await agent.got(frames.HELLO)
-        wrong = proof_for(NONCE, hello["nonce"], secret="00" * 32)
-        await agent.send({"type": frames.ADOPTED, "proof": wrong, "next": 1})
+        answer = {"type": frames.ADOPTED, "next": 1}
+        await agent.send({**answer, "proof": proof_for(NONCE, hello["nonce"], answer, secret="00" * 32)})
 
     await fails_with(tmp_path, impostor, "not the one this session made")
 
@@ -128,21 +128,19 @@ async def test_the_true_sandbox_is_adopted_and_its_facts_are_bounded(tmp_path: P
         await agent.send({"type": frames.CHALLENGE, "nonce": NONCE})
         hello = await agent.got(frames.HELLO)
         seen["proof_ok"] = frames.proof_matches(
-            frames.adoption_proof(SECRET, frames.HOST_ROLE, NONCE, hello["nonce"]), hello.get("proof")
+            frames.adoption_proof(SECRET, frames.HOST_ROLE, NONCE, hello["nonce"], hello), hello.get("proof")
         )
-        await agent.send(
-            {
-                "type": frames.ADOPTED,
-                "proof": proof_for(NONCE, hello["nonce"]),
-                "next": 5,
-                "resend": 0,
-                "dropped": {"frames": 3, "bytes": -1},
-                "detached": 12.5,
-                "how": "rm -rf /",
-                "cells": [{"msg_id": "m" * 500, "code": "x" * 100_000, "status": "weird"}, "junk"] * 20,
-                "versions": {"python": "3.11"},
-            }
-        )
+        answer = {
+            "type": frames.ADOPTED,
+            "next": 5,
+            "resend": 0,
+            "dropped": {"frames": 3, "bytes": -1},
+            "detached": 12.5,
+            "how": "rm -rf /",
+            "cells": [{"msg_id": "m" * 500, "code": "x" * 100_000, "status": "weird"}, "junk"] * 20,
+            "versions": {"python": "3.11"},
+        }
+        await agent.send({**answer, "proof": proof_for(NONCE, hello["nonce"], answer)})
         await agent.got(frames.SHUTDOWN)
 
     sandbox = await adopt(tmp_path, true)
@@ -188,8 +186,9 @@ def host() -> Iterator[Host]:
 
 
 def hello(nonce: str, host_nonce: str = "cd" * 32, secret: str = SECRET) -> bytes:
-    proof = frames.adoption_proof(secret, frames.HOST_ROLE, nonce, host_nonce)
-    return frames.encode({"type": frames.HELLO, "nonce": host_nonce, "proof": proof})
+    frame = {"type": frames.HELLO, "nonce": host_nonce}
+    proof = frames.adoption_proof(secret, frames.HOST_ROLE, nonce, host_nonce, frame)
+    return frames.encode({**frame, "proof": proof})
 
 
 def test_the_agent_challenges_with_a_fresh_nonce(host: Host) -> None:

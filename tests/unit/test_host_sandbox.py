@@ -178,10 +178,10 @@ async def test_a_sandbox_that_ends_by_itself_is_dead_with_its_kind(tmp_path: Pat
     ended: list[bool] = []
     handlers = SandboxHandlers(on_end=lambda: ended.append(True))
     async with scripted_sandbox(tmp_path, handlers=handlers) as (sandbox, agent):
-        assert repr(sandbox) == "<Sandbox 'scripted' ready>" and sandbox.owner.versions == {"python": "3"}
+        assert repr(sandbox) == "<Sandbox 'scripted' ready>" and sandbox.versions == {"python": "3"}
         await agent.leave(ExitKind.KERNEL_DIED, "the kernel was killed by signal 9", status=-9)
         with anyio.fail_after(10):
-            await sandbox.ended.wait()
+            await sandbox.gone.wait()
         assert sandbox.state is SandboxState.DEAD and ended == [True]
         assert sandbox.death is not None and sandbox.death.kind is ExitKind.KERNEL_DIED
         assert sandbox.death.reason == "the kernel was killed by signal 9"
@@ -207,7 +207,7 @@ async def test_a_start_failure_raises_its_error_by_kind(tmp_path: Path) -> None:
         tg.start_soon(mismatched, agent)
         with anyio.fail_after(10), pytest.raises(AgentMismatch, match="rebuild it"):
             await tg.start(sandbox.run)
-    assert sandbox.state is SandboxState.DEAD and sandbox.death is None and sandbox.ended.is_set()
+    assert sandbox.state is SandboxState.DEAD and sandbox.death is None and sandbox.gone.is_set()
     assert not sandbox.connection_file.exists()
 
 
@@ -302,7 +302,7 @@ async def test_cancelled_while_starting_it_releases_its_container(tmp_path: Path
             await agent.got(frames.HELLO)
             assert sandbox.state is SandboxState.STARTING
             tg.cancel_scope.cancel()
-    assert sandbox.ended.is_set() and sandbox.state is SandboxState.DEAD and sandbox.death is None
+    assert sandbox.gone.is_set() and sandbox.state is SandboxState.DEAD and sandbox.death is None
     assert not sandbox.connection_file.exists()
     with pytest.raises(anyio.ClosedResourceError):
         await source.host.send(b"x")  # released: the stream was closed

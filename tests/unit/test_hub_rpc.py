@@ -10,11 +10,11 @@ from typing import Any
 import anyio
 import pytest
 
+from kernelbridge.calls.wire import check_result_size, parse_request
 from kernelbridge.config import load_settings
 from kernelbridge.errors import HubError, RpcError
 from kernelbridge.frames import MAX_RPC_BYTES, MAX_RPC_IN_FLIGHT
 from kernelbridge.hub import KINDS, METHODS, Hub, RpcCall
-from kernelbridge.hub.rpc import check_result_size, parse_request
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""kernelbridge.image without a container runtime: the agent hash, extras and the image name."""
+"""kernelbridge.image without a container runtime: the agent hash, profiles, extras and the image name."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from kernelbridge import image
-from kernelbridge.config import load_settings
+from kernelbridge.cli.setup import entry_env
+from kernelbridge.config import IMAGE_PROFILES, load_settings
 from kernelbridge.errors import AgentMismatch, ConfigError, ImageError
 from kernelbridge.image import build, containerfile, recipe, rootfs
 from kernelbridge.testing import MemoryImages
@@ -141,7 +142,7 @@ def test_import_changes_come_from_the_containerfile() -> None:
         for line in (REPO / "sandbox_kernel_image/Containerfile").read_text().splitlines()
         if line.startswith("CMD ")
     ]
-    assert cmd.startswith('CMD ["python3", "-m", "kernelbridge.') and cmd in changes
+    assert cmd.startswith('CMD ["python3", "-P", "-m", "kernelbridge.') and cmd in changes
     assert f"LABEL kernelbridge.agent-hash={'ab' * 32}" in changes
     # podman import reads a change like a Containerfile line: a value with spaces is quoted.
     assert 'LABEL kernelbridge.packages="numpy==2.0 pandas==2.2"' in changes
@@ -160,7 +161,7 @@ def test_missing_mmdebstrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setattr(rootfs.shutil, "which", lambda name: None)
     labels = {image.HASH_LABEL: "0" * 64}
     with pytest.raises(ImageError, match="apt-get install mmdebstrap"):
-        anyio.run(rootfs.make_rootfs, REPO, tmp_path, labels, image.NO_EXTRAS, lambda line: None)
+        anyio.run(rootfs.make_rootfs, REPO, tmp_path, labels, image.DEFAULT_CONTENTS, lambda line: None)
 
 
 # -- the recipe ships in the package -------------------------------------------------------------------
@@ -188,13 +189,13 @@ def test_without_extras_the_image_hash_is_the_agent_hash() -> None:
 
 
 def test_extras_change_the_image_name_and_not_the_agent() -> None:
-    sklearn = image.NO_EXTRAS.plus(["scikit-learn"])
+    sklearn = image.DEFAULT_CONTENTS.plus(["scikit-learn"])
     both = sklearn.plus(["polars>=1,<2"])
     names = {image.default_image(), image.default_image(sklearn), image.default_image(both)}
     assert len(names) == 3
     # The same list gives the same image, whatever the spelling of duplicates.
     assert image.default_image(both.plus(["scikit-learn"])) == image.default_image(both)
-    assert both.names() == ["scikit-learn", "polars"]
+    assert both.extra_names() == ["scikit-learn", "polars"]
 
 
 @pytest.mark.parametrize(
@@ -202,10 +203,10 @@ def test_extras_change_the_image_name_and_not_the_agent() -> None:
 )
 def test_extras_accept_requirements_only(bad: str) -> None:
     with pytest.raises(ConfigError, match="not a package requirement"):
-        image.NO_EXTRAS.plus([bad])
+        image.DEFAULT_CONTENTS.plus([bad])
 
 
-def test_extras_from_settings_read_the_requirements_file(tmp_path: Path) -> None:
+def test_contents_from_settings_read_the_requirements_file(tmp_path: Path) -> None:
     reqs = tmp_path / "reqs.txt"
     reqs.write_text("# mine\nscikit-learn>=1.4  # trees\n\npolars\n")
     settings = load_settings(
@@ -215,11 +216,11 @@ def test_extras_from_settings_read_the_requirements_file(tmp_path: Path) -> None
             "KERNELBRIDGE_IMAGE_PACKAGES": "sympy, polars",
         }
     )
-    extras = image.extras_from_settings(settings)
-    assert extras.requirements == ("scikit-learn>=1.4", "polars", "sympy")
+    extras = image.contents_from_settings(settings)
+    assert extras.extras == ("scikit-learn>=1.4", "polars", "sympy")
     before = image.default_image(extras)
     reqs.write_text("scikit-learn>=1.5\npolars\n")
-    assert image.default_image(image.extras_from_settings(settings)) != before
+    assert image.default_image(image.contents_from_settings(settings)) != before
 
 
 def test_an_unreadable_requirements_file_is_one_line(tmp_path: Path) -> None:
@@ -227,7 +228,7 @@ def test_an_unreadable_requirements_file_is_one_line(tmp_path: Path) -> None:
         {"KERNELBRIDGE_STATE_DIR": str(tmp_path), "KERNELBRIDGE_IMAGE_REQUIREMENTS": str(tmp_path / "nope")}
     )
     with pytest.raises(ConfigError, match=r"KERNELBRIDGE_IMAGE_REQUIREMENTS=.*cannot read it"):
-        image.extras_from_settings(settings)
+        image.contents_from_settings(settings)
 
 
 # -- labels --------------------------------------------------------------------------------------------
@@ -319,18 +320,20 @@ def test_a_current_image_is_kept_and_named_latest(tmp_path: Path) -> None:
     assert lines == [f"sandbox image {tag} is current"]
     assert run(image.image_status, store, f"{image.REPOSITORY}:latest") == "current"
     assert run(image.image_status, store, tag) == "current"
-    assert run(image.image_status, store, image.default_image(image.NO_EXTRAS.plus(["six"]))) == "missing"
+    assert (
+        run(image.image_status, store, image.default_image(image.DEFAULT_CONTENTS.plus(["six"]))) == "missing"
+    )
 
 
 def test_the_containerfile_builder_stages_what_the_recipe_copies(tmp_path: Path) -> None:
     """``--containerfile`` through a store: the recipe's Containerfile gets a context with every
     file it copies and the build args its labels read (the double checks both)."""
     store = MemoryImages()
-    extras = image.NO_EXTRAS.plus(["six"])
+    extras = image.DEFAULT_CONTENTS.plus(["six"])
     with pytest.raises(ImageError, match="registry is reachable"):  # no base image: no pull here
-        run(image.build_image, store, containerfile=True, extras=extras, log=lambda line: None)
+        run(image.build_image, store, containerfile=True, contents=extras, log=lambda line: None)
     run(store.import_rootfs, tiny_tarball(tmp_path / "t.tar"), "docker.io/library/debian:bookworm-slim", [])
-    tag = run(image.build_image, store, containerfile=True, extras=extras, log=lambda line: None)
+    tag = run(image.build_image, store, containerfile=True, contents=extras, log=lambda line: None)
     assert tag == image.default_image(extras)
     labels = run(store.labels, tag)
     assert labels[image.HASH_LABEL] == image.agent_hash()
@@ -363,3 +366,95 @@ def test_old_images_are_pruned_but_the_newest_and_the_used_are_kept(tmp_path: Pa
     assert [i for i in run(store.list) if not i.tags] == [], "the dangling image went too"
     # old1 and old2 (past the newest four, not in use) and the dangling image.
     assert sum(line.startswith("removed old image") for line in lines) == 3
+
+
+# -- profiles ------------------------------------------------------------------------------------------
+MINIMAL = image.ImageContents("minimal")
+CORE = ["ipykernel", "numpy", "pandas", "matplotlib", "pillow", "installer"]
+ANALYSIS = ["scipy", "scikit-learn", "seaborn", "sympy", "statsmodels", "pyarrow", "ipywidgets"]
+
+
+def test_every_profile_names_recipe_files() -> None:
+    assert set(image.PROFILE_REQUIREMENTS) == set(IMAGE_PROFILES)
+    for files in image.PROFILE_REQUIREMENTS.values():
+        assert set(files) <= set(image.RECIPE_FILES)
+    assert recipe.requested_packages(MINIMAL) == CORE, "the minimal profile is the core set"
+    assert recipe.requested_packages(image.DEFAULT_CONTENTS) == CORE + ANALYSIS
+    assert recipe.requested_packages(MINIMAL.plus(["polars>=1"])) == [*CORE, "polars"]
+
+
+def test_the_profile_names_another_image_with_the_same_agent() -> None:
+    names = {
+        image.default_image(),
+        image.default_image(MINIMAL),
+        image.default_image(image.DEFAULT_CONTENTS.plus(["six"])),
+        image.default_image(MINIMAL.plus(["six"])),
+    }
+    assert len(names) == 4
+    assert image.default_image(image.ImageContents("full")) == image.default_image()
+    assert not MINIMAL.is_default and image.ImageContents("full").is_default
+    # No extras line can make a full image take the minimal one's name (the parts are NUL-separated).
+    lookalike = image.DEFAULT_CONTENTS.plus(["profile=minimal"])
+    assert image.image_hash(lookalike) != image.image_hash(MINIMAL)
+    with pytest.raises(ConfigError, match="not a package requirement"):
+        image.DEFAULT_CONTENTS.plus(["six\0profile=minimal"])
+
+
+def test_the_profile_setting(tmp_path: Path) -> None:
+    base = {"KERNELBRIDGE_STATE_DIR": str(tmp_path)}
+    assert load_settings(base).image_profile == "full"
+    assert image.contents_from_settings(load_settings(base)) == image.DEFAULT_CONTENTS
+    settings = load_settings(
+        {**base, "KERNELBRIDGE_IMAGE_PROFILE": "Minimal", "KERNELBRIDGE_IMAGE_PACKAGES": "six"}
+    )
+    assert image.contents_from_settings(settings) == MINIMAL.plus(["six"])
+    with pytest.raises(ConfigError, match=r"^KERNELBRIDGE_IMAGE_PROFILE='tiny': expected full or minimal$"):
+        load_settings({**base, "KERNELBRIDGE_IMAGE_PROFILE": "tiny"})
+    kept = load_settings({**base, "KERNELBRIDGE_IMAGE_PROFILE": "tiny"}, strict=False)
+    assert kept.image_profile == "full" and len(kept.problems) == 1
+
+
+def test_a_minimal_build_is_labelled_with_its_profile_and_packages(tmp_path: Path) -> None:
+    """Through the Containerfile builder and the double: what the registry-free build labels the
+    same way (its packages label is tested with real wheels in the integration test)."""
+    store = MemoryImages()
+    run(store.import_rootfs, tiny_tarball(tmp_path / "t.tar"), "docker.io/library/debian:bookworm-slim", [])
+    tag = run(image.build_image, store, containerfile=True, contents=MINIMAL, log=lambda line: None)
+    assert tag == image.default_image(MINIMAL)
+    labels = run(store.labels, tag)
+    assert labels[image.PROFILE_LABEL] == "minimal"
+    assert labels[image.IMAGE_HASH_LABEL] == image.image_hash(MINIMAL)
+    assert labels[image.HASH_LABEL] == image.agent_hash(), "the same agent as the full image"
+    assert labels[image.PACKAGES_LABEL].split() == CORE
+    assert run(image.image_status, store, tag, MINIMAL) == "current"
+    assert run(image.image_status, store, tag) == "stale", "a full-profile bridge does not take it"
+    assert run(store.labels, f"{image.REPOSITORY}:latest") is None, ":latest is the default image only"
+    args = containerfile.build_args(REPO, labels, MINIMAL)
+    assert args["REQUIREMENTS"] == "requirements.txt" and args["PROFILE"] == "minimal"
+    assert containerfile.build_args(REPO, labels, image.DEFAULT_CONTENTS)["REQUIREMENTS"] == (
+        "requirements.txt requirements-analysis.txt"
+    )
+
+
+def test_the_packages_label_lists_the_profile_s_packages_only(tmp_path: Path) -> None:
+    # scipy arrives as a dependency of a minimal image's extra: installed, but not asked for.
+    for name in ("numpy", "scipy", "polars"):
+        info = tmp_path / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    installed = rootfs.installed_packages(tmp_path)
+    label = image.packages_label(installed, recipe.requested_packages(MINIMAL.plus(["polars"])))
+    assert label == "numpy==1.0 polars==1.0"
+
+
+def test_the_entry_carries_the_profile_built() -> None:
+    settings = load_settings({"KERNELBRIDGE_STATE_DIR": "/tmp/kb-state"})
+    env = {"KERNELBRIDGE_IMAGE_PROFILE": "minimal", "KERNELBRIDGE_STATE_DIR": "/tmp/kb-state"}
+    assert entry_env(settings, MINIMAL, env={})["KERNELBRIDGE_IMAGE_PROFILE"] == "minimal"
+    # `setup --profile full` under KERNELBRIDGE_IMAGE_PROFILE=minimal: the entry says the default.
+    assert "KERNELBRIDGE_IMAGE_PROFILE" not in entry_env(settings, image.DEFAULT_CONTENTS, env=env)
+    assert entry_env(settings, MINIMAL.plus(["six"]), env=env) == {
+        "KERNELBRIDGE_IMAGE_PROFILE": "minimal",
+        "KERNELBRIDGE_IMAGE_PACKAGES": "six",
+        "KERNELBRIDGE_STATE_DIR": "/tmp/kb-state",
+    }

@@ -37,6 +37,32 @@ def test_only_allowed_display_settings_with_sane_values_cross() -> None:
     assert {"PAGER", "EDITOR", "MPLBACKEND", "TZ", "PATH"}.isdisjoint(DISPLAY_VARIABLES)
 
 
+def test_values_that_try_to_smuggle_something_are_left_out_whole(  # issue 23
+) -> None:
+    hostile = {
+        "TERM": "xterm\n",  # a trailing newline (re's `$` lets it through)
+        "LANG": "C.UTF-8\n",
+        "LINES": "40\n",
+        "FORCE_COLOR": "1\n",
+        "COLORTERM": "\x1b]0;owned\x07",  # an escape sequence (a terminal title)
+        "LC_ALL": "../../etc/passwd",  # a path
+        "LC_CTYPE": "en_US.UTF-8\x00X=1",
+        "LC_MESSAGES": "sk-" + "a" * 48,  # a token shaped like a locale's worth of characters
+        "LANGUAGE": ":".join(["en"] * 50),
+        "COLUMNS": "99999",  # past any terminal
+        "NO_COLOR": "",
+        "CLICOLOR": "1" * 10**6,  # huge
+        "LC_ALL_EXTRA": "C",  # names that look allowed
+        "TERM ": "xterm",
+        "TERMINFO": "/tmp/evil",
+        "term": "xterm",
+    }
+    assert display_env(hostile) == ()
+    fine = {"LANG": "de_DE.UTF-8@euro", "LANGUAGE": "de_DE:de:en", "LC_TIME": "C", "LC_CTYPE": "es_419.UTF-8",
+            "TERM": "screen.xterm-256color", "COLORTERM": "truecolor", "COLUMNS": "10000"}  # fmt: skip
+    assert dict(display_env(fine)) == fine
+
+
 def test_the_terminal_gives_the_size_when_the_environment_does_not() -> None:
     assert dict(display_env({}, terminal=(90, 30))) == {"COLUMNS": "90", "LINES": "30"}
     assert dict(display_env({"COLUMNS": "50"}, terminal=(90, 30))) == {"COLUMNS": "50", "LINES": "30"}

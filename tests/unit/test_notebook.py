@@ -13,13 +13,14 @@ import pytest
 
 from kernelbridge.config import Settings
 from kernelbridge.errors import SessionError
-from kernelbridge.notebook.convert import KERNELSPEC, journal_to_notebook
-from kernelbridge.notebook.journal import Journal, JournalCell, JournalHeader, JournalReader, read_journal
+from kernelbridge.notebook.convert import KERNELSPEC
+from kernelbridge.notebook.journal import Journal, JournalCell, JournalHeader, JournalReader
 from kernelbridge.session.cell import CellError, CellResult
 from kernelbridge.session.generations import export_session
 from kernelbridge.session.outcome import State, Status
 from kernelbridge.session.recording import result_entry
 from kernelbridge.session.store import SessionStore
+from kernelbridge.testing.notebooks import journal_to_notebook, read_journal
 
 
 def result(**kw: object) -> CellResult:

@@ -12,7 +12,6 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kernelbridge.notebook.convert import journal_to_notebook
 from kernelbridge.notebook.export import (
     MAX_SPLIT_LINES,
     NotebookTooLarge,
@@ -24,13 +23,13 @@ from kernelbridge.notebook.journal import (
     Journal,
     JournalCell,
     JournalHeader,
+    JournalReader,
     JournalTruncated,
-    iter_journal,
-    read_journal,
 )
 from kernelbridge.session.cell import CellResult
 from kernelbridge.session.outcome import JournalFull, State, Status
 from kernelbridge.session.recording import result_entry
+from kernelbridge.testing.notebooks import journal_to_notebook, read_journal
 
 PNG = "iVBORw0KGgo" + "A" * 1000
 
@@ -84,7 +83,7 @@ def test_reading_stops_at_its_limit(tmp_path: Path) -> None:
         "outputs": [{"output_type": "stream", "name": "stdout", "text": "y" * 999}],
     }
     path.write_text("".join(json.dumps(cell) + "\n" for _ in range(1000)))  # an older bridge's, over 1 MB
-    entries = list(iter_journal(path, 100_000))
+    entries = list(JournalReader(path, 100_000))
     assert entries[-1] == JournalTruncated(read_limit=100_000)
     assert 90 <= len(entries) - 1 <= 100
     nb = journal_to_notebook(entries, "big")
@@ -96,7 +95,7 @@ def test_the_streamed_notebook_is_what_nbformat_writes(tmp_path: Path) -> None:
     append(journal, "import math\nx = 1\n\nprint(x)", result("a\nb\r\nc\n"), ["time"], timeout=5)
     append(journal, "", result(""))
     out = io.StringIO()
-    assert write_notebook(iter_journal(journal.path), "s", out) == 2
+    assert write_notebook(JournalReader(journal.path), "s", out) == 2
     text = out.getvalue()
     nb = nbformat.reads(text, as_version=4)
     nbformat.validate(nb)
@@ -139,7 +138,7 @@ def test_a_notebook_too_big_to_return_whole_says_what_to_do(tmp_path: Path) -> N
 
 
 def test_a_restore_gets_the_cells_without_their_images_bytes(tmp_path: Path) -> None:
-    from kernelbridge.notebook.replay import behaviour
+    from kernelbridge.replay import behaviour
 
     journal = started(tmp_path / "1.journal.jsonl")
     big = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAADCAYAAAC56t6BAAAA" + "A" * 3_000_000

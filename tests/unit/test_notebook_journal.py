@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kernelbridge.notebook.convert import journal_to_notebook
-from kernelbridge.notebook.journal import Journal, JournalCell, JournalHeader, read_journal
+from kernelbridge.notebook.journal import Journal, JournalCell, JournalHeader
 from kernelbridge.session.broker import ToolCallRecord
 from kernelbridge.session.cell import Cell, CellClient, CellResult
 from kernelbridge.session.outcome import State, Status
 from kernelbridge.session.recording import client_entry, result_entry
+from kernelbridge.testing.notebooks import journal_to_notebook, read_journal
 
 
 def client_cell(code: str | None) -> Cell:

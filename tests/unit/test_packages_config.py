@@ -16,7 +16,7 @@ from kernelbridge.config import ConfigError, SandboxLimits, load_settings
 from kernelbridge.errors import RpcError
 from kernelbridge.image.target import PIP_TARGET_FLAGS, platforms
 from kernelbridge.packages.cache import FRESH_FOR, CacheError, WheelCache, installed_size
-from kernelbridge.packages.pip import Failure, Outcome, Resolved, classify
+from kernelbridge.packages.pip import Failure, Outcome, Resolved, classify, pip_env
 from kernelbridge.packages.requirements import (
     PackagePolicy,
     parse_environment,
@@ -58,7 +58,7 @@ def test_hostile_requirement_lines_are_refused_in_one_line(line: str) -> None:
 def test_requirements_are_rerendered_by_packaging_and_markers_judged_for_the_sandbox() -> None:
     wanted = parse_requirements(["Scikit_Learn>=1.0", "requests[socks] >= 2", "numpy; python_version < '3'"])
     assert [(w.name, w.text) for w in wanted] == [
-        ("scikit-learn", "Scikit_Learn>=1.0"),
+        ("scikit-learn", "scikit-learn>=1.0"),
         ("requests", "requests[socks]>=2"),
     ], "the marker was false for CPython 3.11: numpy is dropped"
     windows_only = parse_requirement("pywin32; sys_platform == 'win32'")
@@ -102,7 +102,7 @@ def test_package_settings() -> None:
     assert settings.packages.max_bytes == 64 * 2**20
     assert settings.limits.packages_size == "96m", "the tmpfs holds the cap and a wheel being unpacked"
     assert load_settings({}).limits.packages_size == "192m" == SandboxLimits().packages_size
-    assert load_settings({"KERNELBRIDGE_PACKAGES": "none"}).packages.enabled is False
+    assert load_settings({"KERNELBRIDGE_PACKAGES": "none"}).packages.policy == "none"
     assert load_settings({}).packages.policy == "any"
     with pytest.raises(ConfigError, match="KERNELBRIDGE_PACKAGES: '--index-url' is not a package name"):
         load_settings({"KERNELBRIDGE_PACKAGES": "--index-url"})
@@ -124,7 +124,7 @@ def test_mounts_refuse_the_state_directory_its_parents_files_and_system_paths(tm
     refusals = {
         f"{state}:/d": "is the state directory",
         f"{tmp_path}:/d": "holds the state directory",
-        "/:/d": "holds the state directory",
+        "/:/d": "holds /proc",
         f"{state}/sessions:/d": "does not exist",
         f"{tmp_path / 'link'}:/d": "is the state directory",  # a symlink to it, resolved
         f"{tmp_path / 'file.txt'}:/d": "is not a directory",
@@ -183,6 +183,41 @@ def test_pip_failures_become_one_line_each() -> None:
     )
     other = classify(Outcome(2, "", "ERROR: something odd\n"))
     assert other.kind is Failure.FAILED and other.message.endswith("something odd")
+
+
+def test_pip_gets_only_its_own_settings_of_the_bridges_environment() -> None:
+    bridge = {
+        "PATH": "/usr/bin", "HOME": "/home/u", "PIP_INDEX_URL": "https://mirror.example/simple",
+        "HTTPS_PROXY": "http://proxy:3128", "SSL_CERT_FILE": "/etc/ca.pem", "LC_ALL": "C.UTF-8",
+        "KERNELBRIDGE_HTTP_TOKENS": "alice:t0ken", "ANTHROPIC_API_KEY": "sk-x", "GITHUB_TOKEN": "ghp-x",
+        "AWS_SECRET_ACCESS_KEY": "x", "PIP_CACHE_DIR": "/home/u/.cache/pip", "PYTHONPATH": "/x",
+    }  # fmt: skip
+    env = pip_env(bridge)
+    assert set(env) == {
+        "PATH", "HOME", "PIP_INDEX_URL", "HTTPS_PROXY", "SSL_CERT_FILE", "LC_ALL",
+        "PIP_CONSTRAINT", "PIP_NO_INPUT", "PIP_DISABLE_PIP_VERSION_CHECK",
+    }  # fmt: skip
+    assert env["PIP_INDEX_URL"] == bridge["PIP_INDEX_URL"] and env["PIP_CONSTRAINT"] == ""
+
+
+def test_pip_output_quoted_to_the_sandbox_is_scrubbed() -> None:
+    failed = classify(
+        Outcome(
+            1,
+            "",
+            "ERROR: Could not install packages due to an OSError: [Errno 13] Permission denied:"
+            " '/home/u/.local/state/kernelbridge/packages/downloads/dl-x/t' from"
+            " https://user:s3cret@mirror.example/simple/six/\x1b[31m\n",
+        )
+    )
+    assert failed.kind is Failure.FAILED
+    assert "/home/u" not in failed.message and "s3cret" not in failed.message and "\x1b" not in failed.message
+    assert "Permission denied: '<path>' from <url>" in failed.message
+    long = classify(Outcome(1, "", "ERROR: " + "x" * 5000 + "\n"))
+    assert len(long.message) < 400
+    expanded = classify(Outcome(1, "", "ERROR: No matching distribution found for Kb_Nothing===s3cret\n"))
+    assert expanded.kind is Failure.NOT_FOUND and expanded.name == "kb-nothing", "only the name, normalized"
+    assert "s3cret" not in expanded.message
 
 
 def wheel(path: Path, members: dict[str, bytes]) -> Path:

@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 import pytest
 
+from kernelbridge.calls import RpcCall, RpcHandler
 from kernelbridge.config import PackageSettings, load_settings
 from kernelbridge.errors import RpcError
-from kernelbridge.hub.rpc import RpcCall, RpcHandler
 from kernelbridge.image.target import PIP_TARGET_FLAGS
 from kernelbridge.packages import PackageService, WithPackages
 from kernelbridge.packages.cache import resolution_key
@@ -122,7 +122,7 @@ def test_plans_belong_to_their_sandbox(tmp_path: Path) -> None:
 
 
 def test_the_caps_on_installs_and_bytes_and_the_policy(tmp_path: Path) -> None:
-    svc = service(tmp_path, max_installs=1, max_bytes=10_000)
+    svc = service(tmp_path, max_installs=2, max_bytes=10_000)
     seed(svc, tmp_path, "small", b"x" * 100)
     seed(svc, tmp_path, "big", b"y" * 50_000)
     with pytest.raises(RpcError) as too_big:
@@ -130,9 +130,10 @@ def test_the_caps_on_installs_and_bytes_and_the_policy(tmp_path: Path) -> None:
     assert too_big.value.kind == "too_large" and "KERNELBRIDGE_PACKAGES_MAX_BYTES" in too_big.value.message
     plan = install(svc, "small")
     run(svc, "packages_done", {"plan": plan["plan"], "ok": True})
-    with pytest.raises(RpcError) as second:
+    with pytest.raises(RpcError) as third:
         install(svc, "small", "big")
-    assert second.value.kind == "denied" and "KERNELBRIDGE_PACKAGES_MAX_INSTALLS" in second.value.message
+    assert third.value.kind == "denied" and "KERNELBRIDGE_PACKAGES_MAX_INSTALLS" in third.value.message
+    assert "refused ones included" in third.value.message, "the refused install counted"
     fresh = install(svc, "small", sandbox="c2")  # a new sandbox of the session starts afresh
     assert fresh["plan"] is not None
     off = service(tmp_path, policy="none")

@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from kernelbridge.notebook.replay import CellVerdict, ReplayReport, behaviour, judge, normalize_text
-from kernelbridge.notebook.replay.judge import FailedNames, bound_names, ran_in_original, unexecuted
+from kernelbridge.replay import CellVerdict, ReplayReport, behaviour, judge, normalize_text
+from kernelbridge.replay.judge import FailedNames, bound_names, ran_in_original, unexecuted
 
 
 def stream(text: str, name: str = "stdout") -> dict[str, object]:
@@ -132,8 +132,14 @@ def test_a_cell_never_run_is_unexecuted_saying_what_it_did_now() -> None:
     assert verdict == CellVerdict(
         2, "unexecuted", "not executed in the original; now it ran without an error"
     )
+    # One that raises now is a failed replay (issue 23), as `nbconvert --execute` fails on it,
+    # unless the cell is tagged to raise.
     raised = unexecuted(3, behaviour([error("NameError", "name 'x' is not defined")], "error"))
-    assert raised.why.endswith("now it raised NameError: name 'x' is not defined")
+    assert raised.verdict == "error"
+    assert raised.why == "not executed in the original; now it raised NameError: name 'x' is not defined"
+    assert ReplayReport([raised]).failed()
+    allowed = unexecuted(3, behaviour([error("RuntimeError", "boom")], "error"), may_raise=True)
+    assert allowed.verdict == "unexecuted" and not ReplayReport([allowed]).failed()
 
 
 def test_errors_that_follow_from_a_failed_cell_say_so_and_count_with_it() -> None:

@@ -8,9 +8,9 @@ import anyio
 import pytest
 from nbformat import v4
 
+from kernelbridge.calls import RpcCall
 from kernelbridge.errors import HubError, RpcError
-from kernelbridge.hub.rpc import RpcCall
-from kernelbridge.notebook.replay import RecordedTools, recorded_in_full
+from kernelbridge.replay import RecordedTools, recorded_in_full
 
 pytestmark = pytest.mark.anyio
 

@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from kernelbridge.errors import EngineRefused
-from kernelbridge.runtime.engine.api import LIST_ATTEMPTS, EngineRuntime
+from kernelbridge.runtime import races
+from kernelbridge.runtime.engine.api import EngineRuntime
 from kernelbridge.runtime.engine.endpoint import parse_endpoint
+from kernelbridge.runtime.races import ATTEMPTS as LIST_ATTEMPTS
 
 pytestmark = pytest.mark.anyio
 
@@ -31,9 +33,11 @@ class FlakyClient:
 
     def __init__(self, failures: int, message: str) -> None:
         self.failures, self.message, self.calls = failures, message, 0
+        self.paths: list[str] = []
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Answer:
         self.calls += 1
+        self.paths.append(path)
         if self.calls <= self.failures:
             raise EngineRefused(self.message, 500, "Internal Server Error")
         return Answer()
@@ -42,6 +46,12 @@ class FlakyClient:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retries' pauses are for a real engine's race to pass; a stand-in has none."""
+    monkeypatch.setattr(races, "FIRST_DELAY", 0.0)
 
 
 RACE = 'podman refused to list containers: getting container from store "1a89": container not known'
@@ -53,6 +63,22 @@ async def test_a_listing_during_removals_is_retried() -> None:
     (listed,) = await runtime.list()
     assert (listed.name, listed.labels) == ("kernelbridge-s1", ROW["Labels"])
     assert client.calls == LIST_ATTEMPTS
+    # podman's own listing (what `podman ps` runs), which skips a container removed meanwhile.
+    assert set(client.paths) == {"/libpod/containers/json"}
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        'getting container from store "1a89": container not known',
+        "read /proc/18864/cgroup: no such process",
+        "no container with ID 1a89 found in database: no such container",
+    ],
+)
+async def test_each_way_podman_says_a_container_went_meanwhile_is_retried(reason: str) -> None:
+    client = FlakyClient(2, f"the podman engine refused to list containers: {reason}")
+    assert len(await EngineRuntime(client, engine="podman").list()) == 1  # type: ignore[arg-type]
+    assert client.calls == 3
 
 
 async def test_a_lasting_race_or_another_refusal_is_raised() -> None:

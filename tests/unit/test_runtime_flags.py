@@ -163,8 +163,9 @@ def test_a_durable_sandbox_is_labelled_and_keeps_stdin_once() -> None:
     assert s.all_labels()[DURABLE_LABEL] == "1" and DURABLE_LABEL not in spec().all_labels()
     assert sandbox_flags(s).stdin_once is True  # reached again through an exec session
     assert create_body(s)["StdinOnce"] is True and create_body(s)["OpenStdin"] is True
-    (container,) = pod_manifest(s)["spec"]["containers"]
+    container, handover = pod_manifest(s)["spec"]["containers"]  # a pod's is reached through its handover
     assert container["stdinOnce"] is True and container["stdin"] is True
+    assert handover["name"] == "handover" and "stdin" not in handover
 
 
 class NoClient:

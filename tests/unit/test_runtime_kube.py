@@ -64,3 +64,65 @@ def test_network_policy_denies_everything() -> None:
 def test_yaml_is_json_documents() -> None:
     text = to_yaml({"a": 1}, {"b": 2})
     assert [json.loads(doc) for doc in text.split("---\n")] == [{"a": 1}, {"b": 2}]
+
+
+def test_a_durable_pod_has_a_handover_container_of_another_uid_and_a_pod_budget() -> None:
+    spec = ContainerSpec(
+        image="localhost/kernelbridge-sandbox:abc",
+        name="kernelbridge-s1-abc123",
+        session="s1",
+        owner_pid=7,
+        limits=SandboxLimits(memory="512m", cpus=1.0),
+        durable=True,
+    )
+    body = pod_manifest(spec)["spec"]
+    sandbox, handover = body["containers"]
+    assert {"name": "KERNELBRIDGE_RELAY_UID", "value": "65533"} in sandbox["env"]
+    assert sandbox["resources"]["limits"] == {"memory": "512Mi", "cpu": "1000m"}
+    sc = handover["securityContext"]
+    assert (sc["runAsUser"], sc["runAsNonRoot"], sc["readOnlyRootFilesystem"]) == (65533, True, True)
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+    assert "volumeMounts" not in handover and handover["workingDir"] == "/"
+    assert {"name": "KERNELBRIDGE_AGENT_PID", "value": "0"} in handover["env"]
+    # The pod's budget: the sandbox's cpu, its memory and the handover's; requests = limits.
+    assert body["resources"]["limits"] == {"memory": "544Mi", "cpu": "1000m"}
+    assert body["resources"]["requests"] == body["resources"]["limits"]
+    assert not body.get("shareProcessNamespace"), "kernel code must not see the handover's processes"
+
+
+def test_the_v5_channel_codec_splits_messages_by_channel() -> None:
+    import wsproto
+    import wsproto.connection
+    import wsproto.events
+
+    from kernelbridge.runtime.kube.stream import ChannelCodec, exit_status
+
+    server = wsproto.connection.Connection(wsproto.ConnectionType.SERVER)
+    codec = ChannelCodec()
+    wire = server.send(wsproto.events.BytesMessage(data=b"\x01hel", message_finished=False))
+    wire += server.send(wsproto.events.BytesMessage(data=b"lo", message_finished=True))
+    wire += server.send(wsproto.events.BytesMessage(data=b"\x02oops\n"))
+    wire += server.send(wsproto.events.Ping(payload=b"p"))
+    pieces, reply = codec.feed(wire)
+    assert [(p.channel, p.data) for p in pieces] == [(1, b"hel"), (1, b"lo"), (2, b"oops\n")]
+    server.receive_data(reply)
+    assert [type(e).__name__ for e in server.events()] == ["Pong"]
+    server.receive_data(b"".join(codec.stdin(b"x" * (3 << 20))) + codec.close_stdin())
+    sent = [e.data for e in server.events()]
+    assert [len(m) for m in sent[:-1]] == [1 + (1 << 20)] * 3, "stdin in 1 MiB messages"
+    assert sent[-1] == bytes([255, 0]) and all(m[0] == 0 for m in sent[:-1])
+    causes = b'"causes":[{"reason":"ExitCode","message":"3"}]'
+    status = b'{"status":"Failure","reason":"NonZeroExitCode","details":{' + causes + b"}}"
+    assert exit_status(b'{"status":"Success"}') == (0, "") and exit_status(status)[0] == 3
+
+
+def test_the_handover_user_the_host_asks_for_is_the_handover_containers() -> None:
+    """The host's handover asks every engine for the relay's uid (not root); pods/exec cannot
+    choose a user, so the kube backend takes exactly the uid its handover container runs as."""
+    from kernelbridge.host.container import HANDOVER_USER
+    from kernelbridge.runtime.kube.api import HANDOVER_USERS
+    from kernelbridge.runtime.kube.manifest import RELAY_UID
+
+    assert HANDOVER_USER in HANDOVER_USERS  # the handover container runs as RELAY_UID (above)
+    assert str(RELAY_UID) in HANDOVER_USERS
+    assert "65534" not in HANDOVER_USERS and "1000" not in HANDOVER_USERS

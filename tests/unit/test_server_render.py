@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from kernelbridge.errors import ExitKind
-from kernelbridge.notebook.replay import CellVerdict, ReplayReport
+from kernelbridge.replay import CellVerdict, ReplayReport
 from kernelbridge.server.notes import (
     FilesPlaced,
     ImageDownscaled,
@@ -34,6 +34,7 @@ from kernelbridge.session.outcome import (
     Note,
     NotSent,
     ProxiesNotRefreshed,
+    Queued,
     SandboxDied,
     SandboxLost,
     SessionNote,
@@ -110,6 +111,10 @@ SENTENCES: list[tuple[Note, str]] = [
     (
         Waited(2.345),
         "This cell waited 2.3 s behind another client's cell.",
+    ),
+    (
+        Queued("task abc", 812.4, 3.25),
+        "This call queued behind task abc, started 812 s ago; it waited 3.2 s.",
     ),
     (
         ProxiesNotRefreshed(),
@@ -273,3 +278,36 @@ def test_structured_content_keeps_the_contract_and_adds_the_codes() -> None:
         "packages": [],
     }  # fmt: skip
     assert to_tool_result(done).is_error and not to_tool_result(result(status=Status.OK)).is_error
+
+
+def test_an_export_says_what_the_notebook_holds_and_where_it_is_never_the_notebook() -> None:
+    from kernelbridge.notebook.export import MAX_INLINE_CHARS, NotebookFacts
+    from kernelbridge.server.render import export_result
+
+    resource = "kernelbridge://sessions/alpha/notebook"
+    summary = export_result("alpha", NotebookFacts(12, 1_021_415, 1_021_415), resource, None)
+    assert summary.content[0].text == (  # type: ignore[union-attr]
+        "The notebook of session 'alpha': 12 cells, 997.5 KiB; not shown here, to keep your context small."
+        " MCP clients read it whole as the resource kernelbridge://sessions/alpha/notebook;"
+        " export_notebook(session='alpha', path='alpha.ipynb') writes it to a file."
+    )
+    assert summary.structured_content == {
+        "session": "alpha",
+        "cells": 12,
+        "bytes": 1_021_415,
+        "resource": resource,
+        "resource_too_big": False,
+        "file": None,
+    }
+    assert not summary.is_error
+    big = NotebookFacts(1, MAX_INLINE_CHARS + 1, MAX_INLINE_CHARS + 1)
+    written = export_result("g@2", big, "kernelbridge://sessions/g@2/notebook", "/state/exports/g.ipynb")
+    assert written.content[0].text == (  # type: ignore[union-attr]
+        "Wrote the notebook of session 'g@2' to /state/exports/g.ipynb: 1 cell, 16.0 MiB. It is too big"
+        " for the resource kernelbridge://sessions/g@2/notebook (over 16 MiB of JSON)."
+    )
+    assert written.structured_content is not None
+    assert written.structured_content["file"] == "/state/exports/g.ipynb"
+    assert written.structured_content["resource_too_big"] is True
+    tiny = export_result("s", NotebookFacts(0, 120, 120), "kernelbridge://sessions/s/notebook", None)
+    assert "0 cells, 120 bytes" in tiny.content[0].text  # type: ignore[union-attr]

@@ -11,8 +11,8 @@ import anyio.abc
 import pytest
 
 from kernelbridge import frames
+from kernelbridge.calls import RpcCall
 from kernelbridge.errors import RpcError
-from kernelbridge.hub.rpc import RpcCall
 from kernelbridge.session.broker import MAX_HELD_BYTES, MAX_RECORDED_BYTES, RpcBroker
 from kernelbridge.tunnel import RpcRequest
 

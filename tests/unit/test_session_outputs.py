@@ -18,13 +18,13 @@ from typing import Any
 import nbformat
 import pytest
 
-from kernelbridge.notebook.convert import journal_to_notebook
 from kernelbridge.notebook.export import export_to_path, find_png
-from kernelbridge.notebook.journal import Journal, JournalDisplay, JournalHeader, read_journal
+from kernelbridge.notebook.journal import Journal, JournalDisplay, JournalHeader
 from kernelbridge.session.outputs import MAX_OUTPUTS, CellOutputs
 from kernelbridge.session.recorder import Recorder
 from kernelbridge.session.recording import SessionJournal
 from kernelbridge.session.text import StreamText
+from kernelbridge.testing.notebooks import journal_to_notebook, read_journal
 from kernelbridge.tunnel import ClientExecute
 
 pytestmark = pytest.mark.anyio

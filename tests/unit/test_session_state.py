@@ -3,13 +3,28 @@ that are bugs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import anyio
 import pytest
 
+from kernelbridge.calls import NO_HUB
+from kernelbridge.config import Settings
 from kernelbridge.errors import IllegalTransition
 from kernelbridge.session.registry import Session
+from kernelbridge.session.runner import CellRunner
+from kernelbridge.session.session import Services
 from kernelbridge.session.state import Change, Loss, SessionState, next_state
+from kernelbridge.session.store import SessionStore
 
 S, C = SessionState, Change
+
+
+def services_for(state_dir: Path) -> Services:
+    """What a registry gives its sessions; this test needs none of it (no sandbox, no calls)."""
+    settings = Settings(state_dir=state_dir)
+    runner = CellRunner(max_timeout=settings.max_timeout)
+    return Services(settings, SessionStore.of(settings), runner, NO_HUB, print, anyio.Event(), False)
 
 
 def walk(*changes: Change, start: SessionState = S.NEW) -> list[SessionState]:
@@ -49,8 +64,8 @@ def test_illegal_changes_raise(state: SessionState, change: Change) -> None:
         next_state(state, change)
 
 
-def test_a_session_shows_its_state_keeps_its_first_loss_and_lists_the_public_names() -> None:
-    session = Session("s")
+def test_a_session_shows_its_state_keeps_its_first_loss_and_lists_the_public_names(tmp_path: Path) -> None:
+    session = Session("s", services_for(tmp_path))
     assert repr(session) == "<Session 's' new>" and session.state.listed == "starting"
     for change in (C.TAKE, C.STARTED, C.RELEASE):
         session.change(change)

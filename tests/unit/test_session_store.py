@@ -123,3 +123,30 @@ def test_session_names_cannot_leave_the_store() -> None:
             validate_session_name(bad)
     with pytest.raises(SessionError):
         SessionStore(Path("/nonexistent")).session_dir("../../etc")
+
+
+def test_one_word_for_where_a_generation_is_in_every_listing(tmp_path: Path) -> None:
+    from kernelbridge.session.generations import list_generations
+    from kernelbridge.session.records import Standing
+
+    store = SessionStore(tmp_path)
+    durable = store.begin("kept", container="kb-1", container_id="c1", label="warm-0a1b2c3d", secret="a" * 64)
+    held = store.claim("kept")
+    assert held is not None and store.standing(durable) is Standing.ATTACHED
+    held.release()  # its bridge let go: the sandbox runs on
+    assert store.standing(durable) is Standing.DETACHED
+    gone = store.update(store.begin("plain", container="kb-2"), owner_pid=dead_pid())
+    assert store.standing(gone) is Standing.ENDED  # it ended with its bridge
+    listed = {r["name"]: r["state"] for r in list_session_records(tmp_path)}
+    assert listed == {"kept": "detached"}
+    every = {g.name: g.state for g in list_generations(tmp_path)}
+    assert every == {"kept@1": "detached", "plain@1": "ended"}
+    assert store.standing(store.end(durable)) is Standing.ENDED
+
+
+def test_a_record_keeps_the_label_its_container_was_made_with(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    record = store.begin("s", container="kb-s", container_id="c1", label="warm-0a1b2c3d")
+    assert store.current("s") == record and record.container_label == "warm-0a1b2c3d"
+    assert SessionRecord.decode({**record.to_json(), "label": "x" * 300}).container_label == "s"
+    assert SessionRecord.decode({**record.to_json(), "label": None}).container_label == "s"

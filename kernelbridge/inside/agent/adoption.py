@@ -2,20 +2,21 @@
 
 The agent of a durable sandbox binds an abstract unix socket (:class:`AttachPoint`) before the
 kernel exists, so no kernel code can take the name first, and keeps it for its life. A bridge that
-adopts the sandbox execs ``kernelbridge.inside.handover`` in the container as uid 0, which
-connects and passes the stdin and stdout of its exec session (``SCM_RIGHTS``): a
-:class:`Handover`. What may connect:
+adopts the sandbox execs ``kernelbridge/inside/handover.py`` in the container as the relay uid
+(``handover.RELAY_UID``, isolated from everything kernel code can write), which connects and
+passes the stdin and stdout of its exec session (``SCM_RIGHTS``): a :class:`Handover`. What may
+connect:
 
-- only a peer of the relay uid (0; ``SO_PEERCRED``, which the peer cannot forge): kernel code,
-  uid 65534, is hung up on before a byte is read from it, so it can neither pass pipes nor make
-  the agent hold anything;
+- only a peer of the relay uid (``SO_PEERCRED``, which the peer cannot forge): kernel code, uid
+  65534, is hung up on before a byte is read from it, so it can neither pass pipes nor make the
+  agent hold anything;
 - one candidate at a time, which must prove within :data:`CANDIDATE_TIMEOUT` that it knows the
   sandbox's secret (:class:`Candidate`): the agent sends ``challenge`` with a fresh nonce; the
   first frame back must be a ``hello`` whose ``proof`` is ``adoption_proof(secret, HOST_ROLE,
-  nonce, host nonce)``; anything else (garbage, another frame, a wrong or replayed proof, more
-  than :data:`MAX_CANDIDATE_BYTES` before the hello) is answered ``refused`` and hung up on. A
-  candidate that proves itself while another host is attached and alive is refused too: at most
-  one host at a time.
+  nonce, host nonce, hello)`` (a MAC over the hello's every field); anything else (garbage,
+  another frame, a wrong or replayed proof, more than :data:`MAX_CANDIDATE_BYTES` before the
+  hello) is answered ``refused`` and hung up on. A candidate that proves itself while another
+  host is attached and alive is refused too: at most one host at a time.
 
 The verdict is a value (:class:`Accepted` or :class:`Rejected`); what happens next (the link's
 new host, the ``adopted`` frame) is the host link's and the relay's business. Standard library
@@ -34,10 +35,10 @@ import time
 from dataclasses import dataclass
 
 from kernelbridge import frames
-from kernelbridge.inside.handover import DEFAULT_SOCKET, SOCKET_ENV, socket_address
+from kernelbridge.inside.handover import DEFAULT_SOCKET, RELAY_UID, SOCKET_ENV, socket_address
 
 RELAY_UID_ENV = "KERNELBRIDGE_RELAY_UID"
-"""The uid a handover must run as (0, the container's root; the local test double sets its own)."""
+"""The uid a handover must run as (``handover.RELAY_UID``; the local test double sets its own)."""
 CANDIDATE_TIMEOUT = 10.0
 MAX_CANDIDATE_BYTES = 64 * 1024
 """A hello is a few hundred bytes; more before one is not a host."""
@@ -68,7 +69,9 @@ class AttachPoint:
 
     def __init__(self, name: str | None = None, relay_uid: int | None = None) -> None:
         self.name = name or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
-        self.relay_uid = relay_uid if relay_uid is not None else int(os.environ.get(RELAY_UID_ENV) or "0")
+        if relay_uid is None:
+            relay_uid = int(os.environ.get(RELAY_UID_ENV) or RELAY_UID)
+        self.relay_uid = relay_uid
         self.refused = 0
         """Connections hung up on (not the relay uid, or bad ancillary data)."""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -188,9 +191,9 @@ class Candidate:
         host_nonce = frame.get("nonce")
         if not isinstance(host_nonce, str) or not 16 <= len(host_nonce) <= 128:
             return Rejected("its hello carries no nonce")
-        expected = frames.adoption_proof(self._secret, frames.HOST_ROLE, self.nonce, host_nonce)
+        expected = frames.adoption_proof(self._secret, frames.HOST_ROLE, self.nonce, host_nonce, frame)
         if not frames.proof_matches(expected, frame.get("proof")):
-            return Rejected("its proof does not match this sandbox's secret")
+            return Rejected("its proof does not match this sandbox's secret and its hello")
         return Accepted(host_nonce)
 
     def expired(self, now: float) -> bool:
@@ -205,6 +208,10 @@ class Candidate:
 def adopted_frame(
     secret: str, candidate: Candidate, accepted: Accepted, facts: dict[str, object]
 ) -> frames.Frame:
-    """The agent's answer to a host that proved itself: its own proof, then ``facts``."""
-    proof = frames.adoption_proof(secret, frames.AGENT_ROLE, candidate.nonce, accepted.host_nonce)
-    return {"type": frames.ADOPTED, "proof": proof, **facts, "at": time.time()}
+    """The agent's answer to a host that proved itself: ``facts``, and its proof, a MAC over them
+    and both nonces (a relay on the way can neither replay it nor change a fact)."""
+    adopted: frames.Frame = {"type": frames.ADOPTED, **facts, "at": time.time()}
+    adopted["proof"] = frames.adoption_proof(
+        secret, frames.AGENT_ROLE, candidate.nonce, accepted.host_nonce, adopted
+    )
+    return adopted

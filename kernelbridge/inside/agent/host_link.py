@@ -1,46 +1,22 @@
 """The agent's link to its host: frames in on stdin, frames out on stdout, and whether a host is there.
 
 Everything the agent hears from or says to the host passes through :class:`HostLink`; nothing else
-in the agent touches the container's stdio.
-
-- **In.** The first frame must be the host's ``hello`` (:meth:`HostLink.accept_hello`: the kernel's
-  HMAC key travels there, never in argv or the environment; a host expecting another agent is
-  refused). Later frames are read from the raw fd when the poll loop says stdin is readable (no
-  buffered reader, no thread), decoded with the frame codec and queued for the relay; a malformed
-  host frame is logged and dropped.
-- **Out.** Every frame is queued and written as stdout takes it, never blocking (why: below). A
-  kernel frame over the host's frame cap is sent clipped (:func:`shrink_kernel_frame`), and log
-  frames are rate-limited (:meth:`HostLink.log`): kernel code can write to its own fd 1/2 without
-  end, and the host must not turn that into a log flood.
-- **State** (:class:`LinkState`, in ``repr``): awaiting the hello, attached to the host that sent
-  it, or ended. A host leaving (stdin at EOF, or stdout broken) reaches one method,
-  :meth:`HostLink._host_left`, which decides what that means; the relay only asks :attr:`ended`,
-  :attr:`backlogged` and the ``wants_*`` properties.
+in the agent touches the container's stdio. The first frame must be the host's ``hello`` (the
+kernel's key travels there, never in argv or the environment); a malformed host frame is logged
+and dropped; a kernel frame over the frame cap is sent clipped, log frames are rate-limited. A
+host leaving (stdin at EOF, a broken stdout, a ``detach``, silence) reaches one method,
+:meth:`HostLink._host_left`: a plain link ends, a durable one detaches and keeps its frames for
+the next host (docs/architecture.md, "Durable link"). Its state is a :class:`LinkState` (``state.py``).
 
 **Why writes never block.** The host reads the agent's stdout and writes its stdin, and both
 directions have bounded buffers. An agent blocked writing stdout no longer reads stdin; if the host
 is at that moment blocked writing stdin (answering a burst of the kernel's host calls, say),
 neither side moves again: a deadlock. So writes are non-blocking into a queue, stdin is always
 read, and while the queue holds more than :data:`HIGH_WATER` bytes the link is
-:attr:`~HostLink.backlogged`: the relay stops reading from the kernel (its messages, its output,
-its rpc socket) until the host has taken the backlog. Backpressure reaches the kernel, never the
-host's own frames. Outside the relay loop (start-up, exit) nothing polls stdout, so there
-:meth:`~HostLink.send` waits, bounded by :data:`OUTPUT_DRAIN_TIMEOUT`, until its frame is written.
-
-**Sandboxes that outlive their host** (a ``hello`` with ``durable``: the secret, the idle
-timeout, the detached buffer; :class:`Durable`). Every frame out is numbered and kept in the
-:class:`~.outbox.Outbox` until the host's ``ack`` covers it; the host acks as it goes and at least
-every ``frames.HEARTBEAT`` seconds. A host leaving (stdin at EOF, a broken stdout, a ``detach``
-frame, or silence past ``frames.HOST_SILENCE``: a stopped bridge) still reaches
-:meth:`HostLink._host_left`, which then goes to ``DETACHED`` instead of ending: the host's pipes
-are closed (never written to again: the container's own stdout would only feed the engine's
-log), everything it did not acknowledge waits for the next host, :meth:`~HostLink.send` keeps
-queueing within the buffer (the oldest output dropped past it, counted; :attr:`backlogged`
-stays false, so the kernel runs on), and the relay answers the kernel's host calls itself. A new
-host arrives as a handover that proved itself (``adoption.py``): :meth:`HostLink.attach` makes
-its pipes the link's, writes the ``adopted`` frame, and holds everything else back until the
-host's ``resume``. ``DETACHED`` for longer than the idle timeout ends the link
-(:meth:`HostLink.check`), so a sandbox no bridge comes back for ends itself.
+:attr:`~HostLink.backlogged`: the relay stops reading from the kernel until the host has taken the
+backlog. Backpressure reaches the kernel, never the host's own frames. Outside the relay loop
+(start-up, exit) nothing polls stdout, so there :meth:`~HostLink.send` waits, bounded by
+:data:`OUTPUT_DRAIN_TIMEOUT`, until its frame is written.
 """
 
 from __future__ import annotations
@@ -60,6 +36,7 @@ from kernelbridge.inside.agent.adoption import Handover
 from kernelbridge.inside.agent.hello import Durable, Hello, Refusal, check_agent_hash
 from kernelbridge.inside.agent.host_cells import HostCells
 from kernelbridge.inside.agent.outbox import Kind, Outbox
+from kernelbridge.inside.agent.state import LinkChange, LinkState, next_link_state
 
 HELLO_TIMEOUT = 30.0
 OUTPUT_DRAIN_TIMEOUT = 10.0
@@ -82,17 +59,6 @@ OUTPUT_MESSAGES = frozenset({"stream", "display_data", "update_display_data", "c
 """iopub messages that are output only: the first to go when a detached sandbox's buffer is full."""
 LINK_FRAMES = frozenset({frames.HELLO, frames.ACK, frames.DETACH, frames.RESUME})
 """Host frames about the link itself: handled here, never passed to the relay."""
-
-
-class LinkState(enum.Enum):
-    AWAITING_HELLO = "awaiting hello"
-    """Started: the first frame must be the host's ``hello``."""
-    ATTACHED = "attached"
-    """A host's hello was accepted: its frames go to the relay, the agent's frames go to it."""
-    DETACHED = "detached"
-    """A durable sandbox whose host has gone: it runs on and holds its frames for the next host."""
-    ENDED = "ended"
-    """The host has gone and none will come again: the agent stops."""
 
 
 class Writes(enum.Enum):
@@ -160,6 +126,11 @@ class HostLink:
             f" out, {len(self._incoming)} frames in>"
         )
 
+    def _change(self, change: LinkChange) -> LinkState:
+        """The one place the state changes. Raises IllegalTransition (a bug) for a forbidden pair."""
+        self.state = next_link_state(self.state, change)
+        return self.state
+
     # -- what the relay asks each turn -----------------------------------------------------------
     @property
     def ended(self) -> bool:
@@ -212,7 +183,7 @@ class HostLink:
         mismatch = check_agent_hash(frame.get("agent_hash"))
         if mismatch:
             return Refusal(3, frames.EXIT_AGENT_MISMATCH, mismatch)
-        self.state = LinkState.ATTACHED
+        self._change(LinkChange.HELLO)
         self.durable = Durable.from_hello(frame.get("durable"))
         self._outbox.retain = self.durable is not None
         self.heard = self.used = self._clock()
@@ -276,7 +247,7 @@ class HostLink:
             and self.detached_at is not None
             and now - self.detached_at > self.durable.idle_timeout
         ):
-            self.state = LinkState.ENDED
+            self._change(LinkChange.EXPIRE)
 
     def _host_left(self, how: Departure, output_broken: bool = False) -> None:
         """The host has gone: ``how`` says in which way. The ONE place that decides what that means.
@@ -284,18 +255,17 @@ class HostLink:
         A plain link ends and the agent stops: after stdin's EOF the frames already queued are
         still relayed (a ``shutdown`` just before the EOF is answered) and output is still written
         while stdout takes it; a broken stdout drops both ways at once, as nobody hears the answers.
-        A durable link detaches (see the module docstring): nothing more is written to this
+        A durable link detaches (docs/architecture.md, "Durable link"): nothing more is written to this
         host's pipes, its queued frames are still acted on (their answers wait for the next host)."""
-        if self.state is not LinkState.ATTACHED and self.state is not LinkState.AWAITING_HELLO:
-            return
-        if self.durable is None or self.state is LinkState.AWAITING_HELLO:
+        durable, before = self.durable, self.state
+        if self._change(LinkChange.LEAVE if durable is None else LinkChange.DETACH) is before:
+            return  # it had already gone
+        if durable is None:
             if output_broken:
                 self._output_broken = True
                 self._outbox.clear()
                 self._incoming.clear()
-            self.state = LinkState.ENDED
             return
-        self.state = LinkState.DETACHED
         self.detached_at = self._clock()
         self.departure = how
         self.departures += 1
@@ -303,7 +273,7 @@ class HostLink:
         self._release_pipes()
         self._outbox.rewind()
         self._outbox.forget((Kind.RPC, Kind.FS))  # only the host that left could answer or use them
-        self._outbox.trim(self.durable.buffer)
+        self._outbox.trim(durable.buffer)
 
     def _release_pipes(self) -> None:
         """Stop using the current host's pipes: a handover's are closed (its process exits with
@@ -324,8 +294,8 @@ class HostLink:
     def attach(self, handover: Handover, adopted: frames.Frame) -> None:
         """A host that proved itself (``adoption.py``) on ``handover``'s pipes: write ``adopted``
         first, hold the rest back until it says ``resume``."""
-        assert self.state is LinkState.DETACHED and self.durable is not None
-        self.state = LinkState.ATTACHED
+        assert self.durable is not None
+        self._change(LinkChange.ADOPT)
         self._handover = handover
         self.input_fd, self.output_fd = handover.input_fd, handover.output_fd
         self._output_broken = False

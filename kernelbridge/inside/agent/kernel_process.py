@@ -1,13 +1,10 @@
 """The kernel process: the agent's ipykernel subprocess, started, signalled, stopped and described.
 
-**Start** (:meth:`KernelProcess.start`): ``python -m ipykernel_launcher -f <connection file>`` with
-the flags that load ``kernelbridge/inside/kernel/`` into it (:func:`kernel_argv`), the ``mcp``
-package on its ``PYTHONPATH``, the rpc socket as its only inherited fd. It gets stdin from
-/dev/null and one pipe of its own for stdout and stderr (read as log lines, :meth:`read_output`):
-only the agent speaks frames on the container's stdio. It runs in its own process group, so that
-ipykernel's interrupts (SIGINT to its whole group) reach the user's subprocesses but not the agent;
-it gets the default signal dispositions back, dies with the agent, and is the out-of-memory
-killer's first choice (:func:`_prepare_kernel_process`).
+:meth:`KernelProcess.start` runs ipykernel with kernelbridge's kernel pieces loaded
+(:func:`kernel_argv`), the rpc socket as its only inherited fd, stdin from /dev/null and one pipe
+for its output (only the agent speaks frames), in its own process group (ipykernel's interrupts
+reach the user's subprocesses, not the agent), dying with the agent and the out-of-memory killer's
+first choice.
 
 **Stop escalation** (:meth:`KernelProcess.stop`). The problem: the agent must end its kernel on
 ``shutdown``, on SIGTERM and when the host leaves, and the host waits for the container to end.
@@ -19,14 +16,9 @@ its group; its children die with the container (the agent is PID 1, and when it 
 reaps them all), or with their own parent. A process in uninterruptible sleep outlasts even
 SIGKILL's wait; the host bounds the container's end with its own deadline.
 
-**Restart** (:meth:`KernelProcess.kill_group`): the host restarts a kernel because it is stuck (a
-cell that outlived its interrupt), so there is no grace: SIGKILL to the whole process group at
-once, the user's subprocesses included.
-
-**Exit** (:func:`describe_exit`, :func:`oom_killed`): a status in words, and whether the
-container's cgroup recorded an OOM kill (the ``exit`` frame's kind ``oom``).
-
-Standard library only (and ``init.py``'s prctl helpers).
+A restart (:meth:`KernelProcess.kill_group`) has no grace: the host restarts a kernel because it
+is stuck, so its whole process group gets SIGKILL at once. Standard library only (and
+``init.py``'s prctl helpers).
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """The agent's poll loop: glue between the host link, the kernel and its rpc relay.
 
-:class:`Relay` owns no I/O of its own. It accepts the host's hello (``host_link.py``), boots a
-kernel (``kernel_process.py`` starts it, ``kernel_client.py`` connects and proves iopub delivers,
-``rpc_relay.py`` carries its host MCP calls) and says ``ready``; then each turn of the loop:
-
-1. a SIGTERM seen since the last turn stops the kernel and the agent;
-2. queued host frames are acted on: kernel messages to the kernel, ``interrupt``, ``rpc_response``
-   to the rpc relay, ``fs_request`` to ``files.py``, ``restart`` (a new kernel behind the same
-   container), ``shutdown``; once the link has :attr:`~HostLink.ended` (its decision), stop;
-3. every source is polled for what it wants now (:class:`PollSet`): the kernel's sockets, output
-   pipe and rpc socket for reading unless the link is backlogged, stdin while the link reads,
-   stdout while something is queued, the rpc socket for writing while answers wait;
-4. what is ready is moved: kernel messages become ``kernel`` frames, its output ``log`` frames;
-5. chores: a kernel lingering after its ``shutdown_reply`` is stopped, orphans are reaped
-   (``init.py``), and a kernel that has exited is reported (``exit`` frame) and ends the agent.
-
-A durable sandbox (its ``hello`` said so) outlives its host: the loop also runs the link's timers
-(a silent host has gone; no host for longer than the idle timeout ends the agent with
-:data:`IDLE_EXIT`), answers the kernel's host calls itself while no host is attached (and the
-ones the leaving host never answered), and admits a new host: the attach point (bound before the
-kernel starts) hands over an exec session's pipes, whose host must prove it knows the secret
-(``adoption.py``) while no other host is attached; then the link carries on over those pipes.
-
-The loop's state is :class:`Phase` (in ``repr``); which sources are polled is derived from the
-pieces each turn, not kept in flags.
+:meth:`Relay.run` accepts the host's hello, boots a kernel (it proves iopub delivers before
+``ready``), then turns until the agent finishes: host frames are acted on, every source is polled
+for what it wants now (nothing is read from the kernel while the link is backlogged), kernel
+messages and output are forwarded, orphans reaped, a kernel's exit reported. A durable sandbox's
+loop also admits a new host through the attach point (``adoption.py``) and answers the kernel's
+host calls itself while none is attached. The loop's state is a :class:`Phase` (``state.py``);
+which sources are polled is derived from the pieces each turn, not kept in flags.
 """
 
 from __future__ import annotations
 
-import enum
 import os
 import signal
 import time
@@ -57,6 +39,7 @@ from kernelbridge.inside.agent.kernel_process import (
     write_connection_file,
 )
 from kernelbridge.inside.agent.rpc_relay import RpcRelay, kernel_env
+from kernelbridge.inside.agent.state import Phase, PhaseChange, next_phase
 
 SHUTDOWN_REPLY_GRACE = 0.5
 """ipykernel sometimes lingers for seconds after answering shutdown_request, and the host waits
@@ -78,16 +61,6 @@ NO_HOST = (
 HOST_WENT = "the bridge went away while this call was in flight (it may or may not have reached the server)"
 
 Source = zmq.Socket[bytes] | int
-
-
-class Phase(enum.Enum):
-    STARTING = "starting"
-    """No kernel yet, or a new one proving that iopub delivers."""
-    RELAYING = "relaying"
-    SHUTTING_DOWN = "shutting down"
-    """The kernel answered a shutdown_request: it ends by itself or is stopped after the grace."""
-    FINISHED = "finished"
-    """The agent exits with :attr:`Relay.status`."""
 
 
 @dataclass(slots=True)
@@ -156,6 +129,10 @@ class Relay:
     def __repr__(self) -> str:
         kernel = self._kernel.process if self._kernel is not None else None
         return f"<Relay {self.phase.value}, {kernel!r}, {self.link!r}>"
+
+    def _change(self, change: PhaseChange) -> None:
+        """The one place the phase changes. Raises IllegalTransition (a bug) for a forbidden pair."""
+        self.phase = next_phase(self.phase, change)
 
     def request_termination(self) -> None:
         """SIGTERM/SIGHUP (from the signal handler): stop the kernel and leave at the next turn."""
@@ -301,7 +278,7 @@ class Relay:
             channel, msg, buffers = received
             self.link.send(frames.kernel_frame(channel, msg, buffers))
             if msg["header"].get("msg_type") == "shutdown_reply" and self.phase is Phase.RELAYING:
-                self.phase = Phase.SHUTTING_DOWN
+                self._change(PhaseChange.SHUTDOWN_REPLY)
                 self._grace_ends = time.monotonic() + SHUTDOWN_REPLY_GRACE
 
     # -- a new host (durable sandboxes) ------------------------------------------------------------
@@ -389,7 +366,7 @@ class Relay:
             return f"kernel exited during start-up: {describe_exit(status)}"
         self._versions = kernel_versions(kernel_info)
         self.link.send({"type": frames.READY, "agent_hash": baked_agent_hash(), "versions": self._versions})
-        self.phase = Phase.RELAYING
+        self._change(PhaseChange.BOOTED)
         return None
 
     def _restart(self) -> None:
@@ -403,7 +380,7 @@ class Relay:
         old.process.close()
         old.rpc.close()
         old.client.close()
-        self.phase = Phase.STARTING
+        self._change(PhaseChange.RESTART)
         failure = self._boot()
         if failure is not None:
             self._fail(failure, 4, frames.EXIT_KERNEL_DIED)
@@ -419,7 +396,7 @@ class Relay:
         return status
 
     def _finish(self, status: int) -> None:
-        self.phase = Phase.FINISHED
+        self._change(PhaseChange.FINISH)
         self.status = status
 
 

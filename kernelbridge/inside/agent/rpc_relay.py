@@ -11,10 +11,14 @@ requests to the host as frames and responses back, checking only what it must to
 - responses wait in an outgoing buffer bounded in bytes: a kernel that stops reading its socket
   loses its own answers (logged), it cannot make the agent hold unbounded memory or block.
 
-The relay remembers which requests are waiting for the host (:attr:`RpcRelay.waiting`, at most
-``frames.MAX_RPC_IN_FLIGHT`` plus a margin): when a durable sandbox's host goes away, each of
-them is answered ``unavailable`` at once (:meth:`RpcRelay.fail_waiting`), so no kernel code waits
-for an answer that nobody will send; while no host is attached, new requests are answered so too.
+The relay remembers which requests are waiting for the host (:attr:`RpcRelay.waiting`): when a
+durable sandbox's host goes away, each of them is answered ``unavailable`` at once
+(:meth:`RpcRelay.fail_waiting`), so no kernel code waits for an answer that nobody will send;
+while no host is attached, new requests are answered so too. At most :data:`MAX_WAITING` wait
+(the host refuses past ``frames.MAX_RPC_IN_FLIGHT`` in flight anyway): a request past them is
+refused ``busy`` here, and one whose id is still waiting ``invalid_params``, so a burst of any
+size puts at most that many requests (and their answers) on the host's link at a time: the
+kernel's output and its cells' results are not queued behind a flood of refusals.
 
 Everything else (methods, params, grants) is the host's business.
 """
@@ -34,7 +38,8 @@ READ_CHUNK = 1 << 20
 MAX_PENDING_BYTES = 2 * frames.MAX_RPC_BYTES
 """Responses buffered for a kernel that is not reading: two maximal answers."""
 MAX_WAITING = 4 * frames.MAX_RPC_IN_FLIGHT
-"""Request ids remembered as waiting for the host (the host refuses past 64 in flight)."""
+"""Requests sent to the host and not answered yet; past them the relay answers ``busy`` itself
+(the host refuses past 64 in flight: the margin is for its refusals on the way back)."""
 
 SendFrame = Callable[[frames.Frame], None]
 Log = Callable[[str, str], None]
@@ -87,23 +92,23 @@ class RpcRelay:
             if isinstance(item, frames.FrameError):
                 self._log(f"dropped an rpc line from the kernel: {item.reason}", "warning")
                 if (request_id := _oversized_request_id(item)) is not None:
-                    self.deliver(
-                        {
-                            "type": frames.RPC_RESPONSE,
-                            "id": request_id,
-                            "error": {
-                                "kind": "too_large",
-                                "message": f"the request is {item.size:,} bytes, over the "
-                                f"{frames.MAX_RPC_BYTES:,} byte limit of a host MCP call",
-                            },
-                        }
+                    message = (
+                        f"the request is {item.size:,} bytes, over the {frames.MAX_RPC_BYTES:,}"
+                        " byte limit of a host MCP call"
                     )
+                    self._refuse(request_id, "too_large", message)
             elif item["type"] != frames.RPC_REQUEST or not _valid_id(item.get("id")):
                 self._log(f"dropped a {frames.clip(item['type'], 40)} line on the rpc socket", "warning")
+            elif item["id"] in self.waiting:
+                self._refuse(item["id"], "invalid_params", f"request id {item['id']} is in flight")
+            elif len(self.waiting) >= MAX_WAITING:
+                self._refuse(
+                    item["id"],
+                    "busy",
+                    f"{MAX_WAITING} host calls are already waiting for the host; await some first",
+                )
             else:
                 self.waiting[item["id"]] = None
-                while len(self.waiting) > MAX_WAITING:
-                    self.waiting.pop(next(iter(self.waiting)))
                 self._send_frame(
                     {
                         "type": frames.RPC_REQUEST,
@@ -116,10 +121,13 @@ class RpcRelay:
 
     def deliver(self, frame: frames.Frame) -> None:
         """Queue a host ``rpc_response`` for the kernel (flushed by :meth:`on_writable`)."""
-        if self.closed:
-            return
         if isinstance(answered := frame.get("id"), int):
             self.waiting.pop(answered, None)
+        self._to_kernel(frame)
+
+    def _to_kernel(self, frame: frames.Frame) -> None:
+        if self.closed:
+            return
         try:
             data = frames.encode(frame)
         except (TypeError, ValueError) as exc:
@@ -135,6 +143,11 @@ class RpcRelay:
         """Answer one request ``unavailable`` (no host can answer it)."""
         error = {"kind": "unavailable", "message": message}
         self.deliver({"type": frames.RPC_RESPONSE, "id": request_id, "error": error})
+
+    def _refuse(self, request_id: int, kind: str, message: str) -> None:
+        """Answer a request the host never sees (a request with its id waiting stays waiting)."""
+        error = {"kind": kind, "message": message}
+        self._to_kernel({"type": frames.RPC_RESPONSE, "id": request_id, "error": error})
 
     def fail_waiting(self, message: str) -> int:
         """Answer every request still waiting for the host ``unavailable`` (it has gone); returns

@@ -2,6 +2,7 @@
 ``kernelbridge/inside/agent/kernel_process.py``):
 
 ``kernel_class.py``      ``--IPKernelApp.kernel_class``: IPythonKernel with protocol-exact history replies
+``shell.py``             the kernel class's shell: the sandbox API's exceptions shown at the user's line
 ``capped_outstream.py``  ``--IPKernelApp.outstream_class``: stdout/stderr in bounded messages, capped per cell
 ``bounded_history.py``   ``--IPKernelApp.extensions``: IPython keeps no outputs and bounded inputs
 ``pip_magic.py``         ``--IPKernelApp.extensions``: ``%pip`` through the host, packages on sys.path

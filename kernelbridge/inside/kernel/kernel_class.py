@@ -1,4 +1,5 @@
-"""The sandbox's kernel class: ipykernel's IPythonKernel with protocol-exact history replies.
+"""The sandbox's kernel class: ipykernel's IPythonKernel with protocol-exact history replies and
+the sandbox's shell (``shell.py``: exceptions of the sandbox API shown at the user's line).
 
 Started by the agent with ``--IPKernelApp.kernel_class=kernelbridge.inside.kernel.kernel_class.SandboxKernel``
 (a configurable class: no monkeypatching). Runs inside the container, in the kernel process.
@@ -17,9 +18,16 @@ from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
+from kernelbridge.inside.kernel.shell import SandboxShell
+
 
 class SandboxKernel(IPythonKernel):
-    """IPythonKernel whose ``history_reply`` names the current session by its number."""
+    """IPythonKernel whose ``history_reply`` names the current session by its number, with the
+    sandbox's shell."""
+
+    # A plain class attribute in place of IPythonKernel's trait of the same name (which is not
+    # configurable either): IPythonKernel.__init__ makes ``self.shell_class.instance(...)``.
+    shell_class = SandboxShell
 
     # IPythonKernel answers history requests synchronously (ipykernel 7.4: a plain method, although
     # Kernel declares a coroutine, which kernelbase awaits only if it gets one); this keeps its form.

@@ -16,6 +16,7 @@ the CLI keeps sessions that end with it, and ``doctor`` says so.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +39,18 @@ from kernelbridge.runtime.base import (
 from kernelbridge.runtime.cli.command import Cli, container_gone, image_missing
 from kernelbridge.runtime.cli.images import CliImages
 from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
+from kernelbridge.runtime.events import died
 from kernelbridge.runtime.flags import sandbox_flags, unsupported
+from kernelbridge.runtime.races import half_removed, retrying
 
 ATTACH_TIMEOUT = 10.0
 ATTACH_POLL = 0.02
 """How often a freshly attached container is checked until its client has started it."""
 REMOVE_ATTEMPTS = 3
 REMOVE_RETRY_DELAY = 0.5
+EVENTS_TIMEOUT = 15.0
+"""Bound of asking the CLI for a removed container's events (see ``EngineRuntime.ended``): a
+`podman events` process to start and its whole events file to read, seconds on a busy host."""
 
 
 def container_flags(spec: ContainerSpec) -> list[str]:
@@ -165,7 +171,13 @@ class CliRuntime(RuntimeBackend):
         return stream
 
     async def attach_exec(
-        self, container: str, command: Sequence[str], *, user: str = "0"
+        self,
+        container: str,
+        command: Sequence[str],
+        *,
+        user: str = "0",
+        workdir: str = "/",
+        env: Sequence[tuple[str, str]] = (),
     ) -> ContainerStream:
         raise RuntimeUnavailable(
             f"the {self.engine} CLI backend cannot attach to a running sandbox again;"
@@ -196,16 +208,24 @@ class CliRuntime(RuntimeBackend):
                 if container_gone(exc):
                     return
                 if attempt == REMOVE_ATTEMPTS - 1:
+                    if await self._all_gone(containers):
+                        return  # another client removed them meanwhile: what we asked for
                     raise
                 # A container that is stopping on its own ("container state improper") cannot
                 # be killed for a moment; once stopped it can be removed.
                 await anyio.sleep(REMOVE_RETRY_DELAY)
 
+    async def _all_gone(self, containers: list[str]) -> bool:
+        try:
+            return all([await self.inspect(c) is None for c in containers])
+        except RuntimeUnavailable:
+            return False
+
     async def inspect(self, container: str) -> ContainerInfo | None:
         try:
             text = await self.cli.run("container", "inspect", container)
         except RuntimeUnavailable as exc:
-            if container_gone(exc):
+            if container_gone(exc) or half_removed(exc):
                 return None
             raise
         rows = json.loads(text or "[]")
@@ -215,7 +235,33 @@ class CliRuntime(RuntimeBackend):
         args = ["ps", "--all", "--no-trunc", "--format", "{{json .}}"]
         for key, value in (labels or {SESSION_LABEL: ""}).items():
             args += ["--filter", f"label={key}={value}" if value else f"label={key}"]
-        return parse_ps_output(await self.cli.run(*args))
+
+        async def ask() -> list[ContainerInfo]:
+            return parse_ps_output(await self.cli.run(*args))
+
+        return await retrying(ask, f"`{self.engine} ps`")
+
+    async def ended(self, container: str) -> ContainerInfo | None:
+        # podman filters on "died" and prints its own JSON; docker filters on "die".
+        event = "died" if self.engine == "podman" else "die"
+        fmt = "json" if self.engine == "podman" else "{{json .}}"
+        until = str(int(time.time()) + 1)
+        try:
+            text = await self.cli.run(
+                "events", "--since", "1", "--until", until, "--filter", f"container={container}",
+                "--filter", f"event={event}", "--format", fmt, timeout=EVENTS_TIMEOUT,
+            )  # fmt: skip
+        except RuntimeUnavailable:
+            return None
+        found = None
+        for line in text.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if (info := died(row, container)) is not None:
+                found = info
+        return found
 
     async def info(self) -> RuntimeInfo:
         version = (await self.cli.run("--version")).strip()
@@ -253,8 +299,10 @@ _STATES = {state.value: state for state in ContainerState}
 
 def _state(raw: Any) -> ContainerState:
     text = str(raw or "").lower()
-    if text in ("stopped", "dead", "configured"):  # podman's spellings
-        return ContainerState.EXITED if text != "configured" else ContainerState.CREATED
+    if text in ("stopped", "dead"):  # podman's spellings
+        return ContainerState.EXITED
+    if text in ("configured", "initialized"):
+        return ContainerState.CREATED
     return _STATES.get(text, ContainerState.UNKNOWN)
 
 

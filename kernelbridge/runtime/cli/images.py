@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbridge.errors import ImageError, RuntimeUnavailable
-from kernelbridge.runtime.base import ImageInfo, ImageStore
+from kernelbridge.runtime.base import ImageInfo, ImageStore, loaded_references
 from kernelbridge.runtime.cli.command import Cli, image_missing
 
 IMPORT_TIMEOUT = 600.0
@@ -24,6 +24,8 @@ IMPORT_TIMEOUT = 600.0
 BUILD_TIMEOUT = 3600.0
 """A Containerfile build downloads and installs packages: minutes on a slow mirror. Past an hour
 the build (or the engine) is wedged."""
+ARCHIVE_TIMEOUT = 600.0
+"""Bound of a save or load: the 0.9 GB image takes well under a minute each way here."""
 _IN_USE = ("in use", "used by", "conflict", "must be forced", "must force")
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?")
 
@@ -118,6 +120,20 @@ class CliImages(ImageStore):
             await self.cli.run(*argv, str(context), timeout=BUILD_TIMEOUT)
         except RuntimeUnavailable as exc:
             raise ImageError(str(exc)) from None
+
+    async def save(self, image: str, archive: Path) -> None:
+        # Both CLIs write a docker-archive by default (podman's --format would be docker-archive).
+        try:
+            await self.cli.run("save", "--output", str(archive), image, timeout=ARCHIVE_TIMEOUT)
+        except RuntimeUnavailable as exc:
+            raise ImageError(f"{exc}; check free disk space") from None
+
+    async def load(self, archive: Path) -> builtins.list[str]:
+        try:
+            said = await self.cli.run("load", "--input", str(archive), timeout=ARCHIVE_TIMEOUT)
+        except RuntimeUnavailable as exc:
+            raise ImageError(f"{exc}; check free disk space and `{self.cli.engine} info`") from None
+        return loaded_references(said)
 
 
 def _labels(info: dict[str, Any]) -> dict[str, str]:

@@ -32,7 +32,6 @@ class ProcessStream(ContainerStream):
         assert process.stdin is not None and process.stdout is not None
         self.process = process
         self._tail: deque[str] = deque(maxlen=STDERR_LINES)
-        self._stderr_done = anyio.Event()
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         assert self.process.stdout is not None
@@ -61,7 +60,6 @@ class ProcessStream(ContainerStream):
         """Read stderr until EOF into the bounded tail. Run it in the backend's task group."""
         stderr = self.process.stderr
         if stderr is None:
-            self._stderr_done.set()
             return
         pending = b""
         try:
@@ -76,12 +74,6 @@ class ProcessStream(ContainerStream):
         finally:
             if pending:
                 self._keep(pending)
-            self._stderr_done.set()
-
-    async def stderr_closed(self, timeout: float) -> None:
-        """Wait (bounded) until stderr reached EOF: the runtime's last words explain a failure."""
-        with anyio.move_on_after(timeout):
-            await self._stderr_done.wait()
 
     def _keep(self, line: bytes) -> None:
         text = line.decode(errors="replace").rstrip()

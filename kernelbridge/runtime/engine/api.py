@@ -10,13 +10,22 @@ commented where they are handled.
 Errors are translated here: a missing image becomes ImageError, everything else the engine
 refuses or cannot do in time becomes RuntimeUnavailable (EngineRefused when the engine answered
 with an error status) with one line that names the engine and its endpoint. ``remove`` ignores
-containers that are gone; ``inspect`` returns None.
+containers that are gone (also those another client removed meanwhile), tries every container
+it is given and then says which it could not remove; ``inspect`` returns None.
+
+Listing on podman asks libpod's own ``/libpod/containers/json`` (what ``podman ps`` runs), not
+the compat ``/containers/json``: the compat listing inspects every container it found and fails
+as a whole when one of them is being removed by another client at that moment
+(:mod:`kernelbridge.runtime.races`), which libpod's listing skips. Both are retried on that race.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -38,14 +47,20 @@ from kernelbridge.runtime.engine.images import EngineImages, no_such
 from kernelbridge.runtime.engine.service import HelperProcess
 from kernelbridge.runtime.engine.stream import EngineStream
 from kernelbridge.runtime.engine.transport import EngineClient
+from kernelbridge.runtime.events import died
 from kernelbridge.runtime.flags import sandbox_flags, unsupported
+from kernelbridge.runtime.races import half_removed, retrying
+
+log = logging.getLogger(__name__)
 
 REMOVE_ATTEMPTS = 5
 REMOVE_RETRY_DELAY = 0.2
-"""A container that is stopping on its own cannot be removed for a moment ("removal already in
-progress", podman's "container state improper"); once stopped it can."""
-LIST_ATTEMPTS = 3
-"""podman 4.3 fails a whole listing ("container not known") when a container goes meanwhile."""
+"""A container that is stopping on its own, or that another client is removing, cannot be
+removed for a moment ("removal already in progress", podman's "container state improper");
+once stopped it can, and once the other client is done it is gone. Doubled at each attempt."""
+EVENTS_TIMEOUT = 5.0
+"""Bound of asking an engine's event log how a removed container ended: podman reads its whole
+events file for it (tens of ms here); what it adds is detail, so a slow one is not waited for."""
 
 _STATES = {
     "created": ContainerState.CREATED,
@@ -57,6 +72,7 @@ _STATES = {
     "exited": ContainerState.EXITED,
     "stopped": ContainerState.EXITED,  # podman
     "dead": ContainerState.EXITED,
+    "stopping": ContainerState.STOPPING,  # podman
     "removing": ContainerState.REMOVING,
 }
 PODMAN_COMPONENT = "Podman Engine"
@@ -153,7 +169,13 @@ class EngineRuntime(RuntimeBackend):
         return stream
 
     async def attach_exec(
-        self, container: str, command: Sequence[str], *, user: str = "0"
+        self,
+        container: str,
+        command: Sequence[str],
+        *,
+        user: str = "0",
+        workdir: str = "/",
+        env: Sequence[tuple[str, str]] = (),
     ) -> ContainerStream:
         # Both engines reach a running container again this way, and only this way: podman (4.3
         # here) never asks conmon to leave a container's stdin open (`--leave-stdin-open`), so a
@@ -167,6 +189,8 @@ class EngineRuntime(RuntimeBackend):
             "Tty": False,
             "Privileged": False,
             "User": user,
+            "WorkingDir": workdir,
+            "Env": [f"{name}={value}" for name, value in env],
             "Cmd": list(command),
         }
         try:
@@ -196,7 +220,11 @@ class EngineRuntime(RuntimeBackend):
 
         Raises RuntimeUnavailable when the container is gone or has exited."""
         info = await self.inspect(container)
-        if info is None or info.state in (ContainerState.EXITED, ContainerState.REMOVING):
+        if info is None or info.state in (
+            ContainerState.EXITED,
+            ContainerState.STOPPING,
+            ContainerState.REMOVING,
+        ):
             why = "does not exist" if info is None else f"has exited (status {info.exit_code})"
             raise RuntimeUnavailable(f"cannot attach to {container}: it {why}; it is not started again")
         return info.state is ContainerState.CREATED
@@ -204,11 +232,27 @@ class EngineRuntime(RuntimeBackend):
     async def remove(self, containers: list[str]) -> None:
         self._ended_here.update(containers)
         self._never_started.difference_update(containers)
+        failures: list[RuntimeUnavailable] = []
+
+        async def remove_one(container: str) -> None:
+            try:
+                await self._remove_one(container)
+            except RuntimeUnavailable as exc:
+                failures.append(exc)
+
+        unique = list(dict.fromkeys(containers))
         async with anyio.create_task_group() as tg:
-            for container in dict.fromkeys(containers):
-                tg.start_soon(self._remove_one, container)
+            for container in unique:
+                tg.start_soon(remove_one, container)
+        if len(failures) == 1:
+            raise failures[0]
+        if failures:
+            raise RuntimeUnavailable(
+                f"{len(failures)} of {len(unique)} containers were not removed; the first: {failures[0]}"
+            )
 
     async def _remove_one(self, container: str) -> None:
+        delay = REMOVE_RETRY_DELAY
         for attempt in range(REMOVE_ATTEMPTS):
             try:
                 await self.client.request(
@@ -222,14 +266,24 @@ class EngineRuntime(RuntimeBackend):
                 if no_such(exc):
                     return
                 if attempt == REMOVE_ATTEMPTS - 1 or (exc.status != 409 and exc.status < 500):
+                    if await self._gone(container):
+                        return  # another client removed it meanwhile: what we asked for
                     raise
-                await anyio.sleep(REMOVE_RETRY_DELAY)
+                await anyio.sleep(delay)
+                delay *= 2
+
+    async def _gone(self, container: str) -> bool:
+        """Whether the engine no longer has ``container`` (False when it cannot say)."""
+        try:
+            return await self.inspect(container) is None
+        except RuntimeUnavailable:
+            return False
 
     async def inspect(self, container: str) -> ContainerInfo | None:
         try:
             answer = await self.client.request("GET", f"/containers/{quote(container)}/json")
         except EngineRefused as exc:
-            if no_such(exc):
+            if no_such(exc) or half_removed(exc):
                 return None
             raise
         data = answer.json() or {}
@@ -238,14 +292,7 @@ class EngineRuntime(RuntimeBackend):
         raw_code = state.get("ExitCode")
         exit_code = int(raw_code) if status is ContainerState.EXITED and raw_code is not None else None
         cid, name = str(data.get("Id", "")), str(data.get("Name", "")).lstrip("/")
-        oom = bool(state.get("OOMKilled"))
-        if self.engine == "podman" and exit_code == SIGKILLED and not {cid, name} & self._ended_here:
-            # podman 4.3 never sets OOMKilled with the conmon it ships with (conmon writes its
-            # "oom" marker into its working directory, podman looks in the bundle). The agent is
-            # PID 1 of the container's pid namespace, which no process inside can SIGKILL; so a
-            # SIGKILL that this backend did not send is the kernel's OOM killer (or an operator's
-            # `kill -9`, which we cannot tell apart).
-            oom = True
+        oom = bool(state.get("OOMKilled")) or self._killed_by_oom(exit_code, cid, name)
         return ContainerInfo(
             id=cid,
             name=name,
@@ -255,23 +302,52 @@ class EngineRuntime(RuntimeBackend):
             oom_killed=oom,
         )
 
+    def _killed_by_oom(self, exit_code: int | None, *names: str) -> bool:
+        # podman 4.3 never sets OOMKilled with the conmon it ships with (conmon writes its "oom"
+        # marker into its working directory, podman looks in the bundle). The agent is PID 1 of
+        # the container's pid namespace, which no process inside can SIGKILL; so a SIGKILL that
+        # this backend did not send is the kernel's OOM killer (or an operator's `kill -9`,
+        # which we cannot tell apart).
+        return self.engine == "podman" and exit_code == SIGKILLED and not set(names) & self._ended_here
+
     async def list(self, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         wanted = labels if labels is not None else {SESSION_LABEL: ""}
         filters = {"label": [f"{k}={v}" if v else k for k, v in wanted.items()]} if wanted else {}
         query = {"all": True, "filters": filters}
-        for attempt in range(LIST_ATTEMPTS):
-            try:
-                answer = await self.client.request(
-                    "GET", "/containers/json", query=query, what="to list containers"
-                )
-                break
-            except EngineRefused as exc:
-                # podman 4.3 fails a whole listing when one container is removed meanwhile.
-                if "container not known" not in str(exc) or attempt == LIST_ATTEMPTS - 1:
-                    raise
-                await anyio.sleep(REMOVE_RETRY_DELAY)
-        rows = answer.json() or []
+        path = "/libpod/containers/json" if self.engine == "podman" else "/containers/json"
+
+        async def ask() -> list[Any]:
+            answer = await self.client.request("GET", path, query=query, what="to list containers")
+            rows = answer.json()
+            return rows if isinstance(rows, list) else []
+
+        rows = await retrying(ask, f"listing the {self.engine} engine's containers")
         return [_listed(row) for row in rows if isinstance(row, dict)]
+
+    async def ended(self, container: str) -> ContainerInfo | None:
+        # podman names the event "died" in a filter and "die" in what it answers (docker's word).
+        event = "died" if self.engine == "podman" else "die"
+        query = {
+            "since": 1,  # from the first event the engine kept (docker: only then are past ones sent)
+            "until": int(time.time()) + 1,  # ... until now: the answer ends instead of streaming
+            "filters": {"container": [container], "event": [event]},
+        }
+        try:
+            answer = await self.client.request(
+                "GET", "/events", query=query, timeout=EVENTS_TIMEOUT, what=f"for the events of {container}"
+            )
+        except RuntimeUnavailable as exc:
+            log.debug("the %s engine's events of %s: %s", self.engine, container, exc)
+            return None
+        found = None
+        for line in answer.body.splitlines():
+            try:
+                info = died(json.loads(line), container)
+            except ValueError:
+                continue
+            if info is not None:  # the last death counts (a container may have been restarted)
+                found = replace(info, oom_killed=self._killed_by_oom(info.exit_code, info.id, info.name))
+        return found
 
     # -- the engine ---------------------------------------------------------------------------------
 

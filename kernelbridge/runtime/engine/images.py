@@ -5,7 +5,8 @@ connection pool per engine), so whatever reaches the engine's containers (a loca
 ssh forward) reaches its images too. Endpoints, the same on dockerd and podman's compat API:
 ``GET /images/{name}/json``, ``POST /images/create?fromSrc=-`` (import a root file system
 tarball with ``changes``), ``POST /images/{name}/tag``, ``GET /images/json``, ``DELETE
-/images/{name}``, ``POST /build`` (a tarball of the build context). Import and build answer 200
+/images/{name}``, ``POST /build`` (a tarball of the build context), ``GET /images/{name}/get``
+(a docker-archive, streamed to a file) and ``POST /images/load``. Import, build and load answer 200
 and stream JSON progress: a failure, and the new image's id, are inside that stream.
 """
 
@@ -23,7 +24,7 @@ from urllib.parse import quote
 import anyio
 
 from kernelbridge.errors import EngineRefused, ImageError
-from kernelbridge.runtime.base import ImageInfo, ImageStore
+from kernelbridge.runtime.base import ImageInfo, ImageStore, loaded_references
 from kernelbridge.runtime.engine.transport import EngineClient
 
 IMPORT_TIMEOUT = 600.0
@@ -32,6 +33,9 @@ slow link much longer."""
 BUILD_TIMEOUT = 3600.0
 """A Containerfile build downloads and installs packages: minutes on a slow mirror. Past an hour
 the build (or the engine) is wedged."""
+ARCHIVE_TIMEOUT = 600.0
+"""Bound of a save or a load: the 0.9 GB image takes well under a minute each way here; a remote
+engine over a slow link much longer."""
 UPLOAD_CHUNK = 1024 * 1024
 PROGRESS_LINES = 3
 """Lines of a failed build's output that go into its ImageError."""
@@ -139,6 +143,27 @@ class EngineImages(ImageStore):
         if await self.labels(tag) is None:
             said = " | ".join(_progress(events)[-PROGRESS_LINES:]) or "no output"
             raise ImageError(f"building {tag} on {self._where()} made no image: {said}")
+
+    async def save(self, image: str, archive: Path) -> None:
+        what = f"saving {image} from {self._where()}"
+        try:
+            await self.client.download(
+                f"/images/{_image_path(image)}/get", archive, timeout=ARCHIVE_TIMEOUT, what=what
+            )
+        except EngineRefused as exc:
+            raise ImageError(f"{what} failed: {exc.reason}") from None
+        except OSError as exc:
+            raise ImageError(f"{what} failed: cannot write {archive} ({exc.strerror})") from None
+
+    async def load(self, archive: Path) -> builtins.list[str]:
+        events = await self._upload(
+            "/images/load",
+            {"quiet": True},
+            archive,
+            timeout=ARCHIVE_TIMEOUT,
+            what=f"loading {archive.name} into {self._where()}",
+        )
+        return loaded_references("\n".join(str(event.get("stream") or "") for event in events))
 
     async def _upload(
         self, path: str, query: Mapping[str, object], tarball: Path, *, timeout: float, what: str

@@ -128,12 +128,18 @@ class EngineSet(RuntimeBackend):
         return await backend.attach(container)
 
     async def attach_exec(
-        self, container: str, command: Sequence[str], *, user: str = "0"
+        self,
+        container: str,
+        command: Sequence[str],
+        *,
+        user: str = "0",
+        workdir: str = "/",
+        env: Sequence[tuple[str, str]] = (),
     ) -> ContainerStream:
         backend = await self._backend_of(container)
         if backend is None:
             raise RuntimeUnavailable(f"no engine has a container {container}")
-        return await backend.attach_exec(container, command, user=user)
+        return await backend.attach_exec(container, command, user=user, workdir=workdir, env=env)
 
     async def remove(self, containers: builtins.list[str]) -> None:
         mine: dict[int, builtins.list[str]] = {}
@@ -145,8 +151,14 @@ class EngineSet(RuntimeBackend):
             else:
                 mine.setdefault(self.backends.index(owner), []).append(c)
 
+        failures: builtins.list[RuntimeUnavailable] = []
+
         async def remove_on(i: int, names: builtins.list[str]) -> None:
-            await self.backends[i].remove(names)
+            try:
+                await self.backends[i].remove(names)
+            except RuntimeUnavailable as exc:  # the other engines' removals go on
+                failures.append(exc)
+                return
             self._placed[i].difference_update(names + [self._alias.get(n, "") for n in names])
 
         async with anyio.create_task_group() as tg:
@@ -159,10 +171,18 @@ class EngineSet(RuntimeBackend):
             for key in (c, self._alias.get(c, "")):
                 self._owner.pop(key, None)
                 self._alias.pop(key, None)
+        if failures:
+            raise failures[0]
 
     async def inspect(self, container: str) -> ContainerInfo | None:
         backend = await self._backend_of(container)
         return None if backend is None else await backend.inspect(container)
+
+    async def ended(self, container: str) -> ContainerInfo | None:
+        for backend in self.backends:  # gone from every engine: the one that kept its death says
+            if (info := await backend.ended(container)) is not None:
+                return info
+        return None
 
     async def list(self, labels: dict[str, str] | None = None) -> builtins.list[ContainerInfo]:
         found: builtins.list[ContainerInfo] = []
@@ -254,3 +274,12 @@ class ImageSet(ImageStore):
     ) -> None:
         for store in self.stores:
             await store.build(context, tag, containerfile=containerfile, build_args=build_args)
+
+    async def save(self, image: str, archive: Path) -> None:
+        """The first engine's copy (every engine has the same image: they were built alike)."""
+        await self.stores[0].save(image, archive)
+
+    async def load(self, archive: Path) -> builtins.list[str]:
+        """Into every engine; what the first said it loaded."""
+        loaded = [await store.load(archive) for store in self.stores]
+        return loaded[0]

@@ -14,6 +14,7 @@ sees a plain unix socket.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -108,8 +109,9 @@ class HelperProcess:
             for path in self._cleanup:
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
+                else:  # a state directory gone read-only must not turn an exit into a traceback
+                    with contextlib.suppress(OSError):
+                        path.unlink(missing_ok=True)
             self._cleanup.clear()
 
 

@@ -2,9 +2,8 @@
 container-create body and the CLI argv (:mod:`kernelbridge.runtime.flags`), and the deny-all
 NetworkPolicy that goes with it. No I/O, no client.
 
-This is the first piece of the Kubernetes runtime designed in ``docs/kubernetes.md``; the backend
-itself (pods/attach for stdio) is not written yet. ``podman kube play`` runs these manifests, which
-is how the tests prove them.
+The backend that creates these pods is ``kube.api.KubeRuntime`` (``docs/kubernetes.md``);
+``podman kube play`` runs them too, which is how the manifest is proven without a cluster.
 
 What maps one to one: user 65534, no privilege escalation, all capabilities dropped, read-only
 root, memory (requests = limits) and cpu limits, memory-backed and sized /tmp and /workspace,
@@ -17,6 +16,15 @@ directories (a ``hostPath`` volume has no mount options: the node's own flags of
 apply, so keep such data on a ``nosuid,nodev,noexec`` file system of the node; the mounts are
 read-only; Kubernetes 1.30's ``recursiveReadOnly`` is left out, as ``podman kube play`` 4.3 cannot
 read it).
+
+A durable sandbox (one that outlives its bridge) has a second container, ``handover``: idle
+(while the agent's socket exists), of the same image, as another non-root uid (:data:`RELAY_UID`), with no
+volume of the sandbox's. A later bridge reaches the sandbox by ``pods/exec`` of the handover
+there; it shares the pod's network namespace (so the agent's abstract socket), not its pid or
+mount namespace, and kernel code (uid 65534, in the sandbox container) can neither see, signal
+nor ptrace it. The agent accepts only that uid (``KERNELBRIDGE_RELAY_UID``). Its memory and cpu
+come out of the pod's own budget (pod-level ``resources``, Kubernetes >= 1.34): the pod's cpu is
+the sandbox's, its memory the sandbox's and :data:`HANDOVER_MEMORY`, requests = limits.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import json
 import re
 from typing import Any
 
+from kernelbridge.inside.handover import DEFAULT_SOCKET
 from kernelbridge.runtime.base import ContainerSpec
 from kernelbridge.runtime.flags import sandbox_flags, size_bytes
 
@@ -37,6 +46,17 @@ signal, and a sandbox holds nothing worth a long grace."""
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """docker and podman run a container whose image sets no PATH with this one; a Pod (containerd,
 ``podman kube play``) gets none, and the sandbox image, imported from a root file system, sets none."""
+HANDOVER_CONTAINER = "handover"
+RELAY_UID = 65533
+"""The handover container's uid: not the kernel's (65534), not root (``runAsNonRoot``)."""
+HANDOVER_MEMORY = 32 * 1024**2
+"""What an idle ``sleep`` and one handover (python3, the standard library) take, with room."""
+RELAY_UID_ENV = "KERNELBRIDGE_RELAY_UID"
+AGENT_PID_ENV = "KERNELBRIDGE_AGENT_PID"
+"""The agent's pid as the handover sees it: 0, as ``SO_PEERCRED`` reports a peer of another
+pid namespace (the sandbox container's). The only listener of the agent's name in the pod's
+network namespace is the agent: it binds it before any kernel code runs and holds it for its
+life, and when it exits every process of its container goes with it."""
 _NAME = re.compile(r"[^a-z0-9-]+")
 _VOLUME_SUFFIX = {"/tmp": "tmp", "/workspace": "ws", "/packages": "pkg"}
 """Volume names of the usual mounts (another mount is named after its path)."""
@@ -80,6 +100,8 @@ def pod_manifest(
     cpu = f"{int(flags.cpus * 1000)}m"
     env = dict(flags.env)
     env.setdefault("PATH", DEFAULT_PATH)
+    if spec.durable:
+        env[RELAY_UID_ENV] = str(RELAY_UID)
     labels = {SANDBOX_LABEL: "true", "app.kubernetes.io/managed-by": "kernelbridge"}
     labels.update({key: label_value(value) for key, value in flags.labels.items()})
     # Volume names are per pod in Kubernetes, but `podman kube play` turns an emptyDir into a
@@ -148,6 +170,13 @@ def pod_manifest(
             for b in flags.binds
         ],
     }
+    if spec.durable:
+        pod_spec["containers"].append(_handover_container(flags.image))
+        memory = quantity(str(flags.memory_bytes + HANDOVER_MEMORY))
+        pod_spec["resources"] = {
+            "limits": {"memory": memory, "cpu": cpu},
+            "requests": {"memory": memory, "cpu": cpu},
+        }
     if runtime_class:
         pod_spec["runtimeClassName"] = runtime_class
     metadata: dict[str, Any] = {
@@ -158,6 +187,37 @@ def pod_manifest(
     if namespace:
         metadata["namespace"] = namespace
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+_WATCH_AGENT = (
+    # Idle while the agent lives, then end, so that the pod ends with its sandbox (restartPolicy
+    # Never): the agent's abstract socket is listed in the pod's network namespace from before
+    # its kernel starts until it exits. No shell of the sandbox's: this container's own, fixed.
+    f"n=0; until grep -q '@{DEFAULT_SOCKET}$' /proc/net/unix; do n=$((n+1)); [ $n -gt 1200 ] && exit 1;"
+    f" sleep 0.5; done; while grep -q '@{DEFAULT_SOCKET}$' /proc/net/unix; do sleep 2; done"
+)
+
+
+def _handover_container(image: str) -> dict[str, Any]:
+    """The durable sandbox's second container (module docstring): idle, ``pods/exec`` target."""
+    return {
+        "name": HANDOVER_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", _WATCH_AGENT],
+        "workingDir": "/",
+        "env": [{"name": "PATH", "value": DEFAULT_PATH}, {"name": AGENT_PID_ENV, "value": "0"}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RELAY_UID,
+            "runAsGroup": RELAY_UID,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
 
 
 def network_policy(namespace: str | None = None) -> dict[str, Any]:

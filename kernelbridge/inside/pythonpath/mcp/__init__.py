@@ -16,6 +16,7 @@ Layout:
 - ``_skills``      save_tool, skill loading
 - ``_ipython``     the IPython extension that binds the API into a kernel's namespace
 - ``_errors``      McpError and its subclasses, one per rpc error kind
+- ``_tracebacks``  what the kernel's shell shows of an exception: the user's line, not the package's frames
 - ``_packages``    ``%pip install`` through the host: fetch wheels over rpc, install them with installer
 
 The host calls :func:`_kernelbridge_refresh` (``import mcp; mcp._kernelbridge_refresh()``, a silent

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _transport
-from ._errors import McpError, PackageError
+from ._errors import McpError, McpUnavailable, PackageError
 
 ROOT_VARIABLE = "KERNELBRIDGE_PACKAGES_DIR"
 ROOT = Path(os.environ.get(ROOT_VARIABLE) or "/packages")
@@ -167,14 +167,17 @@ def install(requirements: list[str], *, upgrade: bool = False, out: Any = None) 
     the host, e.g. McpToolDenied for the policy), each with one line; nothing is left half-way."""
     __tracebackhide__ = True
     env = environment()
-    answer = _transport.request(
-        "packages_install",
-        {
-            "requirements": list(requirements),
-            "environment": [f"{name}=={version}" for name, version in env.items()],
-            "upgrade": upgrade,
-        },
-    )
+    try:
+        answer = _transport.request(
+            "packages_install",
+            {
+                "requirements": list(requirements),
+                "environment": [f"{name}=={version}" for name, version in env.items()],
+                "upgrade": upgrade,
+            },
+        )
+    except McpUnavailable as exc:  # the bridge went away (or never was): nothing came in
+        raise PackageError(f"{exc.message}; nothing was installed") from None
     report = InstallReport(
         satisfied=list(answer.get("satisfied") or []), source=str(answer.get("source", ""))
     )
@@ -200,6 +203,8 @@ def install(requirements: list[str], *, upgrade: bool = False, out: Any = None) 
             why = _why(exc)
             with contextlib.suppress(McpError):
                 _transport.request("packages_done", {"plan": plan, "ok": False, "error": why})
+            if isinstance(exc, McpUnavailable):  # the bridge went away mid-install
+                raise PackageError(f"{exc.message}; nothing was installed") from None
             if isinstance(exc, McpError):
                 raise
             if isinstance(exc, KeyboardInterrupt):

@@ -11,6 +11,10 @@ the kernel agree with it, idempotently:
 - ``mcp.servers.<alias>`` modules in ``sys.modules``; importing a server that is not granted raises
   ModuleNotFoundError saying so (:class:`ServerModuleFinder`).
 
+In a kernel no host serves (a plain Jupyter client's), nothing is ever granted: a server looked up
+in ``mcp_servers`` or imported from ``mcp.servers`` raises ``McpUnavailable`` with the host's reason,
+as every call does there, instead of saying it is not granted.
+
 Proxies keep no secret and grant nothing: every call is checked by the host again.
 """
 
@@ -23,20 +27,31 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _transport
-from ._errors import McpError, McpServerNotAvailable
+from ._errors import McpError, McpServerNotAvailable, McpUnavailable
 from ._proxies import ServerProxy, build_server
 
 SERVERS_PACKAGE = "mcp.servers"
 GRANT_HINT = "grant it with run_python(servers=[...]); runtime.discovered_servers() lists every server"
 
 
+def no_host(consequence: str) -> None:
+    """Raise McpUnavailable (the host's reason, then ``consequence``) if no host serves this
+    kernel: a lookup of a server that is not bound asks before it says "not granted"."""
+    __tracebackhide__ = True
+    reason = _transport.unavailable()
+    if reason is not None:
+        raise McpUnavailable(f"{reason} ({consequence})")
+
+
 class McpServers(dict[str, ServerProxy]):
     """``mcp_servers``: the granted servers' proxies by real name (an alias works too)."""
 
     def __missing__(self, key: str) -> ServerProxy:
+        __tracebackhide__ = True
         for proxy in self.values():
             if proxy._kb_alias == key:
                 return proxy
+        no_host(f"so no server {key!r} is bound")
         granted = ", ".join(repr(name) for name in self) or "none"
         raise McpServerNotAvailable(
             f"Server {key!r} is not available: it is not granted to this session (granted: {granted});"
@@ -150,6 +165,7 @@ class ServerModuleFinder(importlib.abc.MetaPathFinder):
         if not fullname.startswith(prefix):
             return None
         alias = fullname[len(prefix) :].split(".")[0]
+        no_host(f"so {fullname} cannot be imported")
         granted = ", ".join(REGISTRY.aliases()) or "none"
         raise ModuleNotFoundError(
             f"No module named {fullname!r}: no server with alias {alias!r} is granted to this session"

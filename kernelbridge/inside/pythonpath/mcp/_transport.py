@@ -35,6 +35,8 @@ NO_HOST = (
     "no host MCP servers in this kernel: it was not started by kernelbridge"
     f" ({FD_VARIABLE} is not set), so mcp_* proxies and runtime calls cannot reach a host"
 )
+PROBE_TIMEOUT = 5.0
+"""Longest :func:`unavailable` waits for the host's answer (it answers ``list_servers`` from memory)."""
 READ_CHUNK = 256 * 1024
 # An oversized answer is discarded as it streams in; its first bytes are kept to find its id
 # (`{"type":"rpc_response","id":7,...`), so that the call it answers fails instead of waiting forever.
@@ -330,6 +332,25 @@ def current_cell() -> str | None:
     except Exception:  # no IPython, no parent yet, an unexpected ipykernel: the cell is informational
         return None
     return msg_id[:200] if isinstance(msg_id, str) and msg_id else None
+
+
+def unavailable(timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why no host serves this kernel (the message its calls raise McpUnavailable with), or None
+    when a host answers (or does not answer within ``timeout``: then it cannot be told)."""
+    try:
+        client = connect()
+        request_id, future = client.submit("list_servers", {}, current_cell())
+    except McpUnavailable as exc:
+        return exc.message
+    except McpError:
+        return None
+    try:
+        ok, value = future.result(timeout)
+    except TimeoutError:
+        return None
+    finally:
+        client.forget(request_id)
+    return value.message if not ok and isinstance(value, McpUnavailable) else None
 
 
 def request(method: str, params: dict[str, Any]) -> Any:

@@ -1,0 +1,66 @@
+"""A package's names imported when first used (PEP 562), not when the package is.
+
+A package ``__init__`` that imports what it re-exports makes every one of its modules cost all of
+them: ``kernelbridge sessions`` (a few JSON files read) paid 2 s for the MCP client SDK through
+``kernelbridge.session``. Such a package lists its names as imports under ``if TYPE_CHECKING:``
+(what readers, mypy and tests/structure_checks.py see) and ends with::
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
+
+so that ``from kernelbridge.hub import load_catalog`` imports ``kernelbridge.hub.config`` and
+nothing else of the hub. Standard library only, below every layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def lazy_exports(package: str, init_file: str) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for ``package``, whose ``__init__`` is ``init_file``: each
+    name it imports under ``if TYPE_CHECKING:`` comes from its module on first use, and is an
+    ordinary attribute of the package from then on."""
+    origins: dict[str, tuple[str, str]] = {}
+    read: list[bool] = []
+
+    def origin(name: str) -> tuple[str, str] | None:
+        if not read:  # the package's source, parsed once: what mypy checks is what runs
+            origins.update(typing_imports(Path(init_file).read_text(encoding="utf-8")))
+            read.append(True)
+        return origins.get(name)
+
+    def __getattr__(name: str) -> object:
+        found = origin(name)
+        if found is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module, attribute = found
+        value = getattr(importlib.import_module(module), attribute)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        origin("")
+        return sorted({*vars(sys.modules[package]), *origins})
+
+    return __getattr__, __dir__
+
+
+def typing_imports(source: str) -> dict[str, tuple[str, str]]:
+    """``{name: (module, attribute)}`` for each ``from M import A [as N]`` directly under a
+    top-level ``if TYPE_CHECKING:`` of ``source`` (absolute imports only)."""
+    import ast  # only once a lazy name is first used
+
+    found: dict[str, tuple[str, str]] = {}
+    for node in ast.parse(source).body:
+        if not (
+            isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        ):
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
+                for name in statement.names:
+                    found[name.asname or name.name] = (statement.module, name.name)
+    return found

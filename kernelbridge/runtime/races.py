@@ -1,0 +1,72 @@
+"""What an engine says when another of its clients removes a container while it looks, and the
+bounded retry of a call that met that.
+
+The problem: one engine serves many clients at once (several clients' bridges, a test suite, the
+engine's own clean-up of a container that just exited), so a container may go between two steps
+of one call. podman 4.3 then fails a whole listing, though the other containers are all there:
+its ``/containers/json`` inspects every container it found, and one removed meanwhile answers
+``getting container from store "<id>": container not known`` (its storage went before its record),
+``read /proc/<pid>/cgroup: no such process`` (its process ended), or ``no such container``
+(podman issues 418, 10120, 11810, 15526). Such a failure says nothing about the containers still
+there, and asking again a moment later answers: :func:`retrying` does, a bounded number of times.
+
+The backends read these words here and nowhere else. A container that another client removed is
+no failure of ours: ``remove`` counts it as removed, ``inspect`` as gone (None).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+
+from kernelbridge.errors import RuntimeUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+HALF_REMOVED = "container not known"
+"""podman: the container's storage is gone and its record not yet (it is being removed, or a
+removal stopped half-way): it is gone for every purpose of ours."""
+VANISHED = (
+    HALF_REMOVED,
+    "no such container",
+    "no container with",
+    "does not exist in database",
+    "no such process",
+)
+"""Words of a call that failed because a container (or its process) went while the engine looked."""
+ATTEMPTS = 6
+FIRST_DELAY = 0.1
+"""Seconds before the second attempt; each later one waits twice as long (3.1 s in all)."""
+
+
+def vanished(exc: BaseException) -> bool:
+    """Whether ``exc`` says that something the engine was looking at went meanwhile."""
+    text = str(exc).lower()
+    return any(words in text for words in VANISHED)
+
+
+def half_removed(exc: BaseException) -> bool:
+    """Whether ``exc`` is podman's answer about a container whose removal is under way."""
+    return HALF_REMOVED in str(exc).lower()
+
+
+async def retrying(call: Callable[[], Awaitable[T]], what: str) -> T:
+    """``await call()``, asked again (at most :data:`ATTEMPTS` times, backing off) while it fails
+    with a RuntimeUnavailable that :func:`vanished` recognises; any other failure, or the last
+    one, is raised. ``what`` names the call in the log."""
+    delay = FIRST_DELAY
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return await call()
+        except RuntimeUnavailable as exc:
+            if attempt == ATTEMPTS or not vanished(exc):
+                raise
+            log.debug("%s met a container going away (attempt %d): %s", what, attempt, exc)
+        await anyio.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")  # the loop returns or raises

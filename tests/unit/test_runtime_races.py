@@ -1,0 +1,126 @@
+"""Removal and reaping against a stand-in engine client (beside the real engine's
+tests/runtime/test_races.py): every container is tried whatever another one does, a container
+another client removed meanwhile is removed, and the reaper goes on past one it cannot remove."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kernelbridge.errors import EngineRefused, RuntimeUnavailable
+from kernelbridge.runtime import races, reap_orphans
+from kernelbridge.runtime.engine.api import EngineRuntime
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pauses between attempts are for a real engine; a stand-in needs none."""
+    monkeypatch.setattr(races, "FIRST_DELAY", 0.0)
+    monkeypatch.setattr("kernelbridge.runtime.engine.api.REMOVE_RETRY_DELAY", 0.0)
+
+
+def gone_pid() -> int:
+    """A pid no process has (the bridge of an orphan)."""
+    pid = 2**22 + 17
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid += 1
+
+
+@dataclass
+class Answer:
+    data: Any = None
+
+    def json(self) -> Any:
+        return self.data
+
+
+@dataclass
+class Engine:
+    """A stand-in client: ``containers`` listed; ``stuck`` refuse removal for good; ``taken`` are
+    removed by another client just as this one asks (every DELETE of ours fails with what podman
+    says of a container whose removal is under way, and then it is gone)."""
+
+    containers: list[str]
+    stuck: set[str] = field(default_factory=set)
+    taken: set[str] = field(default_factory=set)
+    deletes: list[str] = field(default_factory=list)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Answer:
+        name = path.split("/")[2] if path.startswith("/containers/") else ""
+        if method == "GET" and path.endswith("/containers/json"):
+            labels = {
+                "kernelbridge.session": "s",
+                "kernelbridge.owner": str(gone_pid()),
+                "kernelbridge.host": socket.gethostname(),
+            }
+            return Answer(
+                [{"Id": c, "Names": [c], "Labels": labels, "State": "exited"} for c in self.containers]
+            )
+        if method == "DELETE":
+            self.deletes.append(name)
+            if name in self.stuck:
+                raise EngineRefused(f"refused to remove {name}: device or resource busy", 500, "busy")
+            if name in self.taken:  # the other client's removal, under way, answers for it
+                if name in self.containers:
+                    self.containers.remove(name)
+                raise EngineRefused(
+                    f"refused to remove {name}: container not known", 500, "container not known"
+                )
+            if name in self.containers:
+                self.containers.remove(name)
+                return Answer()
+            raise EngineRefused(f"no such container {name}", 404, f"no such container: {name}")
+        if method == "GET" and path.endswith("/json"):
+            if name in self.containers:
+                return Answer({"Id": name, "Name": name, "State": {"Status": "exited", "ExitCode": 0}})
+            raise EngineRefused(f"no such container {name}", 404, f"no such container: {name}")
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+def runtime_of(engine: Engine) -> EngineRuntime:
+    return EngineRuntime(engine, engine="podman")  # type: ignore[arg-type]
+
+
+async def test_a_container_another_client_removed_meanwhile_is_removed() -> None:
+    engine = Engine(["a", "b"], taken={"a"})
+    await runtime_of(engine).remove(["a", "b"])
+    assert engine.containers == []
+
+
+async def test_every_container_is_tried_and_what_is_kept_is_said_once() -> None:
+    engine = Engine(["a", "b", "c"], stuck={"b"})
+    with pytest.raises(RuntimeUnavailable, match="device or resource busy") as raised:
+        await runtime_of(engine).remove(["a", "b", "c"])
+    assert not isinstance(raised.value, BaseExceptionGroup)
+    assert engine.containers == ["b"]
+    engine.stuck.add("c")
+    engine.containers.append("c")
+    with pytest.raises(RuntimeUnavailable, match="2 of 2 containers were not removed"):
+        await runtime_of(engine).remove(["b", "c"])
+
+
+async def test_the_reaper_goes_on_past_a_container_it_cannot_remove(caplog: pytest.LogCaptureFixture) -> None:
+    engine = Engine(["a", "b", "c", "d"], stuck={"b"}, taken={"c"})
+    with caplog.at_level(logging.WARNING, logger="kernelbridge.runtime.reaper"):
+        removed = await reap_orphans(runtime_of(engine))
+    assert (removed, engine.containers) == (3, ["b"])
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "could not remove the orphaned sandbox b" in said and "busy" in said
