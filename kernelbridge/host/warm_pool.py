@@ -20,6 +20,7 @@ from typing import Generic, Protocol, TypeVar
 
 import anyio
 
+from kernelbridge.errors import SandboxStartTimeout
 from kernelbridge.host.admission import ADMISSION, StartAdmission
 from kernelbridge.host.sandbox import Sandbox
 
@@ -108,10 +109,15 @@ class WarmPool(Generic[T]):
 
     async def _started(self, name: str) -> T:
         """A cold start in its turn, bounded from that turn. Raises SandboxStartTimeout when the
-        turn did not come in time, TimeoutError past the start's own bound, the start's failure."""
+        turn did not come in time or the start outran its own bound, else the start's failure."""
+        bound = self._start_timeout + SHUTDOWN_TIMEOUT
         async with self._admission.turn(name):
-            with anyio.fail_after(self._start_timeout + SHUTDOWN_TIMEOUT):
+            # The start's own bound fires first when the engine reports progress; this one is for
+            # an engine that never answers (a pod bound to a node that died): one line to the
+            # agent, not a bare TimeoutError.
+            with anyio.move_on_after(bound):
                 return await self._start(name)
+        raise SandboxStartTimeout(f"no sandbox started within {bound:g} s (the engine never said why)")
 
     async def run(self) -> None:
         """Keep ``size`` sandboxes started, one start at a time (starts are CPU bound)."""

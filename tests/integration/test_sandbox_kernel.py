@@ -48,6 +48,15 @@ class Cell:
         return self.results[-1]["text/plain"] if self.results else None
 
 
+async def started_running(kc: AsyncKernelClient, msg_id: str, timeout: float = 60.0) -> None:
+    """Until the kernel says (iopub ``execute_input``) that it runs the request ``msg_id``."""
+    with anyio.fail_after(timeout):
+        while True:
+            msg = await kc.get_iopub_msg()
+            if msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
+                return
+
+
 async def execute(kc: AsyncKernelClient, code: str, timeout: float = 60.0) -> Cell:
     """Run ``code``; done only when both the shell reply and iopub idle arrived (as nbclient)."""
     cell = Cell()
@@ -318,15 +327,22 @@ async def test_first_cell_output_of_20_fresh_kernels(settings: Settings) -> None
     assert outputs == {i: f"first output of kernel {i}\n" for i in range(20)}
 
 
-async def test_restart_keeps_the_container_and_its_files_but_not_variables(sandbox: OpenSandbox) -> None:
+async def test_restart_keeps_the_container_and_its_files_but_not_variables(
+    sandbox: OpenSandbox, settings: Settings
+) -> None:
     km, kc = await sandbox()
     await execute(kc, "x = 1\nopen('/workspace/keep.txt', 'w').write('kept')")
     container = km.container_name
-    # A cell stuck where KeyboardInterrupt cannot reach it: the reason restarts happen.
-    kc.execute(STUBBORN_CELL)
-    with anyio.fail_after(30):
+    # A cell stuck where KeyboardInterrupt cannot reach it: the reason restarts happen. Restarted
+    # once it runs: a request still in the tunnel when the restart overtakes it reaches the new
+    # kernel, as one queued in a client's socket while a workstation's kernel restarts does.
+    await started_running(kc, kc.execute(STUBBORN_CELL))
+    # The new kernel has the bridge's own start bound: a fixed 30 s for both steps (kill, start,
+    # first answer) ran out once in CI on a busy two-core machine.
+    bound = settings.kernel_start_timeout
+    with anyio.fail_after(2 * bound):
         await km.restart_kernel(now=True)
-        await wait_for_iopub(kc, 30, km)  # the same client goes on: same tunnel, same ports
+        await wait_for_iopub(kc, bound, km)  # the same client goes on: same tunnel, same ports
     assert km.container_name == container
     assert (await execute(kc, "'x' in globals()")).text == "False"
     assert (await execute(kc, "open('/workspace/keep.txt').read()")).text == "'kept'"

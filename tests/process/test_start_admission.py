@@ -177,3 +177,21 @@ async def test_a_start_bound_runs_from_its_turn(tmp_path: Path) -> None:
             for n in range(8):
                 tg.start_soon(session, n)
     assert sorted(started) == [f"s{n}" for n in range(8)] and crowd.most == 2
+
+
+async def test_a_start_that_never_answers_is_a_start_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pod bound to a node that died: the engine accepts the start and never says more. The
+    # agent must get the project's one-line error, not a bare TimeoutError from the bound.
+    # (The bound's 15 s margin for a start's own clean-up, shortened: it is not what this tests.)
+    monkeypatch.setattr("kernelbridge.host.warm_pool.SHUTDOWN_TIMEOUT", 0.1)
+    async def start_that_hangs(name: str) -> Started:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    pool: WarmPool[Started] = WarmPool(
+        0, start_that_hangs, start_timeout=0.1, admission=StartAdmission(tmp_path / "slots", slots=2)
+    )
+    with anyio.fail_after(30), pytest.raises(SandboxStartTimeout, match="no sandbox started within"):
+        await pool.take("s")
