@@ -38,7 +38,7 @@ endef
 # cluster's binaries are built on this machine; when they are not, its tests skip and this says so.
 KUBE_BUILT = scripts/kube-cluster.sh built 2>/dev/null
 define KUBE_NOTE
-	@$(KUBE_BUILT) || echo "kube tier skipped: the Kubernetes binaries are not built; \`make test-kube\` builds them (once, ~35 min) and runs it"
+	@$(KUBE_BUILT) || echo "kube tier skipped: the Kubernetes binaries are not built; \`make test-kube\` builds them (once, 11-35 min) and runs it"
 endef
 
 test: setup

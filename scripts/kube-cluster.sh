@@ -669,6 +669,8 @@ remove_cgroups() {  # the kubelet's cgroups under CGROUP_ROOT in each hierarchy,
 
 down() {
     [[ -d $DIR ]] || return 0
+    # A second node started beside this one (scripts/kube-second-node.sh) goes first.
+    if [[ -d $DIR/node-2 ]]; then "$REPO/scripts/kube-second-node.sh" down || true; fi
     # Pods first, through the API while it runs, so that the kubelet stops them cleanly.
     if running kube-apiserver && running kubelet && api_ready >/dev/null 2>&1; then
         kctl delete pods --all --all-namespaces --grace-period=1 --timeout=30s >/dev/null 2>&1 || true
@@ -706,6 +708,9 @@ status() {
     done
     return $rc
 }
+
+# Sourced (scripts/kube-second-node.sh): its constants and helpers only.
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0
 
 case ${1:-} in
 build) build ;;

@@ -186,6 +186,7 @@ async def test_a_start_that_never_answers_is_a_start_timeout(
     # agent must get the project's one-line error, not a bare TimeoutError from the bound.
     # (The bound's 15 s margin for a start's own clean-up, shortened: it is not what this tests.)
     monkeypatch.setattr("kernelbridge.host.warm_pool.SHUTDOWN_TIMEOUT", 0.1)
+
     async def start_that_hangs(name: str) -> Started:
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
