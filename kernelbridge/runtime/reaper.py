@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 from collections.abc import Collection
+from pathlib import Path
 
 import anyio
 
@@ -39,15 +40,33 @@ from kernelbridge.runtime.base import (
 log = logging.getLogger(__name__)
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this host (one of another user counts as alive)."""
+def pid_alive(pid: int, started: int | None = None) -> bool:
+    """Whether a process ``pid`` exists on this host (one of another user counts as alive); with
+    ``started`` (its :func:`process_start`), whether it is still that process and not a later one
+    that was given the same pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    now = process_start(pid) if started is not None else None
+    return now is None or now == started
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``, field 22):
+    with the pid, it names one process for the machine's uptime. None where there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces and parentheses itself.
+    fields = stat.rpartition(b")")[2].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 async def reap_orphans(runtime: RuntimeBackend, spare: Collection[str] = (), state: str | None = None) -> int:

@@ -51,7 +51,7 @@ from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from kernelbridge.runtime.reaper import pid_alive
+from kernelbridge.runtime.reaper import pid_alive, process_start
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -122,6 +122,9 @@ class TaskRecord:
     """Why there is no result (cancelled; its bridge left): one line."""
     bridge: int = field(default_factory=os.getpid)
     """The process that runs it (a record of a process that is gone is followed by the next)."""
+    bridge_start: int | None = field(default_factory=lambda: process_start(os.getpid()))
+    """When that process started (:func:`process_start`): a later process given the same pid
+    is not it."""
     cell: str = field(default_factory=lambda: uuid.uuid4().hex)
     """The msg_id of its cell: a bridge after the one that sent it follows the cell by it."""
     timeout: float = 0.0
@@ -178,6 +181,7 @@ class TaskRecord:
             "result": self.result,
             "error": self.error,
             "bridge": self.bridge,
+            "bridge_start": self.bridge_start,
             "cell": self.cell,
             "timeout": self.timeout,
         }
@@ -196,6 +200,7 @@ class TaskRecord:
             result=data.get("result") if isinstance(data.get("result"), dict) else None,
             error=data.get("error") if isinstance(data.get("error"), str) else None,
             bridge=int(data.get("bridge") or 0),
+            bridge_start=data["bridge_start"] if isinstance(data.get("bridge_start"), int) else None,
             cell=str(data.get("cell") or ""),
             timeout=float(data.get("timeout") or 0.0),
             live=False,
@@ -237,17 +242,19 @@ class TaskStore:
         record = self._live.get(task_id)
         if record is None:
             record = self._read(self.directory / f"{task_id}.json")
-            if record is not None and record.status == "working" and not self._alive(record.bridge):
+            if record is not None and record.status == "working" and not self._alive(record):
                 self._take_over(record)
         if record is None or record.expired(time.time()):
             return None
         return record
 
     @staticmethod
-    def _alive(pid: int) -> bool:
-        # This bridge's own tasks are live records, never read back: a record of its pid is of a
-        # process before it (a container's bridge is pid 1 again after a restart).
-        return pid > 0 and pid != os.getpid() and pid_alive(pid)
+    def _alive(record: TaskRecord) -> bool:
+        """Whether the bridge that wrote ``record`` still runs. This bridge's own tasks are live
+        records, never read back: a record of its pid is of a process before it (a container's
+        bridge is pid 1 again after a restart)."""
+        pid = record.bridge
+        return pid > 0 and pid != os.getpid() and pid_alive(pid, record.bridge_start)
 
     def _take_over(self, record: TaskRecord) -> None:
         """A working record whose bridge left while its cell ran (the durable sandbox ran it on):
@@ -261,7 +268,7 @@ class TaskStore:
             record.end("failed", error=left)
             self.save(record)
             return
-        record.live, record.bridge = True, os.getpid()
+        record.live, record.bridge, record.bridge_start = True, os.getpid(), process_start(os.getpid())
         self._live[record.task_id] = record
         self.save(record)
         self._resume(record, self, left)

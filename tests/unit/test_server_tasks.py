@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from kernelbridge.runtime.reaper import process_start
 from kernelbridge.server.tasks import MAX_TASKS, TaskRecord, TaskStore, TaskTable, status_message
 
 pytestmark = pytest.mark.anyio
@@ -71,12 +72,27 @@ async def test_a_task_left_running_is_taken_over_once_by_the_next_bridge(tmp_pat
 async def test_a_task_of_another_running_bridge_is_not_taken_over(tmp_path: Path) -> None:
     store = table(tmp_path).store("")
     record = store.create("train", None)
-    record.bridge = os.getppid()  # another process that is still running (this test's parent)
+    # another process that is still running (this test's parent)
+    record.bridge, record.bridge_start = os.getppid(), process_start(os.getppid())
     store.save(record)
     taken: list[TaskRecord] = []
     tasks = TaskTable(lambda namespace: tmp_path / (namespace or "shared"), lambda r, _, __: taken.append(r))
     found = tasks.find("", record.task_id)
     assert not taken and found.status == "working" and not found.live
+
+
+async def test_a_task_whose_bridge_pid_was_given_to_another_process_is_taken_over(tmp_path: Path) -> None:
+    store = table(tmp_path).store("")
+    record = store.create("train", None)
+    started = process_start(os.getppid())
+    assert started is not None, "this test needs /proc"
+    # The bridge that wrote it is gone and its pid now names a later process (this test's parent).
+    record.bridge, record.bridge_start = os.getppid(), started - 1
+    store.save(record)
+    taken: list[TaskRecord] = []
+    tasks = TaskTable(lambda namespace: tmp_path / (namespace or "shared"), lambda r, _, __: taken.append(r))
+    found = tasks.find("", record.task_id)
+    assert taken == [found] and found.live and found.bridge == os.getpid()
 
 
 async def test_an_expired_task_is_unknown(tmp_path: Path) -> None:
