@@ -73,11 +73,17 @@ def render_note(note: Note) -> str:
 
 def _session_note(note: SessionNote) -> str:
     match note:
-        case FreshSandbox(died=died):
+        case FreshSandbox(died=died, cells=cells, restore=restore):
             why = f"The previous sandbox died ({died})" if died else "The previous sandbox was discarded"
+            offer = (
+                f" Its {cells} earlier cell(s) are in the journal: close_session, then"
+                f" run_python(restore={restore!r}) re-runs them in a fresh sandbox."
+                if restore
+                else ""
+            )
             return (
                 f"{why}; this call started a fresh one: earlier variables, imports and files in "
-                "/workspace are gone."
+                f"/workspace are gone.{offer}"
             )
         case SandboxDied(reason=reason):
             return f"The sandbox died: {reason}. Its {_LOST}"

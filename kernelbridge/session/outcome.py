@@ -92,6 +92,10 @@ class FreshSandbox(Note):
     code: ClassVar[str] = NoteCode.FRESH_SANDBOX
     died: str | None
     """Why the previous one died; None: it was discarded (a timeout, or it took no cell)."""
+    cells: int = 0
+    """Cells in the session's journal when it died (what a restore would re-run)."""
+    restore: str | None = None
+    """The ``restore=`` argument that re-runs them (None: it was discarded, or had none)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from kernelbridge.errors import NO_SERVERS_CONFIGURED, KernelBridgeError, Sessio
 from kernelbridge.host import Sandbox, WarmPool, close_sandbox
 from kernelbridge.notebook.access import SandboxAccess
 from kernelbridge.runtime import RuntimeBackend
+from kernelbridge.session.adoption import restore_uri
 from kernelbridge.session.cell import CellResult
 from kernelbridge.session.durability import Durability, Lost, WarmSandbox, lost_result
 from kernelbridge.session.outcome import FreshSandbox, Queued, SandboxLost
@@ -430,7 +431,7 @@ class SessionRegistry:
             if session.record is not None:
                 session.record = self._durability.rekey(session.record, warm.sandbox)
         session.write_record()
-        session.pending.append(FreshSandbox(loss.died if loss is not None else None))
+        session.pending.append(fresh_sandbox_note(session, loss))
 
     async def _adopt_at_start(self) -> None:
         """In the background at start: adopt every session of this namespace whose sandbox
@@ -475,3 +476,13 @@ class SessionRegistry:
                     if self._sessions.get(session.name) is session:
                         del self._sessions[session.name]
                     await session.close()
+
+
+def fresh_sandbox_note(session: Session, loss: Loss | None) -> FreshSandbox:
+    """What the call that replaced ``session``'s sandbox says: how the old one ended and, when it
+    died with cells in the journal, the ``restore=`` that re-runs them."""
+    died = loss.died if loss is not None else None
+    cells = session.journal.cells if session.journal is not None else 0
+    if died is None or not cells or session.record is None:
+        return FreshSandbox(died)
+    return FreshSandbox(died, cells, restore_uri(session.record))

@@ -1,7 +1,7 @@
 """A cluster of two nodes, one of which dies: the sessions on the other keep their variables, a
-session on the dead node is told so in one line, and its next calls get a fresh sandbox on the
-node that lives (``scripts/kube-second-node.sh`` adds the node; every other setting at its
-default: a real bridge over stdio, its warm pool of one).
+session on the dead node is told so in one line, with the ``restore=`` that rebuilds it, and its
+next calls get a fresh sandbox on the node that lives (``scripts/kube-second-node.sh`` adds the
+node; every other setting at its default: a real bridge over stdio, its warm pool of one).
 
 The second node has 1 cpu to offer (the first 2) and a sandbox asks for 1, so the three sessions
 fill both nodes; the lost session's fresh sandbox needs the room a closed session leaves.
@@ -88,22 +88,33 @@ async def test_a_dead_node_takes_only_its_own_sessions(
             for session in kept:
                 again = await bridge.run("print(v)", session)
                 assert again.status == "ok" and again.stdout == f"{session[1:]}\n", again.text
+            answers = []
             for session in lost:
                 gone = await bridge.run("print(v)", session)
                 assert gone.status != "ok", gone.text
                 said_in_one_line(gone)
+                answers.append(gone)
 
             # Room on the first node for the lost session's fresh sandbox.
             await bridge.close(kept[0])
             deadline = time.monotonic() + RECOVERY
             while True:
                 fresh = await bridge.run("print('v' in globals())", lost[0], timeout=60)
+                answers.append(fresh)
                 if fresh.status == "ok":
                     break
                 said_in_one_line(fresh)
                 assert time.monotonic() < deadline, f"no fresh sandbox in {RECOVERY:g} s: {fresh.text}"
             assert fresh.stdout == "False\n", fresh.text
             assert node_of(kube_cluster, await bridge.container(lost[0])) == FIRST
+
+            # The loss was said with the restore= that brings its variables back.
+            offers = [answer.notes for answer in answers if "restore=" in answer.notes]
+            assert offers, [answer.text for answer in answers]
+            restore = offers[0].split("restore='", 1)[1].split("'", 1)[0]
+            await bridge.close(lost[0])
+            restored = await bridge.run("print(v)", lost[0], restore=restore, timeout=120)
+            assert restored.status == "ok" and restored.stdout == f"{lost[0][1:]}\n", restored.text
     finally:
         await second_node("down")
     assert SECOND not in kube_cluster.kubectl("get", "nodes", "-o", "name"), "down removed the Node"

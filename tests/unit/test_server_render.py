@@ -54,6 +54,13 @@ SENTENCES: list[tuple[Note, str]] = [
         "imports and files in /workspace are gone.",
     ),
     (
+        FreshSandbox("its node died", 3, "kernelbridge://sessions/s@1/notebook"),
+        "The previous sandbox died (its node died); this call started a fresh one: earlier variables, "
+        "imports and files in /workspace are gone. Its 3 earlier cell(s) are in the journal: "
+        "close_session, then run_python(restore='kernelbridge://sessions/s@1/notebook') re-runs them in "
+        "a fresh sandbox.",
+    ),
+    (
         FreshSandbox(None),
         "The previous sandbox was discarded; this call started a fresh one: earlier variables, imports "
         "and files in /workspace are gone.",
