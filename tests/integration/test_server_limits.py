@@ -117,6 +117,8 @@ async def test_out_of_memory_reports_kernel_died_and_the_next_call_starts_fresh(
     assert fresh.is_error is False
     assert fresh.structured_content["result"] == "False"
     assert fresh.structured_content["note_codes"] == ["fresh_sandbox"]
+    # The journal holds the cells the dead sandbox ran: the note offers to re-run them.
+    assert "run_python(restore='kernelbridge://sessions/" in " ".join(fresh.structured_content["notes"])
 
 
 async def test_a_first_call_takes_a_warm_sandbox_and_the_pool_refills(
