@@ -410,13 +410,23 @@ async def open_http_bridge(
 
 
 def stop_process_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and its descendants (processes this test started)."""
+    """SIGKILL ``pid`` and its descendants (processes this test started). ``pid`` goes first, as
+    in a crash: killed after its children, a bridge could see its engine's service die and answer
+    the call in flight before its own turn came."""
+    tree = descendants(pid)
+    for each in (pid, *tree):
+        try:
+            os.kill(each, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, listed before any is killed (an orphan leaves the tree)."""
+    found = []
     for child in children(pid):
-        stop_process_tree(child)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        found += [child, *descendants(child)]
+    return found
 
 
 @asynccontextmanager

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kernelbridge.config import SandboxLimits
+from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.runtime.base import ContainerSpec
 from kernelbridge.runtime.kube.manifest import network_policy, pod_manifest, pod_name, quantity, to_yaml
 
@@ -126,3 +129,29 @@ def test_the_handover_user_the_host_asks_for_is_the_handover_containers() -> Non
     assert HANDOVER_USER in HANDOVER_USERS  # the handover container runs as RELAY_UID (above)
     assert str(RELAY_UID) in HANDOVER_USERS
     assert "65534" not in HANDOVER_USERS and "1000" not in HANDOVER_USERS
+
+
+@pytest.mark.anyio
+async def test_a_read_on_a_connection_the_server_closed_is_sent_once_more() -> None:
+    import httpx2
+
+    from kernelbridge.runtime.kube.api import Api
+    from kernelbridge.runtime.kube.connect import ApiConnection
+
+    sent: list[str] = []
+
+    def server(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request.method)
+        if len(sent) == 1 or request.method != "GET":
+            raise httpx2.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx2.Response(200, json={"kind": "Pod"})
+
+    http = httpx2.AsyncClient(base_url="https://cluster.invalid", transport=httpx2.MockTransport(server))
+    api = Api(ApiConnection(None, http, "the cluster", "test"))  # type: ignore[arg-type]
+    assert await api.json("GET", "/api/v1/pods/p", what="for pod p") == {"kind": "Pod"}
+    assert sent == ["GET", "GET"]
+    # A write is not sent twice: the server may have acted on it.
+    with pytest.raises(RuntimeUnavailable, match="broke off for pod p"):
+        await api.json("DELETE", "/api/v1/pods/p", what="for pod p")
+    assert sent == ["GET", "GET", "DELETE"]
+    await http.aclose()

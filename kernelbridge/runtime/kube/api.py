@@ -112,9 +112,17 @@ class Api:
         headers = {"Content-Type": "application/merge-patch+json" if merge else "application/json"}
         content = json.dumps(body).encode() if body is not None else None
         with translated(self.conn.where, what, timeout):
-            response = await self.conn.http.request(
-                method, path, content=content, headers=headers, params=query
-            )
+            try:
+                response = await self.conn.http.request(
+                    method, path, content=content, headers=headers, params=query
+                )
+            except httpx2.RemoteProtocolError:
+                # A kept-alive connection that the server closed as the request went out ("Server
+                # disconnected without sending a response"; httpx retries only connects): a read
+                # is sent once more, on a new connection.
+                if method != "GET":
+                    raise
+                response = await self.conn.http.request(method, path, headers=headers, params=query)
         if response.status_code >= 400:
             message, reason = status_message(response.content)
             raise refused(self.conn.where, what, response.status_code, message, reason)
