@@ -43,6 +43,10 @@ SHUTDOWN_TIMEOUT = 15.0
 """Bound on stopping one sandbox (a container can take seconds to stop)."""
 MAX_BACKOFF = 60.0
 """Longest pause between failed warm starts (a broken runtime must not make us spin)."""
+REFILL_PAUSE = 0.3
+"""Seconds between a sandbox taken and the start of its replacement: the one taken runs its
+session's first cell meanwhile, and a start (CPU bound here; several API round trips and a
+kubelet's work on a cluster) would compete with it."""
 
 
 async def close_sandbox(sandbox: Sandbox) -> None:
@@ -141,6 +145,7 @@ class WarmPool(Generic[T]):
                 self._notify()
             self._wanted = anyio.Event()
             await self._wanted.wait()
+            await anyio.sleep(REFILL_PAUSE)
 
     def _notify(self) -> None:
         self._changed.set()
