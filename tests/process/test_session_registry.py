@@ -155,7 +155,8 @@ async def test_dead_kernel_is_reported_and_replaced(registry: SessionRegistry) -
         assert registry.describe()[0]["state"] == "dead"
         fresh = await registry.run("a", "'x' in globals()", timeout=10)
     assert fresh.result == "False" and session.state is SessionState.IDLE
-    assert fresh.notes == [FreshSandbox(died=note.reason)]
+    # Both earlier cells are in the journal: the note offers the restore= that re-runs them.
+    assert fresh.notes == [FreshSandbox(note.reason, 2, "kernelbridge://sessions/a@1/notebook")]
     # One generation: the fresh sandbox's cells go on in the same journal.
     entries = read_journal(registry.journal_file("a"))
     assert [type(e) for e in entries] == [JournalHeader, JournalCell, JournalCell, JournalCell]
