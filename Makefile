@@ -14,11 +14,10 @@ setup:
 setup-venv:
 	scripts/setup.sh --venv-only
 
-# Three workers on two cores: most tests wait on containers, not on the CPU (with two, the CPU
-# was 30% idle through a CI run); tests/conftest.py keeps tests that share a machine-wide
-# resource in one worker. TEST_WORKERS=0 runs them in this process.
-TEST_WORKERS ?= 3
-# The slowest tests are listed at the end.
+# Two workers: most tests wait on containers, not on the CPU (tests/conftest.py keeps tests that
+# share a machine-wide resource in one worker). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+# The slowest tests are listed at the end: the default suite is kept under 15 minutes.
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 # The static checks, before any test: ruff (lint and format) and mypy (pyproject.toml's [tool.mypy]).
