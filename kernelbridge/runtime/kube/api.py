@@ -84,7 +84,11 @@ ENDED_WAIT = 10.0
 """How long the kubelet may take to report a container that ended (its status sync: ~1 s)."""
 DELETE_GRACE = 1
 POLL = 0.1
-LOG_LINES = 40
+LOG_ENTRIES = 1000
+"""The log entries asked for (``tailLines``), for the 40 lines kept (``StderrTail``): the node's
+log holds a long line as several partial entries, one per read of the container's pipe (16 KiB
+at most, fewer bytes on a busy node), and the kubelet counts entries: that is the likely reason a
+100 kB line once left no room in 40 entries for the lines before it (CI, 3 workers)."""
 LOG_BYTES = 4 << 20
 IMAGE_WAITING = {"ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 BROKEN_WAITING = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
@@ -384,7 +388,7 @@ class KubeRuntime(RuntimeBackend):
     async def _log_tail(self, name: str) -> list[str]:
         """The last lines of the sandbox container's log (its stdout and stderr together: the
         agent writes nothing to stdout before it is spoken to)."""
-        query = {"container": CONTAINER_NAME, "tailLines": str(LOG_LINES)}
+        query = {"container": CONTAINER_NAME, "tailLines": str(LOG_ENTRIES)}
         tail = StderrTail()
         read = 0
         try:
@@ -393,7 +397,7 @@ class KubeRuntime(RuntimeBackend):
                 async with self.conn.http.stream("GET", url, params=query) as response:
                     if response.status_code >= 400:
                         return []
-                    # Forty lines, but a line may be megabytes: read a bounded amount.
+                    # A line may be megabytes: read a bounded amount.
                     async for chunk in response.aiter_bytes():
                         tail.feed(chunk)
                         read += len(chunk)
