@@ -22,6 +22,7 @@ import anyio
 from bridge_harness import podman
 
 from kernelbridge.host.container import HANDOVER_COMMAND, STATE_LABEL, state_identity
+from kernelbridge.session.store import SessionStore
 
 DURABLE: dict[str, str] = {}
 """Sessions outlive their bridge with every setting at its default."""
@@ -93,3 +94,18 @@ def agent_stopped(container: str) -> Iterator[int]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+
+
+def secret_file(state_dir: Path, session: str) -> Path:
+    """The file of ``session``'s current record that holds its sandbox's adoption secret."""
+    stored = SessionStore(state_dir).current(session)
+    assert stored is not None and stored.secret is not None
+    return SessionStore(state_dir).session_dir(session) / stored.secret
+
+
+def forge_secret(state_dir: Path, session: str) -> None:
+    """Replace ``session``'s secret with a well-formed one that is not its sandbox's."""
+    path = secret_file(state_dir, session)
+    path.unlink()
+    path.write_text("ab" * 32)
+    path.chmod(0o600)

@@ -34,6 +34,7 @@ from bridge_harness import (
     serve_pids,
     stop_process_tree,
 )
+from durable_harness import forge_secret, secret_file
 from mcp.client.client import Client
 
 from kernelbridge.host.container import STATE_LABEL, state_identity
@@ -223,12 +224,7 @@ async def test_a_second_bridge_on_the_state_directory_never_takes_a_held_session
 async def test_a_forged_adoption_is_refused_and_the_session_goes_on_fresh(state: Path) -> None:
     async with open_bridge(state, **DURABLE) as bridge:
         assert (await bridge.run("secret_value = 1", "s")).status == "ok"
-    stored = SessionStore(state).current("s")
-    assert stored is not None and stored.secret is not None
-    secret_file = SessionStore(state).session_dir("s") / stored.secret
-    secret_file.unlink()
-    secret_file.write_text("ab" * 32)  # a well-formed secret, not the sandbox's
-    secret_file.chmod(0o600)
+    forge_secret(state, "s")  # a well-formed secret, not the sandbox's
     async with open_bridge(state, **DURABLE) as bridge:
         refused = await bridge.run("print('hello')", "s")
         assert "sandbox_lost" in refused.codes and refused.data["state"] == "lost", refused.text
@@ -435,11 +431,9 @@ verdict["env"] = any(SECRET.decode() in v for v in os.environ.values())
 """
     async with open_bridge(state, **DURABLE) as bridge:
         assert (await bridge.run("print('hi')", "s")).status == "ok"
-        stored = SessionStore(state).current("s")
-        assert stored is not None and stored.secret is not None
-        secret_file = SessionStore(state).session_dir("s") / stored.secret
-        assert secret_file.stat().st_mode & 0o777 == 0o600
-        secret = secret_file.read_text()
+        secret_path = secret_file(state, "s")
+        assert secret_path.stat().st_mode & 0o777 == 0o600
+        secret = secret_path.read_text()
         found = await bridge.probe(f"SECRET = {secret.encode()!r}\n" + probe, "s")
         assert found["found"] == [] and found["env"] is False, found
         assert "1/mem" in found["refused"] and "1/environ" in found["refused"], found

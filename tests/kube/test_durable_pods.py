@@ -17,11 +17,11 @@ from pathlib import Path
 import anyio
 import pytest
 from bridge_harness import open_bridge, stop_process_tree
+from durable_harness import forge_secret
 from kube_harness import SANDBOX_NAMESPACE, Cluster, KubectlError
 
 from kernelbridge.host.container import STATE_LABEL, state_identity
 from kernelbridge.runtime.kube.lease import micro_time
-from kernelbridge.session.store import SessionStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman, pytest.mark.slow]
 
@@ -127,12 +127,7 @@ async def test_a_forged_adoption_is_refused_and_the_session_goes_on_fresh(
 ) -> None:
     async with open_bridge(state, **kube) as bridge:
         assert (await bridge.run("secret_value = 1", "s")).status == "ok"
-    stored = SessionStore(state).current("s")
-    assert stored is not None and stored.secret is not None
-    secret_file = SessionStore(state).session_dir("s") / stored.secret
-    secret_file.unlink()
-    secret_file.write_text("ab" * 32)  # a well-formed secret, not the sandbox's
-    secret_file.chmod(0o600)
+    forge_secret(state, "s")  # a well-formed secret, not the sandbox's
     async with open_bridge(state, **kube) as bridge:
         refused = await bridge.run("print('hello')", "s")
         assert "sandbox_lost" in refused.codes and "secret" in refused.notes, refused.text
