@@ -5,7 +5,8 @@ does something then:
 
 - the container dies: the bridge says so in one line, nothing hangs, and the journal is intact
   (``restore=`` rebuilds the session from it);
-- the adopting bridge is SIGKILLed: the next bridge adopts the sandbox with its state;
+- the adopting bridge is SIGKILLed, or its handover never speaks: the next bridge adopts the
+  sandbox with its state;
 - the state directory becomes read-only, or fills up: the adoption completes, the call says what
   could not be journalled in one line, no traceback, and what was journalled before is kept.
 """
@@ -25,6 +26,7 @@ import pytest
 from bridge_harness import fill, open_bridge, open_http_bridge, podman, serve_params, stop_process_tree
 from durable_harness import (
     DURABLE,
+    agent_pid,
     agent_stopped,
     handovers_of,
     remove_sandboxes_of,
@@ -33,6 +35,7 @@ from durable_harness import (
 )
 from test_outside import tmpfs
 
+from kernelbridge.host.container import HANDOVER_COMMAND, HANDOVER_ENV, HANDOVER_USER, HANDOVER_WORKDIR
 from kernelbridge.notebook.journal import JournalCell
 from kernelbridge.session.store import SessionStore
 from kernelbridge.testing.notebooks import read_journal
@@ -110,6 +113,30 @@ async def test_a_bridge_killed_mid_adoption_leaves_the_sandbox_to_the_next(state
         assert time.monotonic() - began < BOUND
         assert await bridge.container("s") == container
         await bridge.close("s")
+
+
+async def test_a_silent_handover_does_not_keep_the_next_bridge_out(state: Path) -> None:
+    """A dead bridge's exec session may stay open (the engine keeps its stdin): its handover is a
+    candidate that never answers the challenge. The next bridge takes its place at once, instead
+    of being refused (and losing the session) until that candidate's deadline."""
+    container = await detached_session(state)
+    async with await anyio.open_process(  # the handover of a bridge that never says its hello
+        ["podman", "exec", "-i", "--user", HANDOVER_USER, "--workdir", HANDOVER_WORKDIR,
+         *(f"--env={name}={value}" for name, value in HANDOVER_ENV), container, *HANDOVER_COMMAND],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    ) as silent:  # fmt: skip
+        await wait_for(lambda: handovers_of(agent_pid(container)), "the silent handover connected")
+        async with open_bridge(state, **DURABLE) as bridge:
+            kept = await bridge.run("print(x)", "s")
+            assert kept.status == "ok" and kept.stdout == "1\n" and "adopted" in kept.codes, kept.text
+            assert await bridge.container("s") == container
+            await bridge.close("s")
+        assert silent.stdout is not None
+        said = b""
+        with anyio.fail_after(BOUND):
+            async for chunk in silent.stdout:  # until the agent hangs up on it
+                said += chunk
+        assert b"another bridge came while this one was silent" in said
 
 
 async def test_a_bridge_killed_right_after_its_adoption_leaves_the_sandbox_to_the_next(state: Path) -> None:

@@ -10,7 +10,9 @@ connect:
 - only a peer of the relay uid (``SO_PEERCRED``, which the peer cannot forge): kernel code, uid
   65534, is hung up on before a byte is read from it, so it can neither pass pipes nor make the
   agent hold anything;
-- one candidate at a time, which must prove within :data:`CANDIDATE_TIMEOUT` that it knows the
+- one candidate at a time (a newer handover replaces one that has not sent a byte since its
+  challenge: a live bridge answers at once, a dead one's exec session may stay open), which must
+  prove within :data:`CANDIDATE_TIMEOUT` that it knows the
   sandbox's secret (:class:`Candidate`): the agent sends ``challenge`` with a fresh nonce; the
   first frame back must be a ``hello`` whose ``proof`` is ``adoption_proof(secret, HOST_ROLE,
   nonce, host nonce, hello)`` (a MAC over the hello's every field); anything else (garbage,
@@ -195,6 +197,11 @@ class Candidate:
         if not frames.proof_matches(expected, frame.get("proof")):
             return Rejected("its proof does not match this sandbox's secret and its hello")
         return Accepted(host_nonce)
+
+    @property
+    def heard_from(self) -> bool:
+        """It has sent something since its challenge (a silent one may be a dead bridge's)."""
+        return self._read > 0
 
     def expired(self, now: float) -> bool:
         return now > self.deadline

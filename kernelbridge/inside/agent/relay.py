@@ -285,14 +285,19 @@ class Relay:
     def _on_handovers(self) -> None:
         assert self._attach_point is not None and self.link.durable is not None
         for handover in self._attach_point.accept():
-            if self._candidate is not None:
+            if self._candidate is not None and self._candidate.heard_from:
                 Candidate(handover, self.link.durable.secret, None, 0).refuse(
                     "another bridge is being admitted right now"
                 )
-            else:
-                self._candidate = Candidate(
-                    handover, self.link.durable.secret, baked_agent_hash(), time.monotonic()
-                )
+                continue
+            if self._candidate is not None:
+                # It has not said a byte since its challenge: a live bridge answers at once, so
+                # this is most likely a dead one whose exec session the engine keeps open. Waiting
+                # out its deadline would refuse (and lose the session for) every bridge after it.
+                self._drop_candidate().refuse("another bridge came while this one was silent")
+            self._candidate = Candidate(
+                handover, self.link.durable.secret, baked_agent_hash(), time.monotonic()
+            )
 
     def _drop_candidate(self) -> Candidate:
         """The current candidate, no longer polled (before its pipes may close)."""
