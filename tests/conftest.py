@@ -104,7 +104,9 @@ def end_detached_warm_sandboxes() -> list[str]:
     runtime = cli_runtime(load_settings())
     found = anyio.run(runtime.list, {TEST_RUN_LABEL: TEST_RUN})
     warm = [
-        c for c in found if c.durable and "-warm-" in c.name and not (c.owner_pid and pid_alive(c.owner_pid))
+        c
+        for c in found
+        if c.durable and "-warm-" in c.name and not (c.owner_pid and pid_alive(c.owner_pid, c.owner_start))
     ]
     if warm:
         anyio.run(runtime.remove, [c.id for c in warm])

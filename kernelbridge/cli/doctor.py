@@ -174,6 +174,7 @@ class Doctor:
 
     async def limits_check(self) -> tuple[str, str]:
         from kernelbridge.runtime import ContainerSpec
+        from kernelbridge.runtime.reaper import own_start
 
         assert self.runtime is not None and self.image is not None
         spec = ContainerSpec(
@@ -181,6 +182,7 @@ class Doctor:
             name=f"kernelbridge-doctor-{os.getpid()}",
             session="doctor",
             owner_pid=os.getpid(),
+            owner_start=own_start(),
             limits=SandboxLimits(memory=PROBE_MEMORY, pids=PROBE_PIDS),
             command=("python3", "-c", LIMITS_PROBE),
         )

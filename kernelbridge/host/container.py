@@ -41,6 +41,7 @@ from kernelbridge.image.containerfile import AGENT_PREFIX
 from kernelbridge.inside.handover import RELAY_UID
 from kernelbridge.runtime import ContainerInfo, ContainerSpec, ContainerStream, RuntimeBackend
 from kernelbridge.runtime.base import STATE_LABEL as STATE_LABEL
+from kernelbridge.runtime.reaper import own_start
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def container_spec(settings: Settings, session: str, image: str, *, durable: boo
         session=f"{settings.namespace}/{session}" if settings.namespace else session,
         owner_pid=os.getpid(),
         owner_host=socket.gethostname(),
+        owner_start=own_start(),
         limits=settings.limits,
         labels=labels,
         mounts=settings.mounts,

@@ -60,6 +60,9 @@ not let one bridge reap another machine's containers because a pid happens to be
 DURABLE_LABEL = "kernelbridge.durable"
 """On a sandbox that outlives its bridge (``1``): a later bridge may adopt it while it runs, so
 the orphan reaper leaves it alone until it has ended (it ends itself after its idle timeout)."""
+OWNER_START_LABEL = "kernelbridge.owner-start"
+"""When the owner bridge process started (``reaper.process_start``): with its pid (``OWNER_LABEL``),
+one process for the machine's uptime, so a later process given the same pid is not taken for it."""
 STATE_LABEL = "kernelbridge.state"
 """On a durable sandbox: the identity of the state directory whose bridges may adopt it (a hash of
 the host name and the directory's path, never the path; ``host.container.state_identity``)."""
@@ -75,6 +78,8 @@ class ContainerSpec:
     session: str
     owner_pid: int
     owner_host: str = ""
+    owner_start: int | None = None
+    """When the owner process started (:data:`OWNER_START_LABEL`); None: not said."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     env: tuple[tuple[str, str], ...] = ()
     """Extra variables for the kernel; nothing of the host's environment enters by default."""
@@ -96,6 +101,8 @@ class ContainerSpec:
         labels = {SESSION_LABEL: self.session, OWNER_LABEL: str(self.owner_pid)}
         if self.owner_host:
             labels[HOST_LABEL] = self.owner_host
+        if self.owner_start is not None:
+            labels[OWNER_START_LABEL] = str(self.owner_start)
         if self.durable:
             labels[DURABLE_LABEL] = "1"
         labels.update(self.labels)
@@ -135,6 +142,11 @@ class ContainerInfo:
     @property
     def owner_pid(self) -> int | None:
         raw = self.labels.get(OWNER_LABEL, "")
+        return int(raw) if raw.isdigit() else None
+
+    @property
+    def owner_start(self) -> int | None:
+        raw = self.labels.get(OWNER_START_LABEL, "")
         return int(raw) if raw.isdigit() else None
 
     @property

@@ -1,7 +1,8 @@
 """Orphan reaping: removing the sandbox containers of bridges that are gone.
 
-A bridge labels each container with its pid and host name (``OWNER_LABEL``, ``HOST_LABEL``); a
-container whose bridge process no longer exists on this host (it was SIGKILLed, say) is an
+A bridge labels each container with its pid, its process's start time and its host name
+(``OWNER_LABEL``, ``OWNER_START_LABEL``, ``HOST_LABEL``); a container whose bridge process no
+longer exists on this host (it was SIGKILLed, say; a later process given its pid is not it) is an
 orphan, and the next bridge removes it at start. Containers of live bridges, and of other hosts
 sharing the engine, are left alone.
 
@@ -69,6 +70,11 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+def own_start() -> int | None:
+    """This process's :func:`process_start`: what its containers and records say beside its pid."""
+    return process_start(os.getpid())
+
+
 async def reap_orphans(runtime: RuntimeBackend, spare: Collection[str] = (), state: str | None = None) -> int:
     """Remove sandbox containers whose owning bridge process is gone (e.g. it was SIGKILLed).
 
@@ -81,7 +87,7 @@ async def reap_orphans(runtime: RuntimeBackend, spare: Collection[str] = (), sta
         c.id or c.name
         for c in await runtime.list({SESSION_LABEL: ""})
         if c.owner_host in ("", here)
-        and (c.owner_pid is None or not pid_alive(c.owner_pid))
+        and (c.owner_pid is None or not pid_alive(c.owner_pid, c.owner_start))
         and (not c.durable or _reapable_durable(c, spare, state))
     ]
     if not orphans:

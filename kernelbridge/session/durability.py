@@ -33,6 +33,7 @@ from kernelbridge.errors import AdoptionFailed, KernelBridgeError, RuntimeUnavai
 from kernelbridge.host import Sandbox, WarmPool, close_sandbox
 from kernelbridge.host.container import STATE_LABEL, state_identity
 from kernelbridge.runtime import ContainerState, RuntimeBackend
+from kernelbridge.runtime.reaper import own_start
 from kernelbridge.session import adoption
 from kernelbridge.session.cell import CellResult
 from kernelbridge.session.outcome import SandboxLost, State, Status
@@ -154,9 +155,8 @@ class Durability:
             held.release()
             return
         sandbox.resume()
-        pool.add(
-            WarmSandbox(sandbox, Origin.WARM, replace(record, owner_pid=os.getpid(), detached=None), held)
-        )
+        taken = replace(record, owner_pid=os.getpid(), owner_start=own_start(), detached=None)
+        pool.add(WarmSandbox(sandbox, Origin.WARM, taken, held))
 
     def keep_warm(self, warm: WarmSandbox) -> None:
         """A durable warm sandbox was started: keep its record and secret for a later bridge."""
@@ -164,7 +164,12 @@ class Durability:
         if sandbox.durability is None or sandbox.container_id is None:
             return
         record = WarmRecord(
-            sandbox.container_name, sandbox.container_id, time.time(), os.getpid(), socket.gethostname()
+            sandbox.container_name,
+            sandbox.container_id,
+            time.time(),
+            os.getpid(),
+            socket.gethostname(),
+            owner_start=own_start(),
         )
         warm.claim = self.store.save_warm(record, sandbox.durability.secret)
         warm.record = record if warm.claim is not None else None
@@ -241,6 +246,7 @@ class Durability:
         """``record`` rewritten for this bridge, which now holds its adopted ``sandbox``."""
         where = {
             "owner_pid": os.getpid(),
+            "owner_start": own_start(),
             "owner_host": socket.gethostname(),
             "detached": None,
             "connection_file": str(sandbox.connection_file),

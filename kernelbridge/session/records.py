@@ -77,6 +77,9 @@ class SessionRecord:
     """Wall-clock time its bridge let go of it; None while one holds it (or that one died)."""
     lost: str | None = None
     """Why it ended without a close: its sandbox was gone when a bridge came back for it."""
+    owner_start: int | None = None
+    """When the owner process started (``reaper.process_start``): a later process given the same
+    pid is not taken for it. None: a record of a bridge before this was recorded."""
 
     @property
     def name(self) -> str:
@@ -98,7 +101,7 @@ class SessionRecord:
     def live(self) -> bool:
         """Not closed, and its bridge process is alive (a durable one's lock says more:
         :meth:`.store.SessionStore.holder`)."""
-        return self.ended is None and self.owner_pid > 0 and pid_alive(self.owner_pid)
+        return self.ended is None and self.owner_pid > 0 and pid_alive(self.owner_pid, self.owner_start)
 
     @property
     def adoptable(self) -> bool:
@@ -114,6 +117,7 @@ class SessionRecord:
             "generation": self.generation,
             "created": self.created,
             "owner_pid": self.owner_pid,
+            "owner_start": self.owner_start,
             "owner_host": self.owner_host,
             "journal": self.journal,
             "connection_file": self.connection_file,
@@ -163,6 +167,7 @@ class SessionRecord:
             else (),
             detached=detached,
             lost=text(raw.get("lost")),
+            owner_start=start if integer(start := raw.get("owner_start")) else None,
         )
 
     def listing(self) -> dict[str, Any]:
@@ -190,6 +195,7 @@ class WarmRecord:
     owner_pid: int
     owner_host: str
     detached: float | None = None
+    owner_start: int | None = None
 
     @property
     def secret(self) -> str:
@@ -204,6 +210,7 @@ class WarmRecord:
             "owner_pid": self.owner_pid,
             "owner_host": self.owner_host,
             "detached": self.detached,
+            "owner_start": self.owner_start,
         }
 
     @classmethod
@@ -225,6 +232,7 @@ class WarmRecord:
             pid,
             text(raw.get("owner_host")) or "",
             detached if number(detached) else None,
+            start if integer(start := raw.get("owner_start")) else None,
         )
 
 

@@ -60,6 +60,7 @@ from typing import Any
 
 from kernelbridge.config import Settings, namespace_names, namespace_state_dir
 from kernelbridge.errors import SessionError
+from kernelbridge.runtime.reaper import own_start
 from kernelbridge.session.ownership import (
     Claim,
     claim,
@@ -162,6 +163,7 @@ class SessionStore:
                 generation=generation,
                 created=time.time(),
                 owner_pid=os.getpid(),
+                owner_start=own_start(),
                 owner_host=socket.gethostname(),
                 namespace=self.namespace,
                 connection_file=connection_file,

@@ -15,6 +15,7 @@ import pytest
 from kernelbridge.errors import EngineRefused, RuntimeUnavailable
 from kernelbridge.runtime import races, reap_orphans
 from kernelbridge.runtime.engine.api import EngineRuntime
+from kernelbridge.runtime.reaper import process_start
 
 pytestmark = pytest.mark.anyio
 
@@ -62,6 +63,8 @@ class Engine:
     stuck: set[str] = field(default_factory=set)
     taken: set[str] = field(default_factory=set)
     deletes: list[str] = field(default_factory=list)
+    owner: dict[str, str] = field(default_factory=dict)
+    """The owner labels every container carries (default: a pid no process has)."""
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Answer:
         name = path.split("/")[2] if path.startswith("/containers/") else ""
@@ -70,6 +73,7 @@ class Engine:
                 "kernelbridge.session": "s",
                 "kernelbridge.owner": str(gone_pid()),
                 "kernelbridge.host": socket.gethostname(),
+                **self.owner,
             }
             return Answer(
                 [{"Id": c, "Names": [c], "Labels": labels, "State": "exited"} for c in self.containers]
@@ -124,3 +128,15 @@ async def test_the_reaper_goes_on_past_a_container_it_cannot_remove(caplog: pyte
     assert (removed, engine.containers) == (3, ["b"])
     (said,) = [r.getMessage() for r in caplog.records]
     assert "could not remove the orphaned sandbox b" in said and "busy" in said
+
+
+async def test_a_later_process_given_the_owners_pid_is_not_taken_for_it() -> None:
+    """pids wrap (pid_max is 32768 here): the owner is its pid and its process's start time."""
+    parent = os.getppid()
+    live = {"kernelbridge.owner": str(parent), "kernelbridge.owner-start": str(process_start(parent))}
+    kept = Engine(["a"], owner=live)
+    assert await reap_orphans(runtime_of(kept)) == 0 and kept.containers == ["a"]
+    reused = Engine(["a"], owner={**live, "kernelbridge.owner-start": str(process_start(parent) + 1)})
+    assert await reap_orphans(runtime_of(reused)) == 1 and reused.containers == []
+    unsaid = Engine(["a"], owner={"kernelbridge.owner": str(parent)})  # an older bridge's container
+    assert await reap_orphans(runtime_of(unsaid)) == 0 and unsaid.containers == ["a"]

@@ -103,6 +103,8 @@ def test_live_sessions_of_every_namespace_leave_out_dead_bridges_and_closed_sess
     theirs = alice.begin("default", connection_file="/c/alice.json")
     orphan = shared.begin("orphan")
     shared.update(orphan, owner_pid=dead_pid())
+    # A later process given the bridge's pid (pids wrap) is not that bridge.
+    shared.update(shared.begin("reused"), owner_pid=os.getppid(), owner_start=0)
     shared.end(shared.begin("closed"))
     (tmp_path / "http" / "not a namespace").mkdir()
     assert namespace_names(tmp_path) == ["", "alice"]
