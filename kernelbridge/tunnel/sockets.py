@@ -1,9 +1,10 @@
 """The Jupyter side of a tunnel: the five kernel sockets any Jupyter client connects to.
 
-Binds shell/control/stdin (ROUTER), iopub (PUB) and heartbeat (ROUTER echo) on the connection
-file's ports, on 127.0.0.1. Incoming messages must carry a valid HMAC with the connection file's
-key (the *host* key: the kernel in the sandbox has another one). Outgoing messages are signed with
-that key.
+Binds shell/control/stdin (ROUTER), iopub (XPUB: a PUB that hears subscriptions, so that iopub
+is not serialized and signed for nobody, the usual case of an MCP-only session) and heartbeat
+(ROUTER echo) on the connection file's ports, on 127.0.0.1. Incoming messages must carry a valid
+HMAC with the connection file's key (the *host* key: the kernel in the sandbox has another one).
+Outgoing messages are signed with that key.
 
 Bounded in bytes: ZMQ queues per peer are bounded in *messages* only, and a message may be tens of
 MiB, so a client that stops reading (a suspended ``jupyter console``) could make this process hold
@@ -36,6 +37,9 @@ TRACK_BYTES = 64 * 1024
 """Messages at least this big are tracked byte by byte; smaller ones are bounded by SNDHWM."""
 SNDHWM = 1000
 RCVHWM = 1000
+MAX_TOPICS = 256
+"""Distinct iopub subscriptions remembered; past that, every message is published (a client may
+subscribe to anything, unsigned: it must not make the bridge remember without bound)."""
 LOG_WINDOW = 10.0
 """Warnings about one tunnel's clients per window (bad messages, slow readers); the rest are counted."""
 
@@ -55,6 +59,9 @@ class ClientSockets:
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
         self._queued: collections.deque[tuple[zmq.MessageTracker, int]] = collections.deque()
         self._queued_bytes = 0
+        self._topics: set[bytes] = set()
+        """iopub topics somebody subscribes to (XPUB says a topic's first and last subscriber)."""
+        self._topics_overflowed = False
         self.dropped = 0
         self._refused_log = RateLimitedLog(
             log, "%d more refused client messages not logged", burst=20, window=LOG_WINDOW
@@ -71,7 +78,7 @@ class ClientSockets:
             "shell": zmq.ROUTER,
             "control": zmq.ROUTER,
             "stdin": zmq.ROUTER,
-            "iopub": zmq.PUB,
+            "iopub": zmq.XPUB,
             "hb": zmq.ROUTER,
         }
         try:
@@ -99,6 +106,7 @@ class ClientSockets:
             for channel in ROUTED_CHANNELS:
                 tg.start_soon(self._pump, channel, on_message)
             tg.start_soon(self._heartbeat)
+            tg.start_soon(self._subscriptions)
 
     async def _pump(self, channel: str, on_message: ClientMessage) -> None:
         sock = self.sockets[channel]
@@ -124,8 +132,32 @@ class ClientSockets:
             with contextlib.suppress(zmq.ZMQError):
                 await sock.send_multipart(parts, flags=zmq.NOBLOCK)
 
+    async def _subscriptions(self) -> None:
+        """Follow who subscribes to iopub: ``\\x01topic`` and ``\\x00topic`` from the XPUB."""
+        sock = self.sockets["iopub"]
+        while True:
+            event = await sock.recv()
+            if not event:
+                continue
+            topic = event[1:]
+            if event[0] == 1 and not self._topics_overflowed:
+                self._topics.add(topic)
+                self._topics_overflowed = len(self._topics) > MAX_TOPICS  # for good: published
+            elif event[0] == 0:
+                self._topics.discard(topic)
+
+    @property
+    def subscribed(self) -> bool:
+        """Somebody may read iopub (a jupyter client subscribes to every topic at once)."""
+        if self._topics or self._topics_overflowed:
+            return True
+        # A subscription ZMQ has applied that this side has not read yet: publish, as a PUB would.
+        return bool(int(self.sockets["iopub"].get(zmq.EVENTS)) & zmq.POLLIN)
+
     async def publish(self, msg: dict[str, Any], buffers: list[bytes]) -> None:
-        """Send an iopub message to every subscriber (none: nothing is queued)."""
+        """Send an iopub message to every subscriber (none: not even serialized)."""
+        if not self.subscribed:
+            return
         msg_type = str(msg.get("header", {}).get("msg_type", ""))
         await self._send("iopub", [f"kernel.{msg_type}".encode()], msg, buffers)
 
