@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import enum
 
-from kernelbridge import frames
+from kernelbridge import frames, transitions
 
 
 class KernelBridgeError(Exception):
@@ -192,9 +192,8 @@ class NoHostServers(RpcError):
         super().__init__("unavailable", message)
 
 
-class IllegalTransition(RuntimeError):
-    """A state machine was asked for a change its table forbids: a bug in kernelbridge, not
-    something a sandbox or a user can cause (what they can cause is a legal, ignored event)."""
+IllegalTransition = transitions.IllegalTransition
+"""A state machine was asked for a change its table forbids (:mod:`kernelbridge.transitions`)."""
 
 
 # -- exit kinds ---------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernelbridge.image.recipe import AGENT_MODULES
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "kernelbridge"
 SANDBOX_PATH = PACKAGE / "inside" / "pythonpath"
@@ -51,7 +53,11 @@ ENGINE_API = ("httpcore2", "kernelbridge.runtime.engine")
 SANDBOX_THIRD_PARTY = frozenset({"zmq", "ipykernel", "IPython", "installer"})
 """Baked into the image (sandbox_kernel_image/requirements.txt); ``installer`` unpacks the wheels
 ``%pip install`` brings through the host (kernelbridge/inside/pythonpath/mcp/_packages.py)."""
-SANDBOX_KERNELBRIDGE = ("kernelbridge.frames", "kernelbridge.inside", "mcp")
+SANDBOX_KERNELBRIDGE = (
+    *(name.removesuffix(".py").replace("/", ".") for name in AGENT_MODULES),  # what the image carries
+    "kernelbridge.inside",
+    "mcp",
+)
 
 
 # -- the source, parsed ----------------------------------------------------------------------------------
@@ -412,7 +418,7 @@ def host_imports_inside(modules: list[Module]) -> list[str]:
                 continue
             found.append(
                 f"{module.path}:{imp.line} imports {imp.target}: code in the container may import only"
-                " the standard library, pyzmq, ipykernel/IPython, installer, kernelbridge.frames and inside/"
+                " the standard library, pyzmq, ipykernel/IPython, installer, inside/ and AGENT_MODULES"
             )
     return found
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kernelbridge.errors import ExitKind, IllegalTransition
+from kernelbridge.errors import ExitKind
+from kernelbridge.transitions import TransitionTable
 
 
 class SandboxState(enum.Enum):
@@ -64,37 +65,32 @@ class Change(enum.Enum):
 
 
 _S, _C = SandboxState, Change
-_TABLE: dict[tuple[SandboxState, Change], SandboxState] = {
-    (_S.STARTING, _C.READY): _S.READY,
-    (_S.RESTARTING, _C.READY): _S.READY,
-    (_S.CLOSING, _C.READY): _S.CLOSING,  # a restart's answer racing the close: the close stands
-    (_S.READY, _C.RESTART): _S.RESTARTING,
-    (_S.RESTARTING, _C.RESTART): _S.RESTARTING,  # restarting again (the first did not answer)
-    **{(state, _C.CLOSE): _S.CLOSING for state in (_S.STARTING, _S.READY, _S.RESTARTING, _S.CLOSING)},
-    (_S.DEAD, _C.CLOSE): _S.DEAD,
-    (_S.CLOSED, _C.CLOSE): _S.CLOSED,
-    **{(state, _C.END): _S.DEAD for state in (_S.STARTING, _S.READY, _S.RESTARTING)},
-    (_S.CLOSING, _C.END): _S.CLOSED,
-    # Only a sandbox with a ready kernel is let go of; one still starting holds nothing yet.
-    **{(state, _C.DETACH): _S.DETACHING for state in (_S.READY, _S.RESTARTING)},
-    **{
-        (state, _C.DETACH): state
-        for state in (_S.STARTING, _S.DETACHING, _S.DETACHED, _S.CLOSING, _S.CLOSED, _S.DEAD)
+TRANSITIONS: TransitionTable[SandboxState, Change] = TransitionTable(
+    "a sandbox",
+    {
+        (_S.STARTING, _C.READY): _S.READY,
+        (_S.RESTARTING, _C.READY): _S.READY,
+        (_S.CLOSING, _C.READY): _S.CLOSING,  # a restart's answer racing the close: the close stands
+        (_S.READY, _C.RESTART): _S.RESTARTING,
+        (_S.RESTARTING, _C.RESTART): _S.RESTARTING,  # restarting again (the first did not answer)
+        **{(state, _C.CLOSE): _S.CLOSING for state in (_S.STARTING, _S.READY, _S.RESTARTING, _S.CLOSING)},
+        (_S.DEAD, _C.CLOSE): _S.DEAD,
+        (_S.CLOSED, _C.CLOSE): _S.CLOSED,
+        **{(state, _C.END): _S.DEAD for state in (_S.STARTING, _S.READY, _S.RESTARTING)},
+        (_S.CLOSING, _C.END): _S.CLOSED,
+        # Only a sandbox with a ready kernel is let go of; one still starting holds nothing yet.
+        **{(state, _C.DETACH): _S.DETACHING for state in (_S.READY, _S.RESTARTING)},
+        **{
+            (state, _C.DETACH): state
+            for state in (_S.STARTING, _S.DETACHING, _S.DETACHED, _S.CLOSING, _S.CLOSED, _S.DEAD)
+        },
+        (_S.DETACHING, _C.END): _S.DETACHED,
+        (_S.DETACHING, _C.READY): _S.DETACHING,
+        (_S.DETACHING, _C.CLOSE): _S.DETACHING,
+        (_S.DETACHED, _C.CLOSE): _S.DETACHED,
     },
-    (_S.DETACHING, _C.END): _S.DETACHED,
-    (_S.DETACHING, _C.READY): _S.DETACHING,
-    (_S.DETACHING, _C.CLOSE): _S.DETACHING,
-    (_S.DETACHED, _C.CLOSE): _S.DETACHED,
-}
-
-
-def next_state(state: SandboxState, change: Change) -> SandboxState:
-    """The state after ``change``. Raises IllegalTransition for a pair the table does not have
-    (e.g. ``ready`` after the end: the tunnel tells nothing after its last event)."""
-    try:
-        return _TABLE[(state, change)]
-    except KeyError:
-        raise IllegalTransition(f"a sandbox that is {state.value} cannot take {change.value!r}") from None
+)
+next_state = TRANSITIONS.next
 
 
 @dataclass(frozen=True, slots=True)

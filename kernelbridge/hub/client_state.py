@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 
-from kernelbridge.errors import IllegalTransition
+from kernelbridge.transitions import TransitionTable
 
 
 class ClientState(enum.Enum):
@@ -47,25 +47,18 @@ class Change(enum.Enum):
 
 
 _S, _C = ClientState, Change
-_TABLE: dict[tuple[ClientState, Change], ClientState] = {
-    (_S.IDLE, _C.START): _S.STARTING,
-    (_S.STARTING, _C.STARTED): _S.READY,
-    (_S.STARTING, _C.FAIL): _S.FAILED,
-    (_S.STARTING, _C.EXIT): _S.STARTING,  # the transport ended mid-start: the start settles it
-    (_S.READY, _C.EXIT): _S.EXITED,
-    (_S.EXITED, _C.EXIT): _S.EXITED,  # the same end, seen by a call and by the runner
-    (_S.FAILED, _C.EXIT): _S.FAILED,  # the runner of a failed start leaves
-    **{(state, _C.CLOSE): _S.CLOSED for state in ClientState},
-    **{(_S.CLOSED, change): _S.CLOSED for change in (_C.STARTED, _C.FAIL, _C.EXIT)},
-}
-
-
-def next_state(state: ClientState, change: Change) -> ClientState:
-    """The state after ``change``. Raises IllegalTransition for a pair the table does not have
-    (e.g. ``start`` while READY: a live connection is reused, never started again)."""
-    try:
-        return _TABLE[(state, change)]
-    except KeyError:
-        raise IllegalTransition(
-            f"a host server connection that is {state.value} cannot take {change.value!r}"
-        ) from None
+TRANSITIONS: TransitionTable[ClientState, Change] = TransitionTable(
+    "a host server connection",
+    {
+        (_S.IDLE, _C.START): _S.STARTING,
+        (_S.STARTING, _C.STARTED): _S.READY,
+        (_S.STARTING, _C.FAIL): _S.FAILED,
+        (_S.STARTING, _C.EXIT): _S.STARTING,  # the transport ended mid-start: the start settles it
+        (_S.READY, _C.EXIT): _S.EXITED,
+        (_S.EXITED, _C.EXIT): _S.EXITED,  # the same end, seen by a call and by the runner
+        (_S.FAILED, _C.EXIT): _S.FAILED,  # the runner of a failed start leaves
+        **{(state, _C.CLOSE): _S.CLOSED for state in ClientState},
+        **{(_S.CLOSED, change): _S.CLOSED for change in (_C.STARTED, _C.FAIL, _C.EXIT)},
+    },
+)
+next_state = TRANSITIONS.next

@@ -38,10 +38,11 @@ INSIDE_PACKAGE = "kernelbridge/inside"
 """The package of the code that runs inside the container: every ``.py`` under it goes into the
 image (and into the hash), and the build writes the agent hash into it as ``AGENT_HASH``, where
 the agent reads it. The one place that names it."""
-AGENT_MODULES = ("kernelbridge/frames.py",)
-"""Host modules the code inside imports (the frame codec, stdlib only). The package ``__init__``
-it needs for that is a fixed stub written by the builder (the host's ``__init__`` imports host
-settings), so that changing a host setting or the bridge never makes an image stale."""
+AGENT_MODULES = ("kernelbridge/frames.py", "kernelbridge/transitions.py")
+"""Host modules the code inside imports (the frame codec and the state tables, stdlib only). The
+package ``__init__`` it needs for that is a fixed stub written by the builder (the host's
+``__init__`` imports host settings), so that changing a host setting or the bridge never makes an
+image stale."""
 AGENT_HASH_FILE = "AGENT_HASH"
 PACKAGE_STUB = '"""kernelbridge inside the sandbox: the frame codec and the agent only."""\n'
 RECIPE_DIR = "sandbox_kernel_image"

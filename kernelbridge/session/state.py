@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kernelbridge.errors import IllegalTransition
+from kernelbridge.transitions import TransitionTable
 
 
 class SessionState(enum.Enum):
@@ -67,28 +67,23 @@ class Change(enum.Enum):
 
 
 _S, _C = SessionState, Change
-_TABLE: dict[tuple[SessionState, Change], SessionState] = {
-    (_S.NEW, _C.TAKE): _S.STARTING,
-    (_S.DEAD, _C.TAKE): _S.STARTING,
-    (_S.IDLE, _C.TAKE): _S.BUSY,
-    (_S.STARTING, _C.STARTED): _S.BUSY,
-    (_S.BUSY, _C.RELEASE): _S.IDLE,
-    (_S.DEAD, _C.RELEASE): _S.DEAD,  # the call that lost the sandbox returns
-    (_S.CLOSED, _C.RELEASE): _S.CLOSED,  # a call returns after close_session ended its session
-    **{(state, _C.LOSE): _S.DEAD for state in (_S.STARTING, _S.BUSY, _S.IDLE)},
-    (_S.DEAD, _C.LOSE): _S.DEAD,  # a sandbox the session had already lost ends
-    (_S.CLOSED, _C.LOSE): _S.CLOSED,  # the sandbox of a closed session ends
-    **{(state, _C.CLOSE): _S.CLOSED for state in SessionState},
-}
-
-
-def next_state(state: SessionState, change: Change) -> SessionState:
-    """The state after ``change``. Raises IllegalTransition for a pair the table does not have
-    (e.g. ``take`` while BUSY: the session's lock makes that impossible)."""
-    try:
-        return _TABLE[(state, change)]
-    except KeyError:
-        raise IllegalTransition(f"a session that is {state.value} cannot take {change.value!r}") from None
+TRANSITIONS: TransitionTable[SessionState, Change] = TransitionTable(
+    "a session",
+    {
+        (_S.NEW, _C.TAKE): _S.STARTING,
+        (_S.DEAD, _C.TAKE): _S.STARTING,
+        (_S.IDLE, _C.TAKE): _S.BUSY,
+        (_S.STARTING, _C.STARTED): _S.BUSY,
+        (_S.BUSY, _C.RELEASE): _S.IDLE,
+        (_S.DEAD, _C.RELEASE): _S.DEAD,  # the call that lost the sandbox returns
+        (_S.CLOSED, _C.RELEASE): _S.CLOSED,  # a call returns after close_session ended its session
+        **{(state, _C.LOSE): _S.DEAD for state in (_S.STARTING, _S.BUSY, _S.IDLE)},
+        (_S.DEAD, _C.LOSE): _S.DEAD,  # a sandbox the session had already lost ends
+        (_S.CLOSED, _C.LOSE): _S.CLOSED,  # the sandbox of a closed session ends
+        **{(state, _C.CLOSE): _S.CLOSED for state in SessionState},
+    },
+)
+next_state = TRANSITIONS.next
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 
-from kernelbridge.errors import IllegalTransition
+from kernelbridge.transitions import TransitionTable
 
 
 class TunnelState(enum.Enum):
@@ -51,25 +51,17 @@ class Change(enum.Enum):
 
 
 _S, _C = TunnelState, Change
-_TABLE: dict[tuple[TunnelState, Change], TunnelState] = {
-    (_S.STARTING, _C.READY): _S.READY,
-    (_S.RESTARTING, _C.READY): _S.READY,
-    (_S.READY, _C.RESTART): _S.RESTARTING,
-    (_S.RESTARTING, _C.RESTART): _S.RESTARTING,  # restarting again (the first did not answer)
-    (_S.ADOPTING, _C.CHALLENGE): _S.PROVING,
-    (_S.PROVING, _C.ADOPTED): _S.READY,
-    **{(state, _C.END): _S.ENDED for state in TunnelState if state is not _S.ENDED},
-}
-
-
-def accepts(state: TunnelState, change: Change) -> bool:
-    """Whether the table has ``change`` from ``state`` (for frames a sandbox may send at any time)."""
-    return (state, change) in _TABLE
-
-
-def next_state(state: TunnelState, change: Change) -> TunnelState:
-    """The state after ``change``. Raises IllegalTransition for a pair the table does not have."""
-    try:
-        return _TABLE[(state, change)]
-    except KeyError:
-        raise IllegalTransition(f"a tunnel that is {state.value} cannot take {change.value!r}") from None
+TRANSITIONS: TransitionTable[TunnelState, Change] = TransitionTable(
+    "a tunnel",
+    {
+        (_S.STARTING, _C.READY): _S.READY,
+        (_S.RESTARTING, _C.READY): _S.READY,
+        (_S.READY, _C.RESTART): _S.RESTARTING,
+        (_S.RESTARTING, _C.RESTART): _S.RESTARTING,  # restarting again (the first did not answer)
+        (_S.ADOPTING, _C.CHALLENGE): _S.PROVING,
+        (_S.PROVING, _C.ADOPTED): _S.READY,
+        **{(state, _C.END): _S.ENDED for state in TunnelState if state is not _S.ENDED},
+    },
+)
+accepts = TRANSITIONS.accepts
+next_state = TRANSITIONS.next

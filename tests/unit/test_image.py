@@ -53,6 +53,7 @@ def test_image_files_cover_agent_imports_and_recipe() -> None:
     files = image.image_files()
     for name in (
         "kernelbridge/frames.py",
+        "kernelbridge/transitions.py",
         INSIDE_FILE,
         "sandbox_kernel_image/requirements.txt",
         "sandbox_kernel_image/customize.sh",

@@ -17,14 +17,9 @@ and changes nothing. Pure: tests drive it directly.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import TypeVar
 
-
-class IllegalTransition(RuntimeError):
-    """A state change a table forbids: a bug in the agent (never caught).
-
-    The host's ``kernelbridge.errors.IllegalTransition`` is not importable in the container."""
+from kernelbridge.transitions import IllegalTransition as IllegalTransition
+from kernelbridge.transitions import TransitionTable
 
 
 class LinkState(enum.Enum):
@@ -52,17 +47,20 @@ class LinkChange(enum.Enum):
 
 
 _L, _LC = LinkState, LinkChange
-_LINK: dict[tuple[LinkState, LinkChange], LinkState] = {
-    (_L.AWAITING_HELLO, _LC.HELLO): _L.ATTACHED,
-    (_L.AWAITING_HELLO, _LC.LEAVE): _L.ENDED,
-    (_L.ATTACHED, _LC.LEAVE): _L.ENDED,
-    (_L.ENDED, _LC.LEAVE): _L.ENDED,  # a broken write after stdin's EOF
-    (_L.ATTACHED, _LC.DETACH): _L.DETACHED,
-    (_L.DETACHED, _LC.DETACH): _L.DETACHED,  # a queued ``detach`` read after the EOF
-    (_L.ENDED, _LC.DETACH): _L.ENDED,
-    (_L.DETACHED, _LC.EXPIRE): _L.ENDED,
-    (_L.DETACHED, _LC.ADOPT): _L.ATTACHED,
-}
+_LINK: TransitionTable[LinkState, LinkChange] = TransitionTable(
+    "a host link",
+    {
+        (_L.AWAITING_HELLO, _LC.HELLO): _L.ATTACHED,
+        (_L.AWAITING_HELLO, _LC.LEAVE): _L.ENDED,
+        (_L.ATTACHED, _LC.LEAVE): _L.ENDED,
+        (_L.ENDED, _LC.LEAVE): _L.ENDED,  # a broken write after stdin's EOF
+        (_L.ATTACHED, _LC.DETACH): _L.DETACHED,
+        (_L.DETACHED, _LC.DETACH): _L.DETACHED,  # a queued ``detach`` read after the EOF
+        (_L.ENDED, _LC.DETACH): _L.ENDED,
+        (_L.DETACHED, _LC.EXPIRE): _L.ENDED,
+        (_L.DETACHED, _LC.ADOPT): _L.ATTACHED,
+    },
+)
 
 
 class Phase(enum.Enum):
@@ -87,33 +85,23 @@ class PhaseChange(enum.Enum):
 
 
 _P, _PC = Phase, PhaseChange
-_LOOP: dict[tuple[Phase, PhaseChange], Phase] = {
-    (_P.STARTING, _PC.BOOTED): _P.RELAYING,
-    (_P.RELAYING, _PC.SHUTDOWN_REPLY): _P.SHUTTING_DOWN,
-    (_P.RELAYING, _PC.RESTART): _P.STARTING,
-    (_P.SHUTTING_DOWN, _PC.RESTART): _P.STARTING,
-    **{(phase, _PC.FINISH): _P.FINISHED for phase in Phase if phase is not _P.FINISHED},
-}
+_LOOP: TransitionTable[Phase, PhaseChange] = TransitionTable(
+    "an agent",
+    {
+        (_P.STARTING, _PC.BOOTED): _P.RELAYING,
+        (_P.RELAYING, _PC.SHUTDOWN_REPLY): _P.SHUTTING_DOWN,
+        (_P.RELAYING, _PC.RESTART): _P.STARTING,
+        (_P.SHUTTING_DOWN, _PC.RESTART): _P.STARTING,
+        **{(phase, _PC.FINISH): _P.FINISHED for phase in Phase if phase is not _P.FINISHED},
+    },
+)
 
 
 def next_link_state(state: LinkState, change: LinkChange) -> LinkState:
     """The link's state after ``change``. Raises IllegalTransition for a pair the table lacks."""
-    return _next(_LINK, state, change, "a host link")
+    return _LINK.next(state, change)
 
 
 def next_phase(phase: Phase, change: PhaseChange) -> Phase:
     """The loop's phase after ``change``. Raises IllegalTransition for a pair the table lacks."""
-    return _next(_LOOP, phase, change, "an agent")
-
-
-_State = TypeVar("_State", LinkState, Phase)
-_Change = TypeVar("_Change", LinkChange, PhaseChange)
-
-
-def _next(
-    table: Mapping[tuple[_State, _Change], _State], state: _State, change: _Change, what: str
-) -> _State:
-    try:
-        return table[(state, change)]
-    except KeyError:
-        raise IllegalTransition(f"{what} that is {state.value} cannot take {change.value!r}") from None
+    return _LOOP.next(phase, change)
