@@ -202,7 +202,11 @@ class Journal:
     def append(self, cell: JournalCell) -> bool:
         """Journal one cell; False when it did not fit (past the budget: nothing is written,
         except the one ``truncated`` line the first time)."""
-        written = self._write(cell.to_json(), mode="a")
+        return self.append_line(encode_entry(cell.to_json()))
+
+    def append_line(self, line: bytes) -> bool:
+        """:meth:`append` of a cell already encoded (:func:`encode_entry`)."""
+        written = self._write_line(line, mode="a")
         self.cells += written
         return written
 
@@ -211,9 +215,11 @@ class Journal:
         return self._write(record.to_json(), mode="a")
 
     def _write(self, entry: dict[str, Any], mode: Literal["x", "a"]) -> bool:
+        return self._write_line(encode_entry(entry), mode)
+
+    def _write_line(self, data: bytes, mode: Literal["x", "a"]) -> bool:
         if self.truncated:
             return False
-        data = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
         fits = mode == "x" or self.written + len(data) <= self.budget
         if not fits:
             self.truncated = True
@@ -223,6 +229,11 @@ class Journal:
             f.write(data)
         self.written += len(data)
         return fits
+
+
+def encode_entry(entry: dict[str, Any]) -> bytes:
+    """One journal line."""
+    return (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
 
 
 class JournalReader:

@@ -1,4 +1,5 @@
-"""Serving MCP over stdio with a stdin that a signal can interrupt, and that no child can read."""
+"""Serving MCP over stdio with a stdin that a signal can interrupt, and that no child can read,
+and a stdout written on the event loop (the SDK's writes and flushes each take a worker thread)."""
 
 from __future__ import annotations
 
@@ -115,24 +116,56 @@ MAX_REPAIR_DEPTH = 200
 READ_CHUNK = 1 << 16
 
 
+class _PipeWriter:
+    """The SDK's ``stdout`` (``write`` then ``flush`` per message), written from the event loop:
+    no worker-thread round trip per message, and a client that stops reading is waited for
+    cancellably (a full pipe) instead of in a thread no cancellation reaches."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        # O_NONBLOCK is on the wire's open file description, which only this process holds once
+        # fd 1 points at stderr (children get that); _claim_stdio makes it blocking again.
+        os.set_blocking(fd, False)
+
+    async def write(self, text: str) -> None:
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            try:
+                written = os.write(self._fd, data)
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+                continue
+            data = data[written:]
+
+    async def flush(self) -> None:
+        """Every write is whole when it returns: nothing is buffered here."""
+
+
 @contextmanager
-def _claim_stdin() -> Iterator[int | None]:
-    """Move the MCP wire off fd 0 (to a private fd) and put /dev/null there, so that child
-    processes (podman, tunnels) can never read the client's messages. Yields None when stdin is
-    not a pipe or socket; the SDK's own reader is used then."""
-    mode = os.fstat(0).st_mode
-    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+def _claim_stdio() -> Iterator[tuple[int, int] | None]:
+    """Move the MCP wire off fds 0 and 1 (to private fds) and put /dev/null on 0 and stderr on 1,
+    so that child processes (podman, tunnels) can never read the client's messages nor tear them
+    with stray output. Yields None when either is not a pipe or socket; the SDK's own streams are
+    used then."""
+    if not all(
+        stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) for mode in (os.fstat(fd).st_mode for fd in (0, 1))
+    ):
         yield None
         return
-    private = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    private_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    private_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    os.dup2(2, 1)
     try:
-        yield private
+        yield private_in, private_out
     finally:
-        os.dup2(private, 0)
-        os.close(private)
+        os.dup2(private_in, 0)
+        os.close(private_in)
+        os.set_blocking(private_out, True)  # fd 1 gets the wire's description back as it was
+        os.dup2(private_out, 1)
+        os.close(private_out)
 
 
 async def serve_stdio(app: MCPServer[Any], departure: Departure | None = None) -> None:
@@ -150,15 +183,15 @@ async def serve_stdio(app: MCPServer[Any], departure: Departure | None = None) -
                     return
 
         tg.start_soon(on_signal)
-        with _claim_stdin() as fd:
-            if fd is None:
+        with _claim_stdio() as fds:
+            if fds is None:
                 await app.run_stdio_async()
             else:
-                # What MCPServer.run_stdio_async does, with a cancellable stdin. The low-level
-                # server is reached through a private attribute: MCPServer has no public way to
-                # run on given streams.
+                # What MCPServer.run_stdio_async does, with a cancellable stdin and a threadless
+                # stdout. The low-level server is reached through a private attribute: MCPServer
+                # has no public way to run on given streams.
                 lowlevel = app._lowlevel_server
-                stdin = _PipeLines(fd, leaving.announce)
-                async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+                stdin, stdout = _PipeLines(fds[0], leaving.announce), _PipeWriter(fds[1])
+                async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
                     await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
         tg.cancel_scope.cancel()

@@ -31,7 +31,14 @@ import anyio
 
 from kernelbridge.config import Settings
 from kernelbridge.notebook.access import SandboxAccess
-from kernelbridge.notebook.journal import BUDGET_SETTING, Journal, JournalCell, JournalDisplay, JournalHeader
+from kernelbridge.notebook.journal import (
+    BUDGET_SETTING,
+    Journal,
+    JournalCell,
+    JournalDisplay,
+    JournalHeader,
+    encode_entry,
+)
 from kernelbridge.packages.record import InstallRecord
 from kernelbridge.session.broker import ToolCallRecord
 from kernelbridge.session.cell import Cell, CellResult, DisplayEvent
@@ -43,6 +50,10 @@ log = logging.getLogger(__name__)
 
 QUOTA_SETTING = "KERNELBRIDGE_HTTP_DISK_QUOTA"
 MAX_SHOWN_IDS = 10_000
+INLINE_WRITE_BYTES = 64 * 1024
+"""A journal line up to this size is appended from the event loop (an open, a write to the page
+cache and a close: tens of microseconds, less than a worker thread's round trip); a larger one
+(images, long output) in a worker thread."""
 """Display ids of journalled cells remembered (the oldest forgotten first): updates of an id past
 this are no longer written (its cell keeps what it showed)."""
 MAX_PENDING_CHARS = 16 * 1024 * 1024
@@ -256,8 +267,12 @@ class SessionJournal:
         if self._journal is None:
             return
         await self.flush()
+        line = encode_entry(entry.to_json())
         try:
-            written = await anyio.to_thread.run_sync(self._journal.append, entry)
+            if len(line) <= INLINE_WRITE_BYTES:  # most cells: no worker-thread round trip per call
+                written = self._journal.append_line(line)
+            else:
+                written = await anyio.to_thread.run_sync(self._journal.append_line, line)
         except OSError as exc:
             self._failed_write(exc)
             return
