@@ -19,6 +19,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,6 +39,8 @@ TRACK_BYTES = 64 * 1024
 """Messages at least this big are tracked byte by byte; smaller ones are bounded by SNDHWM."""
 SNDHWM = 1000
 RCVHWM = 1000
+WELCOME_VERSION = "5.3"
+"""The protocol version in the ``iopub_welcome`` header (the bridge's own messages say the same)."""
 MAX_TOPICS = 256
 """Distinct iopub subscriptions remembered; past that, every message is published (a client may
 subscribe to anything, unsigned: it must not make the bridge remember without bound)."""
@@ -62,6 +66,10 @@ class ClientSockets:
         self._topics: set[bytes] = set()
         """iopub topics somebody subscribes to (XPUB says a topic's first and last subscriber)."""
         self._topics_overflowed = False
+        self._iopub_sync: zmq.Socket[bytes] | None = None
+        """The iopub socket used without awaiting (the subscription events are drained at once)."""
+        self._session = uuid.uuid4().hex
+        """The ``session`` of the messages this side makes itself (the welcomes)."""
         self.dropped = 0
         self._refused_log = RateLimitedLog(
             log, "%d more refused client messages not logged", burst=20, window=LOG_WINDOW
@@ -87,10 +95,14 @@ class ClientSockets:
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.SNDHWM, SNDHWM)
                 sock.setsockopt(zmq.RCVHWM, RCVHWM)
+                if kind == zmq.XPUB:  # every subscription is heard (and welcomed), not a topic's first only
+                    sock.setsockopt(zmq.XPUB_VERBOSE, 1)
                 if kind == zmq.ROUTER:
                     # Don't silently drop a reply to a client that went away and came back.
                     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
                 self.sockets[channel] = sock
+                if kind == zmq.XPUB:
+                    self._iopub_sync = zmq.Socket.shadow(sock.underlying)
                 port = int(self.connection.get(f"{channel}_port") or 0)
                 if port:
                     sock.bind(f"tcp://{ip}:{port}")
@@ -133,26 +145,51 @@ class ClientSockets:
                 await sock.send_multipart(parts, flags=zmq.NOBLOCK)
 
     async def _subscriptions(self) -> None:
-        """Follow who subscribes to iopub: ``\\x01topic`` and ``\\x00topic`` from the XPUB."""
-        sock = self.sockets["iopub"]
+        """Follow who subscribes to iopub (``\\x01topic`` from the XPUB for every subscription,
+        ``\\x00topic`` when a topic's last subscriber leaves), and greet each subscription with
+        JEP 65's ``iopub_welcome``."""
         while True:
-            event = await sock.recv()
-            if not event:
-                continue
+            await self.sockets["iopub"].poll()  # POLLIN, no timeout
+            self._take_subscriptions()
+
+    def _take_subscriptions(self) -> None:
+        """Every subscription event ZMQ holds, without waiting (also before a publish: a client
+        that has subscribed gets its welcome before anything else)."""
+        sync = self._iopub_sync
+        if sync is None:
+            return
+        while True:
+            try:
+                event = sync.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
             topic = event[1:]
-            if event[0] == 1 and not self._topics_overflowed:
+            if event[:1] == b"\x01" and not self._topics_overflowed:
                 self._topics.add(topic)
                 self._topics_overflowed = len(self._topics) > MAX_TOPICS  # for good: published
-            elif event[0] == 0:
+                self._welcome(sync, topic)
+            elif event[:1] == b"\x00":
                 self._topics.discard(topic)
+
+    def _welcome(self, sync: zmq.Socket[bytes], topic: bytes) -> None:
+        content = {"subscription": topic.decode("utf-8", errors="replace")}
+        header = {
+            "msg_id": uuid.uuid4().hex,
+            "msg_type": "iopub_welcome",
+            "username": "kernel",
+            "session": self._session,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
+            "version": WELCOME_VERSION,
+        }
+        msg = {"header": header, "parent_header": {}, "metadata": {}, "content": content}
+        with contextlib.suppress(zmq.ZMQError):  # a full queue: that subscriber is not reading
+            sync.send_multipart([topic, *frames.to_wire(msg, [], self.key)], zmq.NOBLOCK)
 
     @property
     def subscribed(self) -> bool:
         """Somebody may read iopub (a jupyter client subscribes to every topic at once)."""
-        if self._topics or self._topics_overflowed:
-            return True
-        # A subscription ZMQ has applied that this side has not read yet: publish, as a PUB would.
-        return bool(int(self.sockets["iopub"].get(zmq.EVENTS)) & zmq.POLLIN)
+        self._take_subscriptions()
+        return bool(self._topics) or self._topics_overflowed
 
     async def publish(self, msg: dict[str, Any], buffers: list[bytes]) -> None:
         """Send an iopub message to every subscriber (none: not even serialized)."""
@@ -211,6 +248,7 @@ class ClientSockets:
     def close(self) -> None:
         self._refused_log.flush()
         self._slow_log.flush()
+        self._iopub_sync = None  # a shadow: closing the socket it shadows is enough
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.sockets.clear()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import unittest
 from pathlib import Path
 from typing import ClassVar
 
@@ -54,13 +53,35 @@ class _KernelspecEnv:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class KernelbridgeKernelTests(jkt.KernelTests):
+class _InKernelspecEnv:
+    """Runs a jupyter_kernel_test class (its kernel started in ``setUpClass``) in a
+    :class:`_KernelspecEnv`; first among the bases, so that its class methods wrap the suite's."""
+
+    _env: ClassVar[_KernelspecEnv]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls._env = _KernelspecEnv().__enter__()
+        try:
+            super().setUpClass()
+        except BaseException:
+            cls._env.__exit__(None, None, None)
+            raise
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        try:
+            super().tearDownClass()
+        finally:
+            cls._env.__exit__(None, None, None)
+
+
+class KernelbridgeKernelTests(_InKernelspecEnv, jkt.KernelTests):
     """Every sample is one ipykernel itself passes with; the sandbox must not change any answer."""
 
     kernel_name = "kernelbridge"
     language_name = "python"
     file_extension = ".py"
-    _env: ClassVar[_KernelspecEnv]
 
     code_hello_world = "print('hello, world')"
     code_stderr = "import sys; print('test', file=sys.stderr)"
@@ -85,43 +106,10 @@ class KernelbridgeKernelTests(jkt.KernelTests):
     code_inspect_sample = "zip"
     code_clear_output = "from IPython.display import clear_output; clear_output()"
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls._env = _KernelspecEnv().__enter__()
-        try:
-            super().setUpClass()
-        except BaseException:
-            cls._env.__exit__(None, None, None)
-            raise
 
-    @classmethod
-    def tearDownClass(cls) -> None:
-        try:
-            super().tearDownClass()
-        finally:
-            cls._env.__exit__(None, None, None)
-
-
-class KernelbridgeIopubWelcomeTests(jkt.IopubWelcomeTests):
-    """JEP 65's ``iopub_welcome`` needs an XPUB socket that greets each new subscriber. The
-    tunnel's host-side iopub is a plain PUB (it fans out the sandbox kernel's messages to every
-    client) and sends no welcome, so ``support_iopub_welcome`` stays False and the suite skips
-    its one test; clients wait for iopub with the kernel_info handshake instead (jupyter_client
-    does). Starting a sandbox here would only prove the skip, so this class starts none."""
+class KernelbridgeIopubWelcomeTests(_InKernelspecEnv, jkt.IopubWelcomeTests):
+    """JEP 65: the tunnel's host-side iopub is an XPUB that greets each subscription with an
+    ``iopub_welcome`` before anything else (``tunnel/sockets.py``), as ipykernel's own does."""
 
     kernel_name = "kernelbridge"
-    support_iopub_welcome = False
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        pass
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        pass
-
-    def test_recv_iopub_welcome_msg(self) -> None:
-        raise unittest.SkipTest(
-            "JEP 65 iopub_welcome needs an XPUB iopub socket; the tunnel's host-side iopub is a PUB "
-            "fanning out the sandbox kernel's messages, and clients sync with kernel_info instead"
-        )
+    support_iopub_welcome = True
