@@ -16,13 +16,12 @@ import json
 import os
 import secrets
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kube_harness import SANDBOX_NAMESPACE, TEST_RUN_LABEL, Cluster, KubectlError
+from listeners import CountingListener
 
 from kernelbridge.config import SandboxLimits
 from kernelbridge.runtime.base import ContainerSpec
@@ -119,33 +118,14 @@ def sandbox_pod(cluster: Cluster, image: str, command: tuple[str, ...], **limits
     return pod_manifest(spec, namespace=SANDBOX_NAMESPACE)
 
 
-class HostListener:
-    """TCP and UDP on one host address and port, counting what reaches them."""
+class HostListener(CountingListener):
+    """TCP and UDP on one host address and a free port (``port``)."""
 
     def __init__(self, host: str) -> None:
         with socket.socket() as probe:
             probe.bind((host, 0))
             self.port = int(probe.getsockname()[1])
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", HOST_LISTENER, host, str(self.port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stdout.readline().strip() == "listening"
-
-    def hits(self) -> int:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.close()
-        line = self.process.stdout.readline().split()
-        self.process.wait(10)
-        return int(line[1])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+        super().__init__(HOST_LISTENER, host, str(self.port))
 
 
 @pytest.fixture

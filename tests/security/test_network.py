@@ -12,12 +12,12 @@ from __future__ import annotations
 import secrets
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import anyio
 import pytest
 from bridge_harness import Bridge
+from listeners import CountingListener
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -42,32 +42,11 @@ print("hits", hits, flush=True)
 """
 
 
-class Listener:
-    """A TCP or UDP listener in a child process (optionally in a network namespace); it counts
-    what reaches it and reports when its stdin closes."""
+class Listener(CountingListener):
+    """A TCP or UDP listener (optionally in a network namespace)."""
 
     def __init__(self, kind: str, host: str, port: int, netns: str | None = None) -> None:
-        prefix = ["ip", "netns", "exec", netns] if netns else []
-        self.process = subprocess.Popen(
-            [*prefix, sys.executable, "-c", LISTENER, kind, host, str(port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stdout.readline().strip() == "listening"
-
-    def hits(self) -> int:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.close()
-        line = self.process.stdout.readline().split()
-        self.process.wait(10)
-        return int(line[1])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+        super().__init__(LISTENER, kind, host, str(port), netns=netns)
 
 
 def free_port(host: str = "127.0.0.1", kind: int = socket.SOCK_STREAM) -> int:
