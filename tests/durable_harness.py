@@ -36,6 +36,12 @@ def sandboxes_of(state_dir: Path, *, every: bool = True) -> list[str]:
     return podman(*([*args, "-a"] if every else args)).split()
 
 
+def running(*containers: str) -> bool:
+    """Whether every one of ``containers`` (names) runs. A bridge's warm sandbox may outlive it
+    too (if it was ready when the bridge left): count the session's own, not the state's."""
+    return set(containers) <= set(podman("ps", "--format", "{{.Names}}").split())
+
+
 def remove_sandboxes_of(state_dir: Path) -> None:
     """Remove every sandbox of ``state_dir`` and of its HTTP namespaces (a create in flight at the
     engine when its bridge exited appears a moment later: looked for twice)."""

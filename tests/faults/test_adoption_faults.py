@@ -30,7 +30,7 @@ from durable_harness import (
     agent_stopped,
     handovers_of,
     remove_sandboxes_of,
-    sandboxes_of,
+    running,
     wait_for,
 )
 from test_outside import tmpfs
@@ -63,7 +63,7 @@ async def detached_session(state: Path) -> str:
     async with open_bridge(state, **DURABLE) as bridge:
         assert (await bridge.run("x = 1\nprint(x)", "s")).status == "ok"
         container = await bridge.container("s")
-    await wait_for(lambda: len(sandboxes_of(state, every=False)) == 1, "the sandbox runs on")
+    await wait_for(lambda: running(container), "the sandbox runs on")
     return container
 
 

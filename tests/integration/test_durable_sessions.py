@@ -34,7 +34,7 @@ from bridge_harness import (
     serve_pids,
     stop_process_tree,
 )
-from durable_harness import forge_secret, secret_file
+from durable_harness import forge_secret, running, secret_file
 from mcp.client.client import Client
 
 from kernelbridge.host.container import STATE_LABEL, state_identity
@@ -99,7 +99,7 @@ async def test_a_client_exit_and_restart_keeps_variables_files_and_imports(state
         assert made.status == "ok", made.text
         container = await bridge.container("s")
     # The client exited: its bridge let go of the sandbox, which runs on.
-    await wait_for(lambda: len(sandboxes_of(state, every=False)) == 1, "the sandbox runs on")
+    await wait_for(lambda: running(container), "the sandbox runs on")
     stored = SessionStore(state).current("s")
     assert stored is not None and stored.detached is not None and stored.durable
     listing = await anyio.run_process([KERNELBRIDGE, "sessions", "--json"], env=cli_env(state))

@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 from bridge_harness import open_bridge, podman
-from durable_harness import DURABLE, remove_sandboxes_of, sandboxes_of, wait_for
+from durable_harness import DURABLE, remove_sandboxes_of, running, wait_for
 
 from kernelbridge.config import Settings
 
@@ -71,7 +71,7 @@ async def adopt_flooding(state: Path, tmp_path: Path, sessions: int) -> None:
             armed = await bridge.run(f"mine = {name!r}\n" + arm, name)
             assert armed.status == "ok" and armed.stdout == "armed\n", armed.text
         containers = [await bridge.container(name) for name in names]
-    await wait_for(lambda: len(sandboxes_of(state, every=False)) == sessions, "every sandbox runs on")
+    await wait_for(lambda: running(*containers), "every sandbox runs on")
     for container in containers:
         podman("exec", container, "touch", "/workspace/go")
     await wait_for(lambda: all(map(flooded, containers)), "every flood was published", timeout=300)

@@ -23,7 +23,7 @@ from pathlib import Path
 import anyio
 import pytest
 from bridge_harness import open_bridge, open_http_bridge
-from durable_harness import DURABLE, remove_sandboxes_of, sandboxes_of, wait_for
+from durable_harness import DURABLE, remove_sandboxes_of, running, sandboxes_of, wait_for
 
 from kernelbridge.config import load_settings
 from kernelbridge.errors import AdoptionFailed
@@ -160,7 +160,8 @@ async def test_code_planted_by_the_sandbox_never_runs_in_the_adoption(state: Pat
     async with open_bridge(state, **DURABLE) as bridge:
         planted = await bridge.probe(f"MARKS = {MARKS!r}\nFILES = {json.dumps(files)!r}\n" + PLANT, "s")
         assert planted == {"planted": len(files), "squat": "Address already in use"}, planted
-    await wait_for(lambda: len(sandboxes_of(state, every=False)) == 1, "the sandbox runs on")
+        container = await bridge.container("s")
+    await wait_for(lambda: running(container), "the sandbox runs on")
 
     async with open_bridge(state, **DURABLE) as bridge:
         first = await bridge.run("print('still here')", "s")
