@@ -141,31 +141,36 @@ class _PipeWriter:
         """Every write is whole when it returns: nothing is buffered here."""
 
 
+def _is_pipe_or_socket(fd: int) -> bool:
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 @contextmanager
-def _claim_stdio() -> Iterator[tuple[int, int] | None]:
+def _claim_stdio() -> Iterator[tuple[int | None, int | None]]:
     """Move the MCP wire off fds 0 and 1 (to private fds) and put /dev/null on 0 and stderr on 1,
     so that child processes (podman, tunnels) can never read the client's messages nor tear them
-    with stray output. Yields None when either is not a pipe or socket; the SDK's own streams are
-    used then."""
-    if not all(
-        stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) for mode in (os.fstat(fd).st_mode for fd in (0, 1))
-    ):
-        yield None
-        return
-    private_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
-    private_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.dup2(2, 1)
+    with stray output. Each is claimed only if it is a pipe or socket (what the event loop can
+    wait on); None for one that is not: the SDK's own stream is used for it."""
+    private_in = private_out = None
+    if _is_pipe_or_socket(0):
+        private_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    if private_in is not None and _is_pipe_or_socket(1):
+        private_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+        os.dup2(2, 1)
     try:
         yield private_in, private_out
     finally:
-        os.dup2(private_in, 0)
-        os.close(private_in)
-        os.set_blocking(private_out, True)  # fd 1 gets the wire's description back as it was
-        os.dup2(private_out, 1)
-        os.close(private_out)
+        if private_in is not None:
+            os.dup2(private_in, 0)
+            os.close(private_in)
+        if private_out is not None:
+            os.set_blocking(private_out, True)  # fd 1 gets the wire's description back as it was
+            os.dup2(private_out, 1)
+            os.close(private_out)
 
 
 async def serve_stdio(app: MCPServer[Any], departure: Departure | None = None) -> None:
@@ -183,15 +188,16 @@ async def serve_stdio(app: MCPServer[Any], departure: Departure | None = None) -
                     return
 
         tg.start_soon(on_signal)
-        with _claim_stdio() as fds:
-            if fds is None:
+        with _claim_stdio() as (in_fd, out_fd):
+            if in_fd is None:
                 await app.run_stdio_async()
             else:
                 # What MCPServer.run_stdio_async does, with a cancellable stdin and a threadless
                 # stdout. The low-level server is reached through a private attribute: MCPServer
                 # has no public way to run on given streams.
                 lowlevel = app._lowlevel_server
-                stdin, stdout = _PipeLines(fds[0], leaving.announce), _PipeWriter(fds[1])
+                stdin = _PipeLines(in_fd, leaving.announce)
+                stdout = _PipeWriter(out_fd) if out_fd is not None else None
                 async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
                     await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
         tg.cancel_scope.cancel()

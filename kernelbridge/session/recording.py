@@ -50,12 +50,12 @@ log = logging.getLogger(__name__)
 
 QUOTA_SETTING = "KERNELBRIDGE_HTTP_DISK_QUOTA"
 MAX_SHOWN_IDS = 10_000
+"""Display ids of journalled cells remembered (the oldest forgotten first): updates of an id past
+this are no longer written (its cell keeps what it showed)."""
 INLINE_WRITE_BYTES = 64 * 1024
 """A journal line up to this size is appended from the event loop (an open, a write to the page
 cache and a close: tens of microseconds, less than a worker thread's round trip); a larger one
 (images, long output) in a worker thread."""
-"""Display ids of journalled cells remembered (the oldest forgotten first): updates of an id past
-this are no longer written (its cell keeps what it showed)."""
 MAX_PENDING_CHARS = 16 * 1024 * 1024
 """Characters of display updates held before they are written (the weight of a cell's rich outputs)."""
 
