@@ -243,14 +243,17 @@ class CliRuntime(RuntimeBackend):
 
     async def ended(self, container: str) -> ContainerInfo | None:
         # podman filters on "died" and prints its own JSON; docker filters on "die".
-        event = "died" if self.engine == "podman" else "die"
-        fmt = "json" if self.engine == "podman" else "{{json .}}"
-        until = str(int(time.time()) + 1)
+        if self.engine == "podman":
+            # Not `--until`: podman stops reading its events file at once when that moment has
+            # passed by the time it starts (a second's margin is not enough on a busy host).
+            args = ["--stream=false", "--filter", "event=died", "--format", "json"]
+        else:
+            until = str(int(time.time()) + 1)  # the answer ends instead of streaming
+            args = ["--until", until, "--filter", "event=die", "--format", "{{json .}}"]
         try:
             text = await self.cli.run(
-                "events", "--since", "1", "--until", until, "--filter", f"container={container}",
-                "--filter", f"event={event}", "--format", fmt, timeout=EVENTS_TIMEOUT,
-            )  # fmt: skip
+                "events", "--since", "1", "--filter", f"container={container}", *args, timeout=EVENTS_TIMEOUT
+            )
         except RuntimeUnavailable:
             return None
         found = None

@@ -327,11 +327,15 @@ class EngineRuntime(RuntimeBackend):
     async def ended(self, container: str) -> ContainerInfo | None:
         # podman names the event "died" in a filter and "die" in what it answers (docker's word).
         event = "died" if self.engine == "podman" else "die"
-        query = {
+        query: dict[str, object] = {
             "since": 1,  # from the first event the engine kept (docker: only then are past ones sent)
-            "until": int(time.time()) + 1,  # ... until now: the answer ends instead of streaming
             "filters": {"container": [container], "event": [event]},
         }
+        if self.engine == "podman":
+            # podman stops reading at once when `until` has passed by the time it starts reading.
+            query["stream"] = False
+        else:
+            query["until"] = int(time.time()) + 1  # the answer ends instead of streaming
         try:
             answer = await self.client.request(
                 "GET", "/events", query=query, timeout=EVENTS_TIMEOUT, what=f"for the events of {container}"
