@@ -2,20 +2,33 @@
 
 ``mcp_client`` spawns ``.venv/bin/kernelbridge serve`` (the console script, exactly as an MCP host
 would; ``bridge_harness.serve_params``) with its state in ``tmp_path``, so every test gets its own
-sessions, journals and containers, and leaves none behind. ``host`` is a module's host MCP
+sessions, journals and containers, and leaves none behind. ``shared_client`` is the module's one
+bridge instead (every setting at its default), whose sessions are all closed after each test: for
+tests that need a bridge with no sessions, not a bridge process of their own. ``host`` is a module's host MCP
 set-up, ``jupyter_env`` a kernelspec for plain Jupyter clients. ``anyio_backend`` and
 ``sandbox_image`` are the suite-wide ones (tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from bridge_harness import list_containers, peak_rss_kib, rss_kib, serve_params, serve_pids, text_of
+from bridge_harness import (
+    Bridge,
+    list_containers,
+    open_bridge,
+    peak_rss_kib,
+    rss_kib,
+    serve_params,
+    serve_pids,
+    text_of,
+)
 from mcp.client.client import Client
 from peers.host_bridge import HostConfig, host_with_remote_edge, peers_missing
 
@@ -44,6 +57,26 @@ def connect(tmp_path: Path, sandbox_image: str) -> ClientFactory:
 async def mcp_client(connect: ClientFactory) -> AsyncIterator[Client]:
     async with connect() as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+async def shared_bridge(
+    tmp_path_factory: pytest.TempPathFactory, sandbox_image: str
+) -> AsyncIterator[Bridge]:
+    """The module's one ``kernelbridge serve`` over stdio, every setting at its default."""
+    async with open_bridge(tmp_path_factory.mktemp("shared") / "state") as bridge:
+        yield bridge
+
+
+@pytest.fixture
+async def shared_client(shared_bridge: Bridge) -> AsyncIterator[Client]:
+    """The module's bridge, with no session open when the test begins or after it ends (each one
+    it opened is closed, its sandbox with it; the warm pool stays, as a user's bridge keeps it)."""
+    yield shared_bridge.client
+    with anyio.fail_after(CLIENT_TIMEOUT):
+        listed = json.loads(text_of(await shared_bridge.client.call_tool("list_sessions", {})))
+        for row in listed["sessions"]:
+            await shared_bridge.client.call_tool("close_session", {"session": row["session"]})
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """`kernelbridge serve` through a real MCP client over stdio, with real sandbox containers.
 
-Each test spawns its own server (state in tmp_path), so sessions and containers never leak
-between tests. Every wait is bounded with ``anyio.fail_after``.
+The tests share the module's bridge (``shared_client``: no session is open when one begins) but
+for those about a bridge's own exit, which spawn their own. Every wait is bounded with
+``anyio.fail_after``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import anyio
 import nbformat
 import pytest
-from bridge_harness import KERNELBRIDGE
+from bridge_harness import KERNELBRIDGE, Bridge
 from mcp.client.client import Client
 
 from kernelbridge.server.render import render_note
@@ -45,13 +46,14 @@ def png_bytes() -> bytes:
     return b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\0\xff\0\0")) + chunk(b"IEND", b"")
 
 
-async def test_state_is_kept_across_three_calls(mcp_client: Client) -> None:
+async def test_state_is_kept_across_three_calls(shared_client: Client) -> None:
     with anyio.fail_after(60):
-        first = await run(mcp_client, "import math\nx = 40")
+        first = await run(shared_client, "import math\nx = 40")
         second = await run(
-            mcp_client, "def f(v):\n    return v + 2\nwith open('note.txt', 'w') as fh:\n    fh.write('hi')"
+            shared_client,
+            "def f(v):\n    return v + 2\nwith open('note.txt', 'w') as fh:\n    fh.write('hi')",
         )
-        third = await run(mcp_client, "print()\nprint(f(x), math.pi > 3, open('note.txt').read())\n()")
+        third = await run(shared_client, "print()\nprint(f(x), math.pi > 3, open('note.txt').read())\n()")
     for result in (first, second, third):
         assert result.is_error is False, text_of(result)
     sc = third.structured_content
@@ -62,9 +64,9 @@ async def test_state_is_kept_across_three_calls(mcp_client: Client) -> None:
     assert "Out[3]: ()" in text_of(third)
 
 
-async def test_errors_are_results_with_a_clean_traceback(mcp_client: Client) -> None:
+async def test_errors_are_results_with_a_clean_traceback(shared_client: Client) -> None:
     with anyio.fail_after(60):
-        result = await run(mcp_client, "def g():\n    return 1/0\ng()")
+        result = await run(shared_client, "def g():\n    return 1/0\ng()")
     assert result.is_error is True
     error = result.structured_content["error"]
     assert error["ename"] == "ZeroDivisionError" and error["evalue"] == "division by zero"
@@ -73,19 +75,21 @@ async def test_errors_are_results_with_a_clean_traceback(mcp_client: Client) -> 
     assert result.structured_content["status"] == "error"
 
 
-async def test_top_level_await(mcp_client: Client) -> None:
+async def test_top_level_await(shared_client: Client) -> None:
     with anyio.fail_after(60):
-        result = await run(mcp_client, "import asyncio\nawait asyncio.sleep(0.01)\n'awaited'")
+        result = await run(shared_client, "import asyncio\nawait asyncio.sleep(0.01)\n'awaited'")
     assert result.structured_content["result"] == "'awaited'"
 
 
-async def test_timeout_interrupts_returns_partial_output_and_keeps_state(mcp_client: Client) -> None:
+async def test_timeout_interrupts_returns_partial_output_and_keeps_state(shared_client: Client) -> None:
     with anyio.fail_after(90):
-        await run(mcp_client, "kept = 'yes'")
+        await run(shared_client, "kept = 'yes'")
         start = time.monotonic()
-        result = await run(mcp_client, "import time\nprint('partial', flush=True)\ntime.sleep(60)", timeout=2)
+        result = await run(
+            shared_client, "import time\nprint('partial', flush=True)\ntime.sleep(60)", timeout=2
+        )
         elapsed = time.monotonic() - start
-        after = await run(mcp_client, "kept")
+        after = await run(shared_client, "kept")
     assert elapsed < 5, elapsed
     sc = result.structured_content
     assert result.is_error is True
@@ -96,7 +100,7 @@ async def test_timeout_interrupts_returns_partial_output_and_keeps_state(mcp_cli
     assert after.structured_content["result"] == "'yes'"
 
 
-async def test_cell_ignoring_interrupt_forces_a_restart_reported_as_lost(mcp_client: Client) -> None:
+async def test_cell_ignoring_interrupt_forces_a_restart_reported_as_lost(shared_client: Client) -> None:
     stubborn = "\n".join(
         [
             "import time",
@@ -108,9 +112,9 @@ async def test_cell_ignoring_interrupt_forces_a_restart_reported_as_lost(mcp_cli
         ]
     )
     with anyio.fail_after(120):
-        await run(mcp_client, "gone = 1\nopen('/workspace/stays.txt', 'w').write('file')")
-        result = await run(mcp_client, stubborn, timeout=2)
-        after = await run(mcp_client, "'gone' in globals(), open('/workspace/stays.txt').read()")
+        await run(shared_client, "gone = 1\nopen('/workspace/stays.txt', 'w').write('file')")
+        result = await run(shared_client, stubborn, timeout=2)
+        after = await run(shared_client, "'gone' in globals(), open('/workspace/stays.txt').read()")
     sc = result.structured_content
     assert (sc["status"], sc["state"], sc["note_codes"]) == ("timeout", "lost", ["timed_out"])
     # Restarted in place, not discarded: the variables are gone, the file is there.
@@ -118,11 +122,11 @@ async def test_cell_ignoring_interrupt_forces_a_restart_reported_as_lost(mcp_cli
     assert after.is_error is False
 
 
-async def test_png_display_arrives_as_image_content(mcp_client: Client) -> None:
+async def test_png_display_arrives_as_image_content(shared_client: Client) -> None:
     png = png_bytes()
     code = f"from IPython.display import Image, display\ndisplay(Image(data={png!r}))\nprint('shown')"
     with anyio.fail_after(60):
-        result = await run(mcp_client, code)
+        result = await run(shared_client, code)
     images = [block for block in result.content if block.type == "image"]
     assert len(images) == 1
     assert images[0].mime_type == "image/png"
@@ -130,11 +134,11 @@ async def test_png_display_arrives_as_image_content(mcp_client: Client) -> None:
     assert result.structured_content["stdout"] == "shown\n"
 
 
-async def test_input_fails_immediately(mcp_client: Client) -> None:
+async def test_input_fails_immediately(shared_client: Client) -> None:
     with anyio.fail_after(60):
-        await run(mcp_client, "1")  # the kernel is started
+        await run(shared_client, "1")  # the kernel is started
         start = time.monotonic()
-        result = await run(mcp_client, "name = input('name? ')")
+        result = await run(shared_client, "name = input('name? ')")
     assert time.monotonic() - start < 2
     assert result.is_error is True
     assert result.structured_content["error"]["ename"] == "StdinNotImplementedError"
@@ -156,23 +160,23 @@ BAD_INPUT: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-async def test_bad_input_gives_a_clear_error(mcp_client: Client) -> None:
+async def test_bad_input_gives_a_clear_error(shared_client: Client) -> None:
     # One server for every case: spawning one per case would cost seconds each.
     for args, message in BAD_INPUT:
         with anyio.fail_after(60):
-            result = await mcp_client.call_tool("run_python", args)
+            result = await shared_client.call_tool("run_python", args)
         text = text_of(result)
         assert result.is_error is True, args
         assert message in text, (args, text)
         assert "Traceback" not in text, (args, text)
-    assert no_sessions(await mcp_client.call_tool("list_sessions", {}))
+    assert no_sessions(await shared_client.call_tool("list_sessions", {}))
 
 
 def no_sessions(result: Any) -> bool:
     return json.loads(text_of(result))["sessions"] == []
 
 
-async def test_progress_notifications_arrive_for_a_long_call(mcp_client: Client) -> None:
+async def test_progress_notifications_arrive_for_a_long_call(shared_client: Client) -> None:
     seen: list[tuple[float, float | None, str | None]] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -180,7 +184,7 @@ async def test_progress_notifications_arrive_for_a_long_call(mcp_client: Client)
 
     code = "import time\nfor i in range(6):\n    print('step', i, flush=True)\n    time.sleep(1)"
     with anyio.fail_after(60):
-        result = await mcp_client.call_tool("run_python", {"code": code}, progress_callback=on_progress)
+        result = await shared_client.call_tool("run_python", {"code": code}, progress_callback=on_progress)
     assert result.is_error is False
     assert len(seen) >= 2, seen
     assert seen[0][1] == 30.0
@@ -188,24 +192,24 @@ async def test_progress_notifications_arrive_for_a_long_call(mcp_client: Client)
     assert any(message and "step" in message for _, _, message in seen)
 
 
-async def test_sessions_list_close_and_export(mcp_client: Client, kb: Any, tmp_path: Path) -> None:
+async def test_sessions_list_close_and_export(shared_client: Client, shared_bridge: Bridge, kb: Any) -> None:
     with anyio.fail_after(90):
-        await run(mcp_client, "a = 1\nprint('in a')", session="alpha")
-        await run(mcp_client, "b = 2", session="beta")
-        listed = json.loads(text_of(await mcp_client.call_tool("list_sessions", {})))
+        await run(shared_client, "a = 1\nprint('in a')", session="alpha")
+        await run(shared_client, "b = 2", session="beta")
+        listed = json.loads(text_of(await shared_client.call_tool("list_sessions", {})))
         names = {s["session"]: s for s in listed["sessions"]}
         assert set(names) == {"alpha", "beta"}
         alpha_container = names["alpha"]["container"]
         assert alpha_container in kb.containers()
 
         # The notebook itself comes from the resource; export_notebook says where it is.
-        resource = await mcp_client.read_resource("kernelbridge://sessions/alpha/notebook")
+        resource = await shared_client.read_resource("kernelbridge://sessions/alpha/notebook")
         nb = nbformat.reads(resource.contents[0].text, as_version=4)
         nbformat.validate(nb)
         assert nb.cells[0].source == "a = 1\nprint('in a')"
         assert nb.cells[0].metadata.kernelbridge["status"] == "ok"
         assert nb.metadata.kernelspec.name == "kernelbridge"
-        exported = await mcp_client.call_tool("export_notebook", {"session": "alpha"})
+        exported = await shared_client.call_tool("export_notebook", {"session": "alpha"})
         assert exported.is_error is False and exported.structured_content == {
             "session": "alpha",
             "cells": 1,
@@ -214,26 +218,28 @@ async def test_sessions_list_close_and_export(mcp_client: Client, kb: Any, tmp_p
             "resource_too_big": False,
             "file": None,
         }
-        written = await mcp_client.call_tool("export_notebook", {"session": "alpha", "path": "alpha.ipynb"})
-        file = tmp_path / "state" / "exports" / "alpha.ipynb"  # the state directory of mcp_client
+        written = await shared_client.call_tool(
+            "export_notebook", {"session": "alpha", "path": "alpha.ipynb"}
+        )
+        file = shared_bridge.state_dir / "exports" / "alpha.ipynb"
         assert written.is_error is False and written.structured_content["file"] == str(file)
         on_disk = nbformat.read(file, as_version=4)  # the same notebook (cell ids are made per export)
         assert [c.source for c in on_disk.cells] == [c.source for c in nb.cells]
         assert (
             file.stat().st_size == written.structured_content["bytes"] == exported.structured_content["bytes"]
         )
-        refused = await mcp_client.call_tool("export_notebook", {"session": "alpha", "path": "/tmp/x.sh"})
+        refused = await shared_client.call_tool("export_notebook", {"session": "alpha", "path": "/tmp/x.sh"})
         assert refused.is_error is True and ".ipynb" in text_of(refused)
 
-        manual = await mcp_client.read_resource("kernelbridge://capabilities")
+        manual = await shared_client.read_resource("kernelbridge://capabilities")
         assert "run_python" in manual.contents[0].text
 
-        closed = await mcp_client.call_tool("close_session", {"session": "alpha"})
+        closed = await shared_client.call_tool("close_session", {"session": "alpha"})
         assert closed.is_error is False
         assert alpha_container not in kb.containers()
-        listed = json.loads(text_of(await mcp_client.call_tool("list_sessions", {})))
+        listed = json.loads(text_of(await shared_client.call_tool("list_sessions", {})))
         assert [s["session"] for s in listed["sessions"]] == ["beta"]
-        fresh = await run(mcp_client, "'a' in globals()", session="alpha")
+        fresh = await run(shared_client, "'a' in globals()", session="alpha")
         assert fresh.structured_content["result"] == "False"
 
 
@@ -248,12 +254,12 @@ display(Shown(png.getvalue()))
 """
 
 
-async def test_an_export_keeps_the_notebook_out_of_the_models_context(mcp_client: Client) -> None:
+async def test_an_export_keeps_the_notebook_out_of_the_models_context(shared_client: Client) -> None:
     with anyio.fail_after(120):
-        shown = await run(mcp_client, NOISE_IMAGE, session="pics")
+        shown = await run(shared_client, NOISE_IMAGE, session="pics")
         assert shown.is_error is False, text_of(shown)
-        exported = await mcp_client.call_tool("export_notebook", {"session": "pics"})
-        resource = await mcp_client.read_resource("kernelbridge://sessions/pics/notebook")
+        exported = await shared_client.call_tool("export_notebook", {"session": "pics"})
+        resource = await shared_client.read_resource("kernelbridge://sessions/pics/notebook")
     notebook = resource.contents[0].text
     assert len(notebook) > 1_000_000  # the image, base64, inline in the notebook
     # The answer: a few lines that say what the notebook holds and where it is; not the notebook.

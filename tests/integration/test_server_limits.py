@@ -77,17 +77,17 @@ SLEEP_CELL = "began = time.time()\ntime.sleep(2)\n(began, time.time())"
 """A cell that says when it ran, by the host's clock (a container shares it)."""
 
 
-async def test_two_sessions_run_in_parallel(mcp_client: Client) -> None:
+async def test_two_sessions_run_in_parallel(shared_client: Client) -> None:
     ran: dict[str, tuple[float, float]] = {}
 
     async def sleep_in(name: str) -> None:
-        result = await run(mcp_client, SLEEP_CELL, session=name)
+        result = await run(shared_client, SLEEP_CELL, session=name)
         ran[name] = ast.literal_eval(result.structured_content["result"])
 
     with anyio.fail_after(120):
         async with anyio.create_task_group() as tg:
             for name in ("left", "right"):
-                tg.start_soon(partial(run, mcp_client, "import time", session=name))
+                tg.start_soon(partial(run, shared_client, "import time", session=name))
         start = time.monotonic()
         await sleep_in("left")
         one = time.monotonic() - start
@@ -104,12 +104,12 @@ async def test_two_sessions_run_in_parallel(mcp_client: Client) -> None:
 
 
 async def test_out_of_memory_reports_kernel_died_and_the_next_call_starts_fresh(
-    mcp_client: Client, kb: Any
+    shared_client: Client, kb: Any
 ) -> None:
     with anyio.fail_after(120):
-        await run(mcp_client, "survivor = 1")
-        died = await run(mcp_client, "hog = b'x' * (2 * 1024**3)", timeout=60)
-        fresh = await run(mcp_client, "'survivor' in globals()")
+        await run(shared_client, "survivor = 1")
+        died = await run(shared_client, "hog = b'x' * (2 * 1024**3)", timeout=60)
+        fresh = await run(shared_client, "'survivor' in globals()")
     sc = died.structured_content
     print(f"\nOOM result: {kb.text_of(died)!r}")
     assert died.is_error is True
