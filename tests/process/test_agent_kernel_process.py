@@ -73,10 +73,8 @@ def output_until(kernel: KernelProcess, wanted: str) -> list[str]:
 def test_stop_is_a_sigterm_for_a_kernel_that_obeys_it(stubs: list[KernelProcess]) -> None:
     kernel = stub("import time\nprint('ready', flush=True)\ntime.sleep(60)")
     stubs.append(kernel)
-    started = time.monotonic()
     kernel.stop(grace=BOUND)
-    assert kernel.returncode == -signal.SIGTERM
-    assert time.monotonic() - started < BOUND / 2
+    assert kernel.returncode == -signal.SIGTERM  # not SIGKILL: it did not wait out the grace
 
 
 def test_stop_escalates_to_sigkill_after_the_grace(stubs: list[KernelProcess]) -> None:
@@ -92,7 +90,7 @@ def test_stop_escalates_to_sigkill_after_the_grace(stubs: list[KernelProcess]) -
     started = time.monotonic()
     kernel.stop(grace=0.3)
     assert kernel.returncode == -signal.SIGKILL
-    assert 0.3 <= time.monotonic() - started < BOUND
+    assert time.monotonic() - started >= 0.3
     assert "SIGKILL" in repr(kernel)
 
 
@@ -103,9 +101,9 @@ def test_stop_of_an_ended_kernel_returns_at_once(stubs: list[KernelProcess]) -> 
     while kernel.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     started = time.monotonic()
-    kernel.stop(grace=BOUND)
+    kernel.stop(grace=600)
     assert kernel.returncode == 3
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < BOUND  # not the grace
 
 
 def test_kill_group_takes_the_kernels_subprocesses_too(stubs: list[KernelProcess]) -> None:
@@ -154,7 +152,7 @@ def test_the_output_pipe_gives_non_blank_lines_and_never_blocks(stubs: list[Kern
     assert output_until(kernel, "b") == ["a", "b"]
     started = time.monotonic()
     assert kernel.read_output() == []  # nothing written: no wait
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < BOUND  # not until the kernel's sleep ends
 
 
 def test_describe_exit() -> None:

@@ -299,16 +299,13 @@ def test_twenty_calls_in_flight_at_once(kernel: SandboxKernel) -> None:
     host = host_of(kernel)
     # Later calls answer sooner: the answers come back in reverse order and must still match.
     code = """
-import asyncio, time
-t0 = time.perf_counter()
+import asyncio
 calls = [mcp_my_server_2.slow(seconds=0.6 - i * 0.02, tag=f"t{i}") for i in range(20)]
 results = await asyncio.gather(*calls)
-[[r["content"][0]["text"] for r in results], time.perf_counter() - t0]
+[r["content"][0]["text"] for r in results]
 """
-    texts, elapsed = kernel.value(code)
-    assert texts == [f"t{i}" for i in range(20)]
-    assert elapsed < 3.0, elapsed  # one after the other would take 8.2 s
-    assert host.max_in_flight >= 20
+    assert kernel.value(code) == [f"t{i}" for i in range(20)]
+    assert host.max_in_flight >= 20  # all at once, not one after the other
 
 
 def test_a_ten_megabyte_result_arrives_whole(kernel: SandboxKernel) -> None:

@@ -8,7 +8,7 @@ tests/integration/test_server*.py.
 
 from __future__ import annotations
 
-import time
+import ast
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -108,22 +108,27 @@ async def test_two_sessions_run_in_parallel(registry: SessionRegistry) -> None:
         async with anyio.create_task_group() as tg:  # start both kernels first
             tg.start_soon(partial(registry.run, "a", "1", timeout=10))
             tg.start_soon(partial(registry.run, "b", "1", timeout=10))
-        start = time.monotonic()
+        spans: dict[str, tuple[float, float]] = {}
+
+        async def sleep_in(name: str) -> None:
+            code = "import time\nbegan = time.time()\ntime.sleep(1)\n(began, time.time())"
+            spans[name] = ast.literal_eval((await registry.run(name, code, timeout=10)).result or "")
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(registry.run, "a", "import time; time.sleep(1)", timeout=10))
-            tg.start_soon(partial(registry.run, "b", "import time; time.sleep(1)", timeout=10))
-        elapsed = time.monotonic() - start
-    assert elapsed < 1.8, elapsed
+            tg.start_soon(sleep_in, "a")
+            tg.start_soon(sleep_in, "b")
+    # The two cells ran at the same time (one after the other, they would not overlap at all).
+    overlap = min(spans["a"][1], spans["b"][1]) - max(spans["a"][0], spans["b"][0])
+    assert overlap > 0.5, spans
 
 
 async def test_timeout_interrupts_and_keeps_state(registry: SessionRegistry) -> None:
     with anyio.fail_after(30):
         await registry.run("a", "x = 7", timeout=10)
-        start = time.monotonic()
+        # Within the bound, so interrupted: the sleep would outlast it.
         result = await registry.run(
             "a", "print('before', flush=True)\nimport time; time.sleep(60)", timeout=1
         )
-        assert time.monotonic() - start < 4
         assert (result.status, result.state, result.stdout) == (Status.TIMEOUT, State.KEPT, "before\n")
         assert (await registry.run("a", "x", timeout=10)).result == "7"
 
@@ -135,9 +140,8 @@ async def test_cancelled_call_interrupts_the_cell_so_the_next_call_does_not_wait
         await registry.run("a", "x = 1", timeout=10)
         with anyio.move_on_after(0.5):
             await registry.run("a", "import time; time.sleep(60)", timeout=120)
-        start = time.monotonic()
-        result = await registry.run("a", "x", timeout=10)
-    assert result.result == "1" and time.monotonic() - start < 1
+        result = await registry.run("a", "x", timeout=10)  # within the bound: the sleep would outlast it
+    assert result.result == "1"
     statuses = [e.status for e in read_journal(registry.journal_file("a")) if isinstance(e, JournalCell)]
     assert statuses == ["ok", "cancelled", "ok"]
 

@@ -6,7 +6,6 @@ client expands them, and bad files reported in one line each while the rest is u
 from __future__ import annotations
 
 import json
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -308,23 +307,20 @@ def big_claude_json(path: Path, mib: int) -> Path:
     return path
 
 
-def test_a_claude_json_of_many_mib_is_read_within_a_bound(tmp_path: Path) -> None:
+def test_a_claude_json_of_many_mib_is_walked_without_a_copy_on_the_heap(tmp_path: Path) -> None:
     home = tmp_path / "home"
     path = big_claude_json(home / ".claude.json", 24)
     assert path.stat().st_size > 20 * 1024 * 1024
     tracemalloc.start()
-    started = time.perf_counter()
     try:
         catalog = catalog_of(home)
-        elapsed = time.perf_counter() - started
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert list(catalog.servers) == ["late"] and catalog.problems == ()
     # Mapped and walked, not parsed: no copy of the file on the heap (json.loads of it builds
-    # about three times its size in objects), and quick (0.3 s here; bounded generously for load).
+    # about three times its size in objects).
     assert peak < 2 * 1024 * 1024, f"peak heap {peak:,} bytes"
-    assert elapsed < 10, f"{elapsed:.1f} s"
 
 
 def test_pick_reads_only_the_wanted_paths(tmp_path: Path) -> None:
