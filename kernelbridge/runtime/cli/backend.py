@@ -246,6 +246,7 @@ class CliRuntime(RuntimeBackend):
         if self.engine == "podman":
             # Not `--until`: podman stops reading its events file at once when that moment has
             # passed by the time it starts (a second's margin is not enough on a busy host).
+            # `--stream=false` is hidden ("for testing only") but there from podman 1 to 5.
             args = ["--stream=false", "--filter", "event=died", "--format", "json"]
         else:
             until = str(int(time.time()) + 1)  # the answer ends instead of streaming
