@@ -25,6 +25,9 @@ Tools (every one is deterministic and needs no network):
                          fate in ``$EDGE_STATE_DIR/<key>`` (``started <pid>``, then ``done`` or
                          ``cancelled``), so a test sees from outside that the call reached the
                          server and whether the host cancelled it
+``meet(group, count)``   answers ``"<group> met <count>"`` once ``count`` calls of ``group`` are in
+                         flight together, a tool error if fewer ever were within ``seconds``
+                         (default 30): calls that overlap meet, calls made one by one never do
 =======================  ==========================================================================
 
 The HTTP mode accepts request bodies up to 64 MiB so that 10 MB arguments pass.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass, field
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -46,8 +50,17 @@ MAX_HUGE = 64 * 1024 * 1024
 """Bound on ``huge``: a typo must not make the test machine allocate gigabytes."""
 
 
+@dataclass
+class Meeting:
+    """The calls of one ``meet`` group so far, and the event that lets them all go."""
+
+    arrived: int = 0
+    everyone: anyio.Event = field(default_factory=anyio.Event)
+
+
 def build_server(name: str = "edge") -> MCPServer:
     app = MCPServer(name, instructions="Edge cases for kernelbridge tests.", log_level="WARNING")
+    meetings: dict[str, Meeting] = {}
 
     @app.tool()
     def echo(text: str) -> str:
@@ -121,6 +134,19 @@ def build_server(name: str = "edge") -> MCPServer:
             raise
         record(key, "done")
         return f"{key} waited {seconds:g}"
+
+    @app.tool()
+    async def meet(group: str, count: int, seconds: float = 30.0) -> str:
+        """Answer once `count` calls of `group` are in flight together (a barrier); fail after
+        `seconds` if fewer ever were."""
+        meeting = meetings.setdefault(group, Meeting())
+        meeting.arrived += 1
+        if meeting.arrived >= count:
+            meeting.everyone.set()
+        with anyio.move_on_after(seconds):
+            await meeting.everyone.wait()
+            return f"{group} met {count}"
+        raise ToolError(f"{group}: {meeting.arrived} of {count} calls met within {seconds:g} s")
 
     return app
 
