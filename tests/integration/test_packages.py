@@ -188,7 +188,6 @@ async def test_cache_reuse_across_sessions_and_bridges_offline(bridge: Bridge) -
             "source": "cache",
         }
     ]
-    assert second.seconds < 5
     wheels = list((bridge.state_dir / "packages" / "wheels").glob("*.whl"))
     assert any(len(w.stem) == 64 for w in wheels), "content-addressed by sha256"
     # Another bridge on the same state directory, whose index is down: the cached wheel still
