@@ -17,7 +17,7 @@ setup-venv:
 # Two workers: most tests wait on containers, not on the CPU (tests/conftest.py keeps tests that
 # share a machine-wide resource in one worker). TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
-# The slowest tests are listed at the end (the suite takes 22-30 min of pytest here: README, Development).
+# The slowest tests are listed at the end (the suite takes 23-30 min of pytest here: README, Development).
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 # The static checks, before any test: ruff (lint and format) and mypy (pyproject.toml's [tool.mypy]).
