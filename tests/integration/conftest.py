@@ -4,8 +4,8 @@
 would; ``bridge_harness.serve_params``) with its state in ``tmp_path``, so every test gets its own
 sessions, journals and containers, and leaves none behind. ``shared_client`` is the module's one
 bridge instead (every setting at its default), whose sessions are all closed after each test: for
-tests that need a bridge with no sessions, not a bridge process of their own. ``host`` is a module's host MCP
-set-up, ``jupyter_env`` a kernelspec for plain Jupyter clients. ``anyio_backend`` and
+tests that need a bridge with no sessions, not a bridge process of their own. ``host`` is a
+module's host MCP set-up, ``jupyter_env`` a kernelspec for plain Jupyter clients. ``anyio_backend`` and
 ``sandbox_image`` are the suite-wide ones (tests/conftest.py).
 """
 

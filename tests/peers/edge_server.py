@@ -52,7 +52,7 @@ MAX_HUGE = 64 * 1024 * 1024
 
 @dataclass
 class Meeting:
-    """The calls of one ``meet`` group so far, and the event that lets them all go."""
+    """The calls of one ``meet`` group in flight, and the event that lets them all go."""
 
     arrived: int = 0
     everyone: anyio.Event = field(default_factory=anyio.Event)
@@ -141,12 +141,16 @@ def build_server(name: str = "edge") -> MCPServer:
         `seconds` if fewer ever were."""
         meeting = meetings.setdefault(group, Meeting())
         meeting.arrived += 1
-        if meeting.arrived >= count:
-            meeting.everyone.set()
-        with anyio.move_on_after(seconds):
-            await meeting.everyone.wait()
-            return f"{group} met {count}"
-        raise ToolError(f"{group}: {meeting.arrived} of {count} calls met within {seconds:g} s")
+        try:
+            if meeting.arrived >= count:
+                meeting.everyone.set()
+            with anyio.move_on_after(seconds):
+                await meeting.everyone.wait()
+                return f"{group} met {count}"
+            raise ToolError(f"{group}: {meeting.arrived} of {count} calls met within {seconds:g} s")
+        finally:
+            if not meeting.everyone.is_set():
+                meeting.arrived -= 1  # it left without meeting: no longer in flight
 
     return app
 
