@@ -285,7 +285,7 @@ async def warm_beside_local(
 ) -> tuple[list[float], list[float], list[float]]:
     """Warm ``run_python`` calls (the SDK's ``Client``, and its ``ClientSession`` on the same stdio
     streams) and local ``1+1`` round trips, interleaved round by round so that both see the same
-    load: (local, Client, ClientSession) seconds."""
+    load, the two clients in alternating order: (local, Client, ClientSession) seconds."""
     from mcp.client.session import ClientSession
     from mcp.client.stdio import stdio_client
 
@@ -307,12 +307,22 @@ async def warm_beside_local(
                 await session.initialize()
                 for _ in range(6):
                     await session.call_tool("run_python", {"code": "1+1"})
-                for _ in range(rounds):
-                    local += await round_trips_only(kc, 1)
-                    via_client.append(await call(client, "1+1"))
+
+                async def through_session() -> None:
                     began = time.perf_counter()
                     await session.call_tool("run_python", {"code": "1+1"})
                     via_session.append(time.perf_counter() - began)
+
+                async def through_client() -> None:
+                    via_client.append(await call(client, "1+1"))
+
+                for index in range(rounds):
+                    local += await round_trips_only(kc, 1)
+                    # The call right after the local one shares the cores with that kernel's
+                    # after-work: the two clients take that place in turn.
+                    first, second = (through_client, through_session)[:: 1 if index % 2 else -1]
+                    await first()
+                    await second()
     finally:
         kc.stop_channels()
         await km.shutdown_kernel(now=True)
