@@ -11,13 +11,11 @@ module's host MCP set-up, ``jupyter_env`` a kernelspec for plain Jupyter clients
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from bridge_harness import (
     Bridge,
@@ -73,10 +71,8 @@ async def shared_client(shared_bridge: Bridge) -> AsyncIterator[Client]:
     """The module's bridge, with no session open when the test begins or after it ends (each one
     it opened is closed, its sandbox with it; the warm pool stays, as a user's bridge keeps it)."""
     yield shared_bridge.client
-    with anyio.fail_after(CLIENT_TIMEOUT):
-        listed = json.loads(text_of(await shared_bridge.client.call_tool("list_sessions", {})))
-        for row in listed["sessions"]:
-            await shared_bridge.client.call_tool("close_session", {"session": row["session"]})
+    for session in await shared_bridge.listed():
+        await shared_bridge.close(session)
 
 
 @pytest.fixture(scope="module")
