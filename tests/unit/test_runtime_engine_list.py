@@ -1,5 +1,5 @@
 """The engine backend against a stand-in client: its container listing under podman's listing
-race, and how often it asks for the engine's info."""
+race, how it tells podman from docker, and how often it asks for the engine's info."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 
 from kernelbridge.errors import EngineRefused
 from kernelbridge.runtime import races
-from kernelbridge.runtime.engine.api import EngineRuntime
+from kernelbridge.runtime.engine.api import EngineRuntime, open_engine
 from kernelbridge.runtime.engine.endpoint import parse_endpoint
+from kernelbridge.runtime.engine.transport import EngineResponse
 from kernelbridge.runtime.races import ATTEMPTS as LIST_ATTEMPTS
 
 pytestmark = pytest.mark.anyio
@@ -90,21 +91,36 @@ async def test_a_lasting_race_or_another_refusal_is_raised() -> None:
     assert other.calls == 1
 
 
-class InfoClient:
-    """Answers /info and /libpod/info (a root podman on cgroups v2), counting the asks."""
+ROOT_PODMAN_V2 = {
+    "host": {
+        "cgroupVersion": "v2",
+        "cgroupControllers": ["cpu", "memory", "pids"],
+        "security": {"rootless": False},
+        "ociRuntime": {"name": "crun"},
+    },
+    "store": {"graphDriverName": "overlay"},
+    "version": {"Version": "4.3.1"},
+}
+"""What podman's ``/libpod/info`` says on a root podman on cgroups v2 (the fields read)."""
 
-    def __init__(self) -> None:
+
+class InfoClient:
+    """Answers ``/libpod/info`` with ``libpod`` and docker's ``/info`` with ``facts``, counting
+    the asks."""
+
+    def __init__(self, libpod: dict[str, Any] = ROOT_PODMAN_V2, facts: dict[str, Any] | None = None) -> None:
         self.paths: list[str] = []
         self.endpoint = parse_endpoint("unix:///run/podman/podman.sock")
+        self.libpod = libpod
+        self.facts = facts or {}
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         self.paths.append(path)
-        facts = {"CgroupVersion": "2", "ServerVersion": "4.3.1", "MemoryLimit": True, "PidsLimit": True}
-        libpod = {"host": {"security": {"rootless": False}}}
+        body = self.libpod if path == "/libpod/info" else self.facts
 
         class Info:
             def json(self) -> Any:
-                return facts if path == "/info" else libpod
+                return body
 
         return Info()
 
@@ -118,7 +134,75 @@ async def test_a_bridge_start_asks_the_engine_for_its_info_once(monkeypatch: pyt
     monkeypatch.setattr(api.time, "monotonic", lambda: clock[0])
     first = await runtime.info()
     assert await runtime.info() == first and first.limits_enforced and not first.rootless
-    assert client.paths == ["/info", "/libpod/info"]
+    assert (first.cgroup_version, first.oci_runtime, first.storage_driver, first.version) == (
+        "v2",
+        "crun",
+        "overlay",
+        "4.3.1",
+    )
+    # libpod's own info only: podman's compat /info costs the same package lookups again.
+    assert client.paths == ["/libpod/info"]
     clock[0] += api.INFO_TTL  # later asks see a daemon changed meanwhile
     await runtime.info()
-    assert client.paths == ["/info", "/libpod/info"] * 2
+    assert client.paths == ["/libpod/info"] * 2
+
+
+@pytest.mark.parametrize(
+    ("host", "enforced"),
+    [
+        ({"cgroupVersion": "v1", "security": {"rootless": True}}, False),
+        ({"cgroupVersion": "v2", "cgroupControllers": ["cpu"], "security": {"rootless": True}}, False),
+        (
+            {"cgroupVersion": "v2", "cgroupControllers": ["memory", "pids"], "security": {"rootless": True}},
+            True,
+        ),
+        (
+            {"cgroupVersion": "v1", "cgroupControllers": ["memory", "pids"], "security": {"rootless": False}},
+            True,
+        ),
+    ],
+)
+async def test_podman_limits_are_enforced_only_with_its_memory_and_pids_controllers(
+    host: dict[str, Any], enforced: bool
+) -> None:
+    info = await EngineRuntime(InfoClient({"host": host}), engine="podman").info()  # type: ignore[arg-type]
+    assert (info.limits_enforced, info.rootless) == (enforced, host["security"]["rootless"])
+
+
+async def test_docker_is_asked_its_compat_info() -> None:
+    client = InfoClient(
+        facts={"CgroupVersion": "2", "SecurityOptions": ["name=rootless"], "Driver": "overlay2"}
+    )
+    info = await EngineRuntime(client, engine="docker").info()  # type: ignore[arg-type]
+    assert client.paths == ["/info"]
+    assert (info.rootless, info.cgroup_version, info.limits_enforced, info.storage_driver) == (
+        True,
+        "v2",
+        True,
+        "overlay2",
+    )
+
+
+class PingClient:
+    """Answers ``/_ping`` with ``headers`` and ``/version`` as docker does, recording the asks."""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers, self.paths, self.engine = headers, [], "container"
+        self.endpoint = parse_endpoint("unix:///run/engine.sock")
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> EngineResponse:
+        self.paths.append(path)
+        if path == "/_ping":
+            return EngineResponse(200, b"OK", self.headers)
+        return EngineResponse(200, b'{"Version": "27.5.1"}')
+
+
+async def test_podman_is_told_by_its_ping_and_docker_by_its_version() -> None:
+    podman = PingClient({"api-version": "1.41", "libpod-api-version": "4.3.1"})
+    runtime = await open_engine(podman)  # type: ignore[arg-type]
+    # podman's /version looks up its helpers' packages (~0.5 s): the ping says all that is needed.
+    assert (runtime.engine, runtime.version, podman.paths) == ("podman", "4.3.1", ["/_ping"])
+    docker = PingClient({"api-version": "1.47"})
+    runtime = await open_engine(docker)  # type: ignore[arg-type]
+    assert (runtime.engine, runtime.version, docker.paths) == ("docker", "27.5.1", ["/_ping", "/version"])
+    assert docker.engine == "docker"

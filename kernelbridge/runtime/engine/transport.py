@@ -21,7 +21,7 @@ import errno
 import json
 import ssl
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -186,6 +186,8 @@ def _os_reason(exc: OSError) -> str:
 class EngineResponse:
     status: int
     body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Header names in lower case."""
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body.strip() else None
@@ -280,7 +282,8 @@ class EngineClient:
             )
         if response.status >= 400:
             raise self._refused(what, response.status, response.content)
-        return EngineResponse(response.status, response.content)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers}
+        return EngineResponse(response.status, response.content, headers)
 
     async def download(self, path: str, target: Path, *, timeout: float, what: str) -> int:
         """GET ``path`` into the file ``target`` as the body arrives (an image archive is too big to
