@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -127,10 +128,19 @@ def serve_params(state_dir: Path, *args: str, **env: str) -> StdioServerParamete
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range: a port from that
+    range can be taken, before the server binds it, as the source port of any outgoing connection
+    (another worker's, or the readiness probe's own self-connect)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 def serve_pids(state_dir: Path) -> list[int]:

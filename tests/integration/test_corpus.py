@@ -84,20 +84,52 @@ def masked(outputs: list[Any]) -> list[dict[str, Any]]:
     return kept
 
 
+AT_ONCE = 4
+"""Notebooks run (or replayed) at a time: each waits mostly on its kernel's start, as a user's
+``jupyter nbconvert --execute`` of several notebooks in parallel would."""
+
+
 async def execute_all(kernel_name: str, workdir: Path) -> dict[str, nbformat.NotebookNode]:
     """Every notebook of the corpus executed by nbclient as its users run it (a kernel of
     ``kernel_name`` per notebook, started and shut down by nbclient), each in its own directory
-    (a copy, as nbclient's ``path``)."""
+    (a copy, as nbclient's ``path``; no corpus notebook writes a file), :data:`AT_ONCE` at a time."""
     done: dict[str, nbformat.NotebookNode] = {}
-    for path in NOTEBOOKS:
+    limit = anyio.CapacityLimiter(AT_ONCE)
+
+    async def execute(path: Path) -> None:
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
         client = NotebookClient(nb, timeout=60, allow_errors=True, kernel_name=kernel_name)
-        await client.async_execute(cwd=str(workdir / path.parent.name))
+        async with limit:
+            await client.async_execute(cwd=str(workdir / path.parent.name))
         done[path.stem] = nb
+
+    async with anyio.create_task_group() as tg:
+        for path in NOTEBOOKS:
+            tg.start_soon(execute, path)
     return done
+
+
+async def replay_all(notebooks: dict[str, nbformat.NotebookNode], folder: Path) -> dict[str, Any]:
+    """``replay_notebook`` (what ``kernelbridge replay`` runs) of each notebook, a fresh sandbox
+    each, :data:`AT_ONCE` at a time: name -> its report."""
+    settings = load_settings()
+    reports: dict[str, Any] = {}
+    limit = anyio.CapacityLimiter(AT_ONCE)
+
+    async def replay(name: str, nb: nbformat.NotebookNode) -> None:
+        path = folder / f"{name}.ipynb"
+        nbformat.write(nb, path)
+        async with limit:
+            with anyio.fail_after(120):
+                reports[name] = await replay_notebook(settings, path)
+
+    async with anyio.create_task_group() as tg:
+        for name, nb in notebooks.items():
+            tg.start_soon(replay, name, nb)
+    return reports
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +162,7 @@ async def test_the_corpus_runs_in_a_sandbox_as_on_a_local_kernel_and_replays_the
 
     # What the sandbox made, replayed in a fresh sandbox (an empty, writable /workspace: a replayed
     # session writes there): every cell the same, but what a replay must differ in.
-    settings = load_settings()
-    for name, nb in sandboxed.items():
-        path = tmp_path / f"{name}.ipynb"
-        nbformat.write(nb, path)
-        with anyio.fail_after(120):
-            report = await replay_notebook(settings, path)
+    for name, report in (await replay_all(sandboxed, tmp_path)).items():
         if name in REPLAY_DIFFERS:
             index, ename, _why = REPLAY_DIFFERS[name]
             verdict = report.cells[index - 1]

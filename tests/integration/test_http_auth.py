@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import anyio
 import httpx2
 import pytest
 from anyio.abc import Process
-from bridge_harness import uses_state_dir
+from bridge_harness import free_port, uses_state_dir
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -49,12 +48,6 @@ INITIALIZE = {
 MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 40.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_listening(port: int, proc: Process) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 from bridge_harness import open_bridge, podman, stop_process_tree
+from durable_harness import wait_for
 from package_index import PackageIndex, build_wheel, disk_bytes, pip_settings
 
 from kernelbridge.host.container import STATE_LABEL, state_identity
@@ -137,6 +138,10 @@ def durable_state(tmp_path: Path, sandbox_image: str) -> Iterator[Path]:
             time.sleep(1.0)
 
 
+def _half_written(packages: Path) -> bool:
+    return any(p.stat().st_size > 0 for p in (packages / "downloads").glob("dl-*/mid-1.0-py3-none-any.whl"))
+
+
 async def test_a_bridge_killed_mid_download_leaves_nothing_half_trusted(
     durable_state: Path, index: PackageIndex, wheels: dict[str, Path]
 ) -> None:
@@ -156,6 +161,8 @@ async def test_a_bridge_killed_mid_download_leaves_nothing_half_trusted(
             tg.start_soon(install)
             with anyio.fail_after(120):
                 await hold.paused.wait()
+            # The index has sent half the wheel; wait until the bridge has written some of it.
+            await wait_for(lambda: _half_written(packages), "the bridge writes the first half")
             stop_process_tree(bridge.pid)  # SIGKILL, half-way through the wheel
     halves = list((packages / "downloads").glob("dl-*/mid-1.0-py3-none-any.whl"))
     assert len(halves) == 1, "the half download is in a work directory of the cache (in its budget)"

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import anyio
 import pytest
 from anyio.abc import Process
-from bridge_harness import uses_state_dir
+from bridge_harness import free_port, uses_state_dir
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -19,12 +18,6 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
 KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_listening(port: int, proc: Process) -> None:

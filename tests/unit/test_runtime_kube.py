@@ -10,6 +10,7 @@ from kernelbridge.config import SandboxLimits
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.runtime.base import ContainerSpec
 from kernelbridge.runtime.kube.manifest import network_policy, pod_manifest, pod_name, quantity, to_yaml
+from kernelbridge.runtime.kube.stream import fuller_tail
 
 
 def test_quantities_and_names() -> None:
@@ -155,3 +156,13 @@ async def test_a_read_on_a_connection_the_server_closed_is_sent_once_more() -> N
         await api.json("DELETE", "/api/v1/pods/p", what="for pod p")
     assert sent == ["GET", "GET", "DELETE"]
     await http.aclose()
+
+
+def test_a_late_attachment_takes_the_logs_fuller_tail_only_when_it_ends_with_what_it_saw() -> None:
+    logged = ["line 98", "line 99", "x" * 1000, "the agent failed: bad hello"]
+    assert fuller_tail([], logged) == logged
+    assert fuller_tail(["the agent failed: bad hello"], logged) == logged
+    assert fuller_tail(logged, logged) == logged
+    # The log mixes in stdout: one that does not end with the attachment's lines is not its stderr.
+    assert fuller_tail(["stderr said this"], ['{"frame": 1}']) == ["stderr said this"]
+    assert fuller_tail(["b"], ["a", "b", "c"]) == ["b"]

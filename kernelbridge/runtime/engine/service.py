@@ -15,6 +15,7 @@ sees a plain unix socket.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -115,6 +116,14 @@ class HelperProcess:
             self._cleanup.clear()
 
 
+_HELPERS = itertools.count(1)
+
+
+def helper_tag() -> str:
+    """Our pid and a count: a name no other process's helper, nor another of ours, has."""
+    return f"{os.getpid()}-{next(_HELPERS)}"
+
+
 def socket_path(run_dir: Path, name: str) -> tuple[Path, Path | None]:
     """A path for a socket we bind, under ``run_dir`` when it fits ``sun_path``, else in a fresh
     private directory under the system's temp dir; returns it and the directory to remove (if any)."""
@@ -130,9 +139,10 @@ def socket_path(run_dir: Path, name: str) -> tuple[Path, Path | None]:
 def podman_service(
     run_dir: Path, oci_runtime: str | None, podman: str = "podman"
 ) -> tuple[HelperProcess, Path]:
-    """A ``podman system service`` of this bridge, on a socket named after our pid (two bridges
-    sharing a state directory must not share, or stop, one service)."""
-    sock, private = socket_path(run_dir, f"podman-{os.getpid()}.sock")
+    """A ``podman system service`` of this bridge, on a socket of its own (two bridges sharing a
+    state directory, or two runtimes in one process, must not share, or stop, one service)."""
+    tag = helper_tag()
+    sock, private = socket_path(run_dir, f"podman-{tag}.sock")
     argv = [podman]
     if oci_runtime:
         argv += ["--runtime", oci_runtime]
@@ -140,8 +150,8 @@ def podman_service(
     argv += ["system", "service", "--time=0", f"unix://{sock}"]
     # Its own working directory: conmon, which the service spawns per container, drops an "oom"
     # marker file into its working directory after an OOM kill.
-    cwd = run_dir / f"podman-service-{os.getpid()}"
-    helper = HelperProcess("podman system service", argv, run_dir / f"podman-service-{os.getpid()}.log", cwd)
+    cwd = run_dir / f"podman-service-{tag}"
+    helper = HelperProcess("podman system service", argv, run_dir / f"podman-service-{tag}.log", cwd)
     helper.remove_on_stop(private or sock)
     helper.remove_on_stop(cwd)
     return helper, sock
@@ -151,8 +161,8 @@ def ssh_forward(
     endpoint: Endpoint, remote_socket: str, run_dir: Path, ssh: tuple[str, ...] = ("ssh",)
 ) -> tuple[HelperProcess, Path]:
     """An ``ssh -NL local.sock:remote.sock`` forward to ``endpoint``'s engine socket."""
-    tag = zlib.crc32(endpoint.url.encode()) % 10**8
-    sock, private = socket_path(run_dir, f"ssh-{os.getpid()}-{tag}.sock")
+    tag = f"{helper_tag()}-{zlib.crc32(endpoint.url.encode()) % 10**8}"
+    sock, private = socket_path(run_dir, f"ssh-{tag}.sock")
     target = f"{endpoint.user}@{endpoint.host}" if endpoint.user else endpoint.host
     argv = [
         *ssh, "-N", "-T",
@@ -168,6 +178,6 @@ def ssh_forward(
         "-L", f"{sock}:{remote_socket}",
         target,
     ]  # fmt: skip
-    helper = HelperProcess(f"ssh forward to {endpoint.url}", argv, run_dir / f"ssh-{os.getpid()}.log")
+    helper = HelperProcess(f"ssh forward to {endpoint.url}", argv, run_dir / f"ssh-{tag}.log")
     helper.remove_on_stop(private or sock)
     return helper, sock

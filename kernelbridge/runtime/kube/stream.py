@@ -28,7 +28,7 @@ import wsproto.events
 import wsproto.utilities
 
 from kernelbridge.runtime.base import ContainerStream
-from kernelbridge.runtime.engine.stream import READ_SIZE, StderrTail
+from kernelbridge.runtime.engine.stream import READ_SIZE, TAIL_LINES, StderrTail
 
 SUBPROTOCOL = "v5.channel.k8s.io"
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
@@ -122,6 +122,17 @@ def exit_status(status: bytes) -> tuple[int | None, str]:
     return None, message
 
 
+def fuller_tail(seen: list[str], logged: list[str]) -> list[str]:
+    """What a pod said on stderr: the attachment's own tail (``seen``), or the log's when that
+    holds more and ends with all the attachment saw (it began late). The log mixes in stdout, so
+    a log that does not end with ``seen`` is not the stderr's and the attachment's tail stands."""
+    if not seen:
+        return list(logged[-TAIL_LINES:])
+    if len(logged) > len(seen) and logged[-len(seen) :] == seen:
+        return list(logged[-TAIL_LINES:])
+    return seen
+
+
 class KubeStream(ContainerStream):
     """stdin/stdout of one pod's container (or exec) over a WebSocket; stderr into a bounded tail."""
 
@@ -138,8 +149,8 @@ class KubeStream(ContainerStream):
         self._codec = ChannelCodec()
         self._tail = StderrTail()
         self._log_tail = log_tail
-        """Where the container's log is read at the end when the attachment saw no stderr: a
-        command that failed at once may have said everything before the attachment began."""
+        """Where the container's log is read at the end: a command that failed at once may have
+        said all or most of it before the attachment began (see ``fuller_tail``)."""
         self._logged: list[str] = []
         self._pending = memoryview(b"")
         self._status = b""
@@ -151,7 +162,7 @@ class KubeStream(ContainerStream):
         self._send_guard = anyio.ResourceGuard("writing to")
 
     def stderr_tail(self) -> list[str]:
-        return self._tail.lines() or list(self._logged)
+        return fuller_tail(self._tail.lines(), self._logged)
 
     @property
     def exit_code(self) -> int | None:
@@ -196,7 +207,7 @@ class KubeStream(ContainerStream):
         self._pending = memoryview(b"".join(out))
         if not data or self._codec.closed:
             self._eof = True
-            if self._log_tail is not None and not self._tail.lines():
+            if self._log_tail is not None:
                 with anyio.move_on_after(LOG_WAIT):
                     self._logged = await self._log_tail()
 
