@@ -14,10 +14,11 @@ setup:
 setup-venv:
 	scripts/setup.sh --venv-only
 
-# Two workers: most tests wait on containers, not on the CPU (tests/conftest.py keeps tests that
-# share a machine-wide resource in one worker). TEST_WORKERS=0 runs them in this process.
-TEST_WORKERS ?= 2
-# The slowest tests are listed at the end (the suite takes 23-30 min of pytest here: README, Development).
+# Three workers on two cores: a test waits on its containers a third of the time (two workers left
+# the CPU 61% busy, three 72%, and took 25 against 21.5 min); tests/conftest.py keeps tests that
+# share a machine-wide resource in one worker. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 3
+# The slowest tests are listed at the end (the suite's pytest time: README, Development).
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 # The static checks, before any test: ruff (lint and format) and mypy (pyproject.toml's [tool.mypy]).

@@ -64,3 +64,20 @@ def typing_imports(source: str) -> dict[str, tuple[str, str]]:
                 for name in statement.names:
                     found[name.asname or name.name] = (statement.module, name.name)
     return found
+
+
+NEVER_IMPORTED = ("rfc3987_syntax",)
+"""Optional modules that a library imports when they are installed and no kernelbridge process
+uses. ``rfc3987_syntax`` (the lab extra brings it: jupyter-events asks for
+``jsonschema[format-nongpl]``) builds ~35 Lark parsers as jsonschema (under nbformat and
+jupyter-events) is imported: 1.8 s of CPU in each bridge, ``export``, ``replay`` and ``lab``, for the
+``iri`` format check that no notebook, MCP or Jupyter event schema uses, and that nothing here asks
+a format checker for (python-jsonschema/jsonschema#1428)."""
+
+
+def skip_unused_imports() -> None:
+    """Make :data:`NEVER_IMPORTED` unimportable in this process: their importers go without them,
+    as when they are not installed. For the command line's own processes only: kernelbridge
+    imported into someone's Jupyter server (the provisioner) must not change its imports."""
+    for name in NEVER_IMPORTED:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"

@@ -29,6 +29,7 @@ from kernelbridge.cli import (
 from kernelbridge.cli.command import Command
 from kernelbridge.config import check_state_dir, load_settings
 from kernelbridge.errors import KernelBridgeError
+from kernelbridge.lazy import skip_unused_imports
 
 GROUPS = (serve, servers, image, doctor, sessions, history, lab, replay, kernelspec, setup, skills, demo)
 """The command groups, in the order ``kernelbridge --help`` lists their commands."""
@@ -62,6 +63,7 @@ def _first_error(group: BaseExceptionGroup[BaseException]) -> KernelBridgeError 
 
 
 def main(argv: list[str] | None = None) -> int:
+    skip_unused_imports()
     args = build_parser().parse_args(argv)
     run: Command = args.run
     try:

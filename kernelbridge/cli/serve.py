@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from typing import TYPE_CHECKING
 
 from kernelbridge.cli.servers import add_discovery_arguments, with_discovery
@@ -41,17 +40,7 @@ def add_parsers(sub: Subcommands) -> None:
     serve.set_defaults(run=cmd_serve)
 
 
-def without_iri_grammar() -> None:
-    """Keep jsonschema (through nbformat) from importing rfc3987_syntax, which builds a Lark
-    grammar as it is imported: 1.6 s of each bridge start on this machine, where jupyter_server's
-    jupyter-events brought it in. It only checks the "iri" formats, which a bridge never asks for
-    (nbformat's schema has none, and nothing here validates with a format checker). Only for the
-    ``serve`` process: kernelbridge imported into a Jupyter server must not change its imports."""
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
-
-
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    without_iri_grammar()
     from kernelbridge.cli.history import warn_if_over_budget
     from kernelbridge.image import contents_from_settings
     from kernelbridge.server import serve

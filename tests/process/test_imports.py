@@ -56,8 +56,8 @@ print({MARK!r} + json.dumps(sorted(sys.modules)))
 """
 BRIDGE = f"""
 import json, sys
-from kernelbridge.cli.serve import without_iri_grammar
-without_iri_grammar()
+from kernelbridge.lazy import skip_unused_imports
+skip_unused_imports()
 from kernelbridge.config import load_settings
 from kernelbridge.server.app import build_server
 build_server(load_settings())
