@@ -13,9 +13,18 @@ import pytest
 
 from kernelbridge.cli import main
 from kernelbridge.hub import save_skill
+from kernelbridge.lazy import NEVER_IMPORTED
 
 KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
 SOURCE = 'def total(rows):\n    """Sum the rows.\n\n    Second line."""\n    return sum(rows)\n'
+
+
+@pytest.fixture(autouse=True)
+def _imports_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main`` makes some modules unimportable for its process (kernelbridge.lazy): here that is
+    the test worker's, whose later tests must import them as before."""
+    for name in NEVER_IMPORTED:
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name))  # undone: as it was
 
 
 @pytest.fixture

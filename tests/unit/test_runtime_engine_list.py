@@ -1,8 +1,10 @@
 """The engine backend against a stand-in client: its container listing under podman's listing
-race, how it tells podman from docker, and how often it asks for the engine's info."""
+race, how it tells podman from docker, and how often it (and the CLI backend) asks for the
+engine's info."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -126,12 +128,12 @@ class InfoClient:
 
 
 async def test_a_bridge_start_asks_the_engine_for_its_info_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernelbridge.runtime.engine import api
+    from kernelbridge.runtime import base
 
     client = InfoClient()
     runtime = EngineRuntime(client, engine="podman")  # type: ignore[arg-type]
     clock = [100.0]
-    monkeypatch.setattr(api.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
     first = await runtime.info()
     assert await runtime.info() == first and first.limits_enforced and not first.rootless
     assert (first.cgroup_version, first.oci_runtime, first.storage_driver, first.version) == (
@@ -142,9 +144,37 @@ async def test_a_bridge_start_asks_the_engine_for_its_info_once(monkeypatch: pyt
     )
     # libpod's own info only: podman's compat /info costs the same package lookups again.
     assert client.paths == ["/libpod/info"]
-    clock[0] += api.INFO_TTL  # later asks see a daemon changed meanwhile
+    clock[0] += base.INFO_TTL  # later asks see a daemon changed meanwhile
     await runtime.info()
     assert client.paths == ["/libpod/info"] * 2
+
+
+async def test_the_cli_backend_asks_podman_info_once_a_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`podman info` is ~0.4 s and six dpkg-query runs: a kernelspec kernel's start asks twice."""
+    from kernelbridge.runtime import base
+    from kernelbridge.runtime.cli.backend import CliRuntime
+
+    asked: list[tuple[str, ...]] = []
+
+    class FakeCli:
+        async def run(self, *args: str, **_: object) -> str:
+            asked.append(args)
+            if args == ("--version",):
+                return "podman version 4.3.1\n"
+            host = {"security": {"rootless": False}, "cgroupVersion": "v2", "ociRuntime": {"name": "runc"}}
+            return json.dumps({"host": host, "store": {"graphDriverName": "overlay"}})
+
+    runtime = CliRuntime()
+    runtime.cli = FakeCli()  # type: ignore[assignment]
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    first = await runtime.info()
+    assert await runtime.info() == first
+    assert (first.oci_runtime, first.storage_driver, first.limits_enforced) == ("runc", "overlay", True)
+    assert len(asked) == 2  # --version and info, once
+    clock[0] += base.INFO_TTL
+    await runtime.info()
+    assert len(asked) == 4
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from kernelbridge.runtime.base import (
     ContainerState,
     ContainerStream,
     ImageStore,
+    InfoCache,
     RuntimeBackend,
     RuntimeInfo,
 )
@@ -103,6 +104,7 @@ class CliRuntime(RuntimeBackend):
     _drains: StderrDrains = field(default_factory=StderrDrains, init=False, repr=False)
     _never_started: set[str] = field(default_factory=set, init=False, repr=False)
     """Ids this backend created and has not attached to: ``attach`` starts them without asking."""
+    _info: InfoCache = field(default_factory=InfoCache, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.name = f"{self.engine}-cli"
@@ -268,6 +270,10 @@ class CliRuntime(RuntimeBackend):
         return found
 
     async def info(self) -> RuntimeInfo:
+        """The engine's facts, asked again once ``INFO_TTL`` has passed (:class:`InfoCache`)."""
+        return await self._info.get(self._ask_info)
+
+    async def _ask_info(self) -> RuntimeInfo:
         version = (await self.cli.run("--version")).strip()
         if self.engine != "podman":
             data = json.loads(await self.cli.run("info", "--format", "{{json .}}"))

@@ -38,6 +38,7 @@ from kernelbridge.runtime.base import (
     ContainerSpec,
     ContainerState,
     ContainerStream,
+    InfoCache,
     RuntimeBackend,
     RuntimeInfo,
 )
@@ -77,9 +78,6 @@ _STATES = {
 }
 PODMAN_HEADER = "libpod-api-version"
 """Set by podman on every answer to ``/_ping`` (docker sets ``Api-Version`` only)."""
-INFO_TTL = 10.0
-"""Seconds an engine's info is taken as still true (a daemon reconfigured meanwhile is seen at the
-next ask after that; limits and image are checked again at each call while they refuse)."""
 SIGKILLED = 128 + 9
 
 
@@ -108,8 +106,7 @@ class EngineRuntime(RuntimeBackend):
         self._never_started: set[str] = set()
         """Ids of containers this backend created and has not attached to yet: ``attach`` starts
         them without asking the engine for their state first."""
-        self._info: tuple[float, RuntimeInfo] | None = None
-        """The last :meth:`info` and when it was asked (see INFO_TTL)."""
+        self._info = InfoCache()
 
     @property
     def endpoint(self) -> Endpoint:
@@ -357,14 +354,8 @@ class EngineRuntime(RuntimeBackend):
     # -- the engine ---------------------------------------------------------------------------------
 
     async def info(self) -> RuntimeInfo:
-        """The engine's facts, asked again once :data:`INFO_TTL` has passed: a bridge's start
-        asks several times in a row (limits, image, re-attach), and podman takes ~0.5 s to answer."""
-        now = time.monotonic()
-        if self._info is not None and now - self._info[0] < INFO_TTL:
-            return self._info[1]
-        info = await self._ask_info()
-        self._info = (now, info)
-        return info
+        """The engine's facts, asked again once ``INFO_TTL`` has passed (:class:`InfoCache`)."""
+        return await self._info.get(self._ask_info)
 
     async def _ask_info(self) -> RuntimeInfo:
         if self.engine == "podman":
