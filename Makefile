@@ -15,7 +15,7 @@ setup-venv:
 	scripts/setup.sh --venv-only
 
 # Three workers on two cores: a test waits on its containers a third of the time (two workers left
-# the CPU 61% busy, three 72%, and took 25 against 21.5 min); tests/conftest.py keeps tests that
+# the CPU 61% busy, three 81%, and took 25 against 21 min); tests/conftest.py keeps tests that
 # share a machine-wide resource in one worker. TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 3
 # The slowest tests are listed at the end (the suite's pytest time: README, Development).

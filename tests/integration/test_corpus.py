@@ -20,8 +20,9 @@ import copy
 import dataclasses
 import re
 import shutil
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import nbformat
@@ -32,6 +33,8 @@ from kernelbridge.config import load_settings
 from kernelbridge.replay import normalize_text, replay_notebook
 from kernelbridge.replay.judge import png_size
 from kernelbridge.session.text import strip_ansi
+
+T = TypeVar("T")
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -89,12 +92,24 @@ AT_ONCE = 4
 ``jupyter nbconvert --execute`` of several notebooks in parallel would."""
 
 
+async def at_once(work: Callable[[T], Awaitable[None]], items: Iterable[T]) -> None:
+    """``work`` of each item, :data:`AT_ONCE` at a time."""
+    limit = anyio.CapacityLimiter(AT_ONCE)
+
+    async def limited(item: T) -> None:
+        async with limit:
+            await work(item)
+
+    async with anyio.create_task_group() as tg:
+        for item in items:
+            tg.start_soon(limited, item)
+
+
 async def execute_all(kernel_name: str, workdir: Path) -> dict[str, nbformat.NotebookNode]:
     """Every notebook of the corpus executed by nbclient as its users run it (a kernel of
     ``kernel_name`` per notebook, started and shut down by nbclient), each in its own directory
     (a copy, as nbclient's ``path``; no corpus notebook writes a file), :data:`AT_ONCE` at a time."""
     done: dict[str, nbformat.NotebookNode] = {}
-    limit = anyio.CapacityLimiter(AT_ONCE)
 
     async def execute(path: Path) -> None:
         nb = nbformat.read(path, as_version=4)
@@ -102,13 +117,10 @@ async def execute_all(kernel_name: str, workdir: Path) -> dict[str, nbformat.Not
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
         client = NotebookClient(nb, timeout=60, allow_errors=True, kernel_name=kernel_name)
-        async with limit:
-            await client.async_execute(cwd=str(workdir / path.parent.name))
+        await client.async_execute(cwd=str(workdir / path.parent.name))
         done[path.stem] = nb
 
-    async with anyio.create_task_group() as tg:
-        for path in NOTEBOOKS:
-            tg.start_soon(execute, path)
+    await at_once(execute, NOTEBOOKS)
     return done
 
 
@@ -117,18 +129,14 @@ async def replay_all(notebooks: dict[str, nbformat.NotebookNode], folder: Path) 
     each, :data:`AT_ONCE` at a time: name -> its report."""
     settings = load_settings()
     reports: dict[str, Any] = {}
-    limit = anyio.CapacityLimiter(AT_ONCE)
 
-    async def replay(name: str, nb: nbformat.NotebookNode) -> None:
+    async def replay(name: str) -> None:
         path = folder / f"{name}.ipynb"
-        nbformat.write(nb, path)
-        async with limit:
-            with anyio.fail_after(120):
-                reports[name] = await replay_notebook(settings, path)
+        nbformat.write(notebooks[name], path)
+        with anyio.fail_after(120):
+            reports[name] = await replay_notebook(settings, path)
 
-    async with anyio.create_task_group() as tg:
-        for name, nb in notebooks.items():
-            tg.start_soon(replay, name, nb)
+    await at_once(replay, notebooks)
     return reports
 
 

@@ -138,8 +138,9 @@ def durable_state(tmp_path: Path, sandbox_image: str) -> Iterator[Path]:
             time.sleep(1.0)
 
 
-def _half_written(packages: Path) -> bool:
-    return any(p.stat().st_size > 0 for p in (packages / "downloads").glob("dl-*/mid-1.0-py3-none-any.whl"))
+def _halves(packages: Path) -> list[Path]:
+    """The wheel's downloads under way, each in a work directory of the cache."""
+    return list((packages / "downloads").glob("dl-*/mid-1.0-py3-none-any.whl"))
 
 
 async def test_a_bridge_killed_mid_download_leaves_nothing_half_trusted(
@@ -162,9 +163,12 @@ async def test_a_bridge_killed_mid_download_leaves_nothing_half_trusted(
             with anyio.fail_after(120):
                 await hold.paused.wait()
             # The index has sent half the wheel; wait until the bridge has written some of it.
-            await wait_for(lambda: _half_written(packages), "the bridge writes the first half")
+            await wait_for(
+                lambda: any(half.stat().st_size > 0 for half in _halves(packages)),
+                "the bridge writes the first half",
+            )
             stop_process_tree(bridge.pid)  # SIGKILL, half-way through the wheel
-    halves = list((packages / "downloads").glob("dl-*/mid-1.0-py3-none-any.whl"))
+    halves = _halves(packages)
     assert len(halves) == 1, "the half download is in a work directory of the cache (in its budget)"
     assert 0 < halves[0].stat().st_size < mid.stat().st_size
     assert not list((packages / "wheels").glob("*.whl")), "nothing entered the cache"
