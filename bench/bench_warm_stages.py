@@ -20,6 +20,7 @@ wrapping adds a few microseconds per stage. Never fails on timing.
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import importlib
 import json
@@ -63,8 +64,6 @@ def as_bridge(log_path: str) -> None:
     for module, cls, name in MARKED:
         owner = getattr(importlib.import_module(module), cls)
         _mark(owner, name, f"{cls}.{name}", log)
-    import atexit
-
     atexit.register(lambda: Path(log_path).write_text(json.dumps(log)))
     from kernelbridge.cli.main import main
 
