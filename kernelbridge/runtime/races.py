@@ -55,18 +55,22 @@ def half_removed(exc: BaseException) -> bool:
     return HALF_REMOVED in str(exc).lower()
 
 
-async def retrying(call: Callable[[], Awaitable[T]], what: str) -> T:
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    when: Callable[[RuntimeUnavailable], bool] = vanished,
+) -> T:
     """``await call()``, asked again (at most :data:`ATTEMPTS` times, backing off) while it fails
-    with a RuntimeUnavailable that :func:`vanished` recognises; any other failure, or the last
-    one, is raised. ``what`` names the call in the log."""
+    with a RuntimeUnavailable that ``when`` recognises (by default :func:`vanished`: a container
+    went); any other failure, or the last one, is raised. ``what`` names the call in the log."""
     delay = FIRST_DELAY
     for attempt in range(1, ATTEMPTS + 1):
         try:
             return await call()
         except RuntimeUnavailable as exc:
-            if attempt == ATTEMPTS or not vanished(exc):
+            if attempt == ATTEMPTS or not when(exc):
                 raise
-            log.debug("%s met a container going away (attempt %d): %s", what, attempt, exc)
+            log.debug("%s met something going away (attempt %d): %s", what, attempt, exc)
         await anyio.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")  # the loop returns or raises

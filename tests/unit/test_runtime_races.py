@@ -140,3 +140,34 @@ async def test_a_later_process_given_the_owners_pid_is_not_taken_for_it() -> Non
     assert await reap_orphans(runtime_of(reused)) == 1 and reused.containers == []
     unsaid = Engine(["a"], owner={"kernelbridge.owner": str(parent)})  # an older bridge's container
     assert await reap_orphans(runtime_of(unsaid)) == 0 and unsaid.containers == ["a"]
+
+
+class ListingCli:
+    """A stand-in CLI: its first ``images`` listing fails as podman 4.3's does when another
+    client removes an image while it lists; ``image inspect`` answers for the images left."""
+
+    engine = "podman"
+
+    def __init__(self) -> None:
+        self.listings = 0
+
+    async def run(self, *args: str, timeout: float = 30.0) -> str:
+        if args[0] == "images":
+            self.listings += 1
+            if self.listings == 1:
+                raise RuntimeUnavailable(
+                    '`podman images` failed: Error: retrieving label for image "9c60": reading image'
+                    ' "9c60": locating image with ID "9c60": image not known'
+                )
+            return "sha256:aaaa\n"
+        assert args[:2] == ("image", "inspect"), args
+        return '[{"Id": "sha256:aaaa", "RepoTags": ["localhost/kept:1"], "Labels": {}}]'
+
+
+async def test_an_image_listing_that_met_a_removal_is_asked_again() -> None:
+    from kernelbridge.runtime.cli.images import CliImages
+
+    cli = ListingCli()
+    found = await CliImages(cli).list()  # type: ignore[arg-type]
+    assert [image.tags for image in found] == [("localhost/kept:1",)]
+    assert cli.listings == 2

@@ -18,6 +18,7 @@ from typing import Any
 from kernelbridge.errors import ImageError, RuntimeUnavailable
 from kernelbridge.runtime.base import ImageInfo, ImageStore, loaded_references
 from kernelbridge.runtime.cli.command import Cli, image_missing
+from kernelbridge.runtime.races import retrying
 
 IMPORT_TIMEOUT = 600.0
 """An image import copies hundreds of MB."""
@@ -70,7 +71,12 @@ class CliImages(ImageStore):
             args += ["--filter", f"label={key}={value}" if value else f"label={key}"]
         if repository:
             args += ["--filter", f"reference={repository}"]
-        ids = list(dict.fromkeys((await self.cli.run(*args)).split()))
+        # podman 4.3 fails a whole `images` listing when one image goes while it looks ("image
+        # not known": another build pruning its old images); asked again, it answers.
+        listed = await retrying(
+            lambda: self.cli.run(*args), f"`{self.cli.engine} images`", when=image_missing
+        )
+        ids = list(dict.fromkeys(listed.split()))
         rows = await self._inspect(ids)
         found = [_image(row) for row in rows]
         if repository:
