@@ -11,7 +11,9 @@ its ``/containers/json`` inspects every container it found, and one removed mean
 there, and asking again a moment later answers: :func:`retrying` does, a bounded number of times.
 
 The backends read these words here and nowhere else. A container that another client removed is
-no failure of ours: ``remove`` counts it as removed, ``inspect`` as gone (None).
+no failure of ours: ``remove`` counts it as removed, ``inspect`` as gone (None). An image listing
+meets the same with an image (``image not known``): the CLI backend retries it with
+``when=image_missing``.
 """
 
 from __future__ import annotations
