@@ -12,8 +12,8 @@ there, and asking again a moment later answers: :func:`retrying` does, a bounded
 
 The backends read these words here and nowhere else. A container that another client removed is
 no failure of ours: ``remove`` counts it as removed, ``inspect`` as gone (None). An image listing
-meets the same with an image (``image not known``): the CLI backend retries it with
-``when=image_missing``.
+meets the same with an image (``image not known``): both backends retry it with
+``when=image_vanished``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ VANISHED = (
     "no such process",
 )
 """Words of a call that failed because a container (or its process) went while the engine looked."""
+IMAGE_VANISHED = "image not known"
+"""podman: an image the listing found went (another client removed it) before it was read."""
 ATTEMPTS = 6
 FIRST_DELAY = 0.1
 """Seconds before the second attempt; each later one waits twice as long (3.1 s in all)."""
@@ -50,6 +52,11 @@ def vanished(exc: BaseException) -> bool:
     """Whether ``exc`` says that something the engine was looking at went meanwhile."""
     text = str(exc).lower()
     return any(words in text for words in VANISHED)
+
+
+def image_vanished(exc: BaseException) -> bool:
+    """Whether ``exc`` says that an image the engine was listing went meanwhile."""
+    return IMAGE_VANISHED in str(exc).lower()
 
 
 def half_removed(exc: BaseException) -> bool:

@@ -99,6 +99,13 @@ LATENCY_ATTEMPTS = 3
 """Latency is compared up to this many times: the other test worker's load comes in bursts, and one
 quiet comparison within the bound shows the hog does not slow the calm session; a hog that did
 would exceed it every time."""
+SLOWER_AT_MOST = 2.5
+"""How much slower the calm session may answer while the hog runs. The limit itself is the share
+check above: the kernel's fair scheduler shields a sandbox's short calls from another cgroup's hog
+even without it (measured on a quiet 2-core machine: 1.0-1.03x with the limit, 1.02-1.17x with the
+hog given 2 CPUs). What latency can show is that the bridge keeps serving the calm session while the
+hog's session holds a core; under the suite's three workers a core less costs up to ~1.9x, hence
+the margin."""
 
 
 async def calm_vs_hog_latency(bridge: Bridge, calm: str, hog: str) -> tuple[float, float]:
@@ -123,11 +130,11 @@ async def test_a_cpu_hog_is_held_to_its_limit_and_does_not_slow_another_session(
     for _ in range(LATENCY_ATTEMPTS):
         before, during = await calm_vs_hog_latency(bridge, calm, hog)
         tries.append((round(before * 1000, 1), round(during * 1000, 1)))
-        if during <= 1.5 * before:
+        if during <= SLOWER_AT_MOST * before:
             break
     await bridge.close(hog)
     print(f"\ncpu hog: {share} CPUs; calm vs hog latency (ms): {tries}")
-    assert during <= 1.5 * before, tries
+    assert during <= SLOWER_AT_MOST * before, tries
 
 
 async def test_deep_recursion_is_an_ordinary_error(bridge: Bridge) -> None:

@@ -14,7 +14,9 @@ import pytest
 
 from kernelbridge.errors import EngineRefused, RuntimeUnavailable
 from kernelbridge.runtime import races, reap_orphans
+from kernelbridge.runtime.cli.images import CliImages
 from kernelbridge.runtime.engine.api import EngineRuntime
+from kernelbridge.runtime.engine.images import EngineImages
 from kernelbridge.runtime.reaper import process_start
 
 pytestmark = pytest.mark.anyio
@@ -164,10 +166,38 @@ class ListingCli:
         return '[{"Id": "sha256:aaaa", "RepoTags": ["localhost/kept:1"], "Labels": {}}]'
 
 
-async def test_an_image_listing_that_met_a_removal_is_asked_again() -> None:
-    from kernelbridge.runtime.cli.images import CliImages
+class ListingEngine:
+    """A stand-in engine client: its first ``/images/json`` fails as podman 4.3's does when
+    another client removes an image while it lists (``failures`` sets how many do)."""
 
+    engine = "podman"
+
+    def __init__(self, failures: int = 1) -> None:
+        self.failures = failures
+        self.listings = 0
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Answer:
+        assert (method, path) == ("GET", "/images/json"), (method, path)
+        self.listings += 1
+        if self.listings <= self.failures:
+            reason = 'locating image with ID "9c60": image not known'
+            raise EngineRefused(f"the podman engine refused to list images: {reason}", 500, reason)
+        return Answer([{"Id": "sha256:aaaa", "RepoTags": ["localhost/kept:1"], "Labels": {}}])
+
+
+async def test_an_image_listing_that_met_a_removal_is_asked_again() -> None:
     cli = ListingCli()
     found = await CliImages(cli).list()  # type: ignore[arg-type]
     assert [image.tags for image in found] == [("localhost/kept:1",)]
     assert cli.listings == 2
+    engine = ListingEngine()
+    found = await EngineImages(engine).list()  # type: ignore[arg-type]
+    assert [image.tags for image in found] == [("localhost/kept:1",)]
+    assert engine.listings == 2
+
+
+async def test_an_image_listing_that_keeps_failing_still_fails() -> None:
+    engine = ListingEngine(failures=races.ATTEMPTS)
+    with pytest.raises(EngineRefused, match="image not known"):
+        await EngineImages(engine).list()  # type: ignore[arg-type]
+    assert engine.listings == races.ATTEMPTS

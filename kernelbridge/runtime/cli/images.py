@@ -18,7 +18,7 @@ from typing import Any
 from kernelbridge.errors import ImageError, RuntimeUnavailable
 from kernelbridge.runtime.base import ImageInfo, ImageStore, loaded_references
 from kernelbridge.runtime.cli.command import Cli, image_missing
-from kernelbridge.runtime.races import retrying
+from kernelbridge.runtime.races import image_vanished, retrying
 
 IMPORT_TIMEOUT = 600.0
 """An image import copies hundreds of MB."""
@@ -74,7 +74,7 @@ class CliImages(ImageStore):
         # podman 4.3 fails a whole `images` listing when one image goes while it looks ("image
         # not known": another build pruning its old images); asked again, it answers.
         listed = await retrying(
-            lambda: self.cli.run(*args), f"`{self.cli.engine} images`", when=image_missing
+            lambda: self.cli.run(*args), f"`{self.cli.engine} images`", when=image_vanished
         )
         ids = list(dict.fromkeys(listed.split()))
         rows = await self._inspect(ids)

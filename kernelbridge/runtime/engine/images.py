@@ -26,6 +26,7 @@ import anyio
 from kernelbridge.errors import EngineRefused, ImageError
 from kernelbridge.runtime.base import ImageInfo, ImageStore, loaded_references
 from kernelbridge.runtime.engine.transport import EngineClient
+from kernelbridge.runtime.races import image_vanished, retrying
 
 IMPORT_TIMEOUT = 600.0
 """Bound of an image import: a 500 MB root file system takes ~15 s here; a remote engine over a
@@ -103,7 +104,13 @@ class EngineImages(ImageStore):
         if repository:
             filters["reference"] = [repository]
         query = {"filters": filters} if filters else {}
-        answer = await self.client.request("GET", "/images/json", query=query, what="to list images")
+        # podman 4.3 fails the whole listing when one image goes while it looks ("image not
+        # known"; the CLI's `images` does the same); asked again, it answers.
+        answer = await retrying(
+            lambda: self.client.request("GET", "/images/json", query=query, what="to list images"),
+            f"listing the {self.client.engine} engine's images",
+            when=image_vanished,
+        )
         found = [_listed(row) for row in answer.json() or [] if isinstance(row, dict)]
         if repository:
             found = [image for image in found if image.in_repository(repository)]
