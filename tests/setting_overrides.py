@@ -83,6 +83,9 @@ OVERRIDES: dict[tuple[str, str], str] = {
     ("tests/integration/test_durable_sessions.py", "KERNELBRIDGE_DURABLE"): (
         "sessions that end with their bridge (DURABLE=0) are what that test is about"
     ),
+    ("tests/integration/test_durable_sessions.py", "KERNELBRIDGE_IMAGE"): (
+        "a bridge before that started another image (its warm sandbox not adopted) is what that test is about"
+    ),
     ("tests/integration/test_durable_sessions.py", "KERNELBRIDGE_IDLE_TIMEOUT"): (
         "a detached sandbox ending itself after its idle timeout is what that test is about"
     ),

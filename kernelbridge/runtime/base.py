@@ -67,6 +67,10 @@ one process for the machine's uptime, so a later process given the same pid is n
 STATE_LABEL = "kernelbridge.state"
 """On a durable sandbox: the identity of the state directory whose bridges may adopt it (a hash of
 the host name and the directory's path, never the path; ``host.container.state_identity``)."""
+IMAGE_LABEL = "kernelbridge.image"
+"""The image reference the sandbox was started from (``ContainerSpec.image``): a warm sandbox a
+bridge before left is adopted only by a bridge that starts the same image (a default image's tag
+names its contents, so a rebuilt image with other packages is another reference)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,7 @@ class ContainerSpec:
     Backends whose :attr:`RuntimeInfo.reattach` is False refuse a durable spec."""
 
     def all_labels(self) -> dict[str, str]:
-        labels = {SESSION_LABEL: self.session, OWNER_LABEL: str(self.owner_pid)}
+        labels = {SESSION_LABEL: self.session, OWNER_LABEL: str(self.owner_pid), IMAGE_LABEL: self.image}
         if self.owner_host:
             labels[HOST_LABEL] = self.owner_host
         if self.owner_start is not None:
@@ -161,6 +165,12 @@ class ContainerInfo:
     @property
     def durable(self) -> bool:
         return self.labels.get(DURABLE_LABEL) == "1"
+
+    @property
+    def image(self) -> str:
+        """The image it was started from (:data:`IMAGE_LABEL`; empty: not said, e.g. a sandbox
+        of an earlier kernelbridge)."""
+        return self.labels.get(IMAGE_LABEL, "")
 
 
 @dataclass(frozen=True, slots=True)

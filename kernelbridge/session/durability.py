@@ -100,12 +100,15 @@ class Durability:
         store: SessionStore,
         runtime: RuntimeBackend,
         *,
+        image: str,
         agent_hash: str | None,
         task_group: anyio.abc.TaskGroup,
     ) -> None:
         self.settings = settings
         self.store = store
         self.runtime = runtime
+        self.image = image
+        """The image this bridge starts: a warm sandbox of another one is not adopted."""
         self.agent_hash = agent_hash
         self._tg = task_group
         self.adopted_at_start = anyio.Event()
@@ -133,9 +136,14 @@ class Durability:
             held.release()
             return
         ours = info is not None and info.labels.get(STATE_LABEL) == state_identity(self.settings.state_dir)
+        if info is not None and ours and info.image != self.image:
+            # Started from another image (rebuilt with other packages, or of an earlier
+            # kernelbridge): a new session must get the image this bridge starts.
+            log.info("warm sandbox %s is of %r, not %r: removed", record.container, info.image, self.image)
         if (
             info is None
             or not ours
+            or info.image != self.image
             or not info.durable
             or info.state is not ContainerState.RUNNING
             or secret is None

@@ -104,7 +104,12 @@ class SessionRegistry:
             )
             if self.durable:
                 self._durability = Durability(
-                    self.settings, self.store, self.runtime, agent_hash=self.agent_hash, task_group=tg
+                    self.settings,
+                    self.store,
+                    self.runtime,
+                    image=self.image,
+                    agent_hash=self.agent_hash,
+                    task_group=tg,
                 )
                 await self._durability.adopt_warm(self._pool)  # before the pool refills
             tg.start_soon(self._pool.run)

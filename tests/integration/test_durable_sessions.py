@@ -379,6 +379,35 @@ async def test_a_new_bridge_adopts_the_warm_pool_of_the_one_before(state: Path) 
         await bridge.close("s")
 
 
+@pytest.fixture
+def other_image(sandbox_image: str) -> Iterator[str]:
+    """The sandbox image under another reference, as a rebuilt image (other packages, or a new
+    kernelbridge's agent) is: a default image's tag names its contents."""
+    tag = f"localhost/kernelbridge-test-other:{os.getpid()}"
+    podman("tag", sandbox_image, tag)
+    yield tag
+    podman("rmi", tag)
+
+
+async def test_a_warm_sandbox_of_another_image_is_not_adopted(
+    state: Path, sandbox_image: str, other_image: str
+) -> None:
+    """The next bridge starts another image than the one before: that bridge's warm sandbox is
+    removed, and a new session gets the image the bridge starts, not the old one."""
+    # The image setting is what this test changes: the first bridge starts the other reference.
+    async with open_bridge(state, KERNELBRIDGE_IMAGE=other_image):
+        await wait_for(lambda: list((state / "warm").glob("*.json")), "the pool filled: its sandbox ready")
+        (stale,) = sandboxes_of(state, every=False, warm=True)
+    async with open_bridge(state, **DURABLE) as bridge:
+        result = await bridge.run("print('fresh')", "s")
+        assert result.status == "ok", result.text
+        container = await bridge.container("s")
+        assert podman("inspect", "--format", "{{.ImageName}}", container).strip() == sandbox_image
+        gone = lambda: stale not in podman("ps", "-a", "-q", "--no-trunc").split()  # noqa: E731
+        await wait_for(gone, "the other image's warm sandbox removed")
+        await bridge.close("s")
+
+
 async def test_a_kernel_that_dies_while_detached_is_said_by_the_next_bridge(state: Path) -> None:
     async with open_bridge(state, **DURABLE) as bridge:
         armed = await bridge.run("import os, threading\nthreading.Timer(4, os._exit, (3,)).start()", "s")
