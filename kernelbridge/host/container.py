@@ -83,11 +83,14 @@ def state_identity(state_dir: Path) -> str:
     return hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
-def container_spec(settings: Settings, session: str, image: str, *, durable: bool = False) -> ContainerSpec:
+def container_spec(
+    settings: Settings, session: str, image: str, *, agent_hash: str | None = None, durable: bool = False
+) -> ContainerSpec:
     """The sandbox container of ``session``; its name carries a random suffix (a restart racing
     the old container's removal, or two bridges, would otherwise collide) and, over HTTP, the
     namespace of the client it serves (two clients may both call a session ``default``).
-    ``durable``: it may outlive its bridge (labelled with the state directory's identity)."""
+    ``durable``: it may outlive its bridge (labelled with the state directory's identity);
+    ``agent_hash``: the agent expected in ``image`` (labelled: a later bridge checks it)."""
     prefix = f"kernelbridge-{settings.namespace}-" if settings.namespace else "kernelbridge-"
     labels = settings.labels
     if settings.namespace:
@@ -105,6 +108,7 @@ def container_spec(settings: Settings, session: str, image: str, *, durable: boo
         limits=settings.limits,
         labels=labels,
         mounts=settings.mounts,
+        agent_hash=agent_hash or "",
         durable=durable,
     )
 

@@ -87,7 +87,8 @@ class Sandbox(TunnelOwner):
     ) -> Sandbox:
         """A sandbox in a new container of ``image`` (created when it runs, removed after, unless
         ``durable`` and let go of: then it outlives its bridge, with a fresh secret)."""
-        source = NewContainer(runtime, container_spec(settings, name, image, durable=durable))
+        spec = container_spec(settings, name, image, agent_hash=agent_hash, durable=durable)
+        source = NewContainer(runtime, spec)
         durability = new_durability(settings) if durable else None
         return cls(
             settings,

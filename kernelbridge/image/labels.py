@@ -26,11 +26,11 @@ from typing import Literal
 
 from kernelbridge.errors import AgentMismatch, ImageError
 from kernelbridge.image.recipe import DEFAULT_CONTENTS, ImageContents, image_hash
-from kernelbridge.runtime.base import ImageStore
+from kernelbridge.runtime.base import AGENT_LABEL, ImageStore
 
 ImageStatus = Literal["current", "stale", "missing"]
 
-HASH_LABEL = "kernelbridge.agent-hash"
+HASH_LABEL = AGENT_LABEL
 IMAGE_HASH_LABEL = "kernelbridge.image-hash"
 PACKAGES_LABEL = "kernelbridge.packages"
 PROFILE_LABEL = "kernelbridge.profile"

@@ -187,7 +187,8 @@ class SandboxProvisioner(LocalProvisioner):
         self.exit_event = None
         settings = self.settings
         image, agent_hash = expected_image(settings)
-        self.spec = dataclasses.replace(container_spec(settings, self.session_name, image), env=self.display)
+        spec = container_spec(settings, self.session_name, image, agent_hash=agent_hash)
+        self.spec = dataclasses.replace(spec, env=self.display)
         mount, why = notebook_mount(kwargs.get("cwd"), settings)
         if mount is not None:
             self.spec = dataclasses.replace(self.spec, mounts=(*self.spec.mounts, mount))

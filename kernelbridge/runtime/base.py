@@ -67,6 +67,11 @@ one process for the machine's uptime, so a later process given the same pid is n
 STATE_LABEL = "kernelbridge.state"
 """On a durable sandbox: the identity of the state directory whose bridges may adopt it (a hash of
 the host name and the directory's path, never the path; ``host.container.state_identity``)."""
+AGENT_LABEL = "kernelbridge.agent-hash"
+"""The hash of the agent the sandbox runs: its image's own label (podman and docker copy an image's
+labels onto its containers), and set again from :attr:`ContainerSpec.agent_hash` for runtimes
+that do not (Kubernetes). A later bridge reaches a sandbox only if it runs that bridge's agent:
+reaching it runs the image's handover, and the agent speaks the frames of its own version."""
 IMAGE_LABEL = "kernelbridge.image"
 """The image reference the sandbox was started from (``ContainerSpec.image``): a warm sandbox a
 bridge before left is adopted only by a bridge that starts the same image (a default image's tag
@@ -95,6 +100,8 @@ class ContainerSpec:
     mounts: tuple[Mount, ...] = ()
     """Host directories bound read-only into the sandbox (checked by ``config.check_mount``); one
     on ``/workspace`` (a notebook's own directory, for a plain Jupyter client) replaces its tmpfs."""
+    agent_hash: str = ""
+    """The agent the bridge expects in the image (:data:`AGENT_LABEL`); empty: not said."""
     durable: bool = False
     """The sandbox may outlive its bridge (:data:`DURABLE_LABEL`): a later bridge reaches it with
     :meth:`RuntimeBackend.attach_exec`. Its stdin is still open for one attachment only (the
@@ -110,6 +117,8 @@ class ContainerSpec:
             labels[OWNER_START_LABEL] = str(self.owner_start)
         if self.durable:
             labels[DURABLE_LABEL] = "1"
+        if self.agent_hash:
+            labels[AGENT_LABEL] = self.agent_hash
         labels.update(self.labels)
         return labels
 
@@ -165,6 +174,11 @@ class ContainerInfo:
     @property
     def durable(self) -> bool:
         return self.labels.get(DURABLE_LABEL) == "1"
+
+    @property
+    def agent_hash(self) -> str:
+        """The agent it runs (:data:`AGENT_LABEL`; empty: not said)."""
+        return self.labels.get(AGENT_LABEL, "")
 
     @property
     def image(self) -> str:

@@ -103,10 +103,28 @@ async def inspect(runtime: RuntimeBackend, container: str) -> ContainerInfo | No
     return info
 
 
+def other_agent(info: ContainerInfo, agent_hash: str | None) -> str | None:
+    """Why the sandbox is not to be reached by a bridge expecting ``agent_hash`` (None: it may
+    be): it runs another kernelbridge's agent, or says none. Reaching it would run that image's
+    handover, and its agent speaks the frames of its own version; checked before reaching it."""
+    if not agent_hash or info.agent_hash == agent_hash:
+        return None
+    found = info.agent_hash[:12] or "unknown"
+    return (
+        f"its sandbox runs the agent of another kernelbridge ({found}; this one's is {agent_hash[:12]}),"
+        " as after an upgrade"
+    )
+
+
 def check_container(
-    info: ContainerInfo | None, record: SessionRecord, state_dir: Path, secret: str | None
+    info: ContainerInfo | None,
+    record: SessionRecord,
+    state_dir: Path,
+    secret: str | None,
+    agent_hash: str | None = None,
 ) -> Loss | None:
-    """None if the sandbox may be adopted (its own proof is the tunnel's business), else why not."""
+    """None if the sandbox may be adopted (its own proof is the tunnel's business), else why not;
+    ``agent_hash``: the agent this bridge speaks to (:func:`other_agent`)."""
     if info is None:
         return Loss(
             "its container is gone, and the engine no longer says how it ended (the machine may"
@@ -124,6 +142,8 @@ def check_container(
         return Loss(f"its container is {info.state.value}, not running", True)
     if secret is None:
         return Loss("its secret is missing from the state directory, or not private", True)
+    if why := other_agent(info, agent_hash):
+        return Loss(why, True)
     return None
 
 

@@ -136,14 +136,15 @@ class Durability:
             held.release()
             return
         ours = info is not None and info.labels.get(STATE_LABEL) == state_identity(self.settings.state_dir)
-        if info is not None and ours and info.image != self.image:
+        stale = info is not None and (info.image != self.image or adoption.other_agent(info, self.agent_hash))
+        if info is not None and ours and stale:
             # Started from another image (rebuilt with other packages, or of an earlier
             # kernelbridge): a new session must get the image this bridge starts.
             log.info("warm sandbox %s is of %r, not %r: removed", record.container, info.image, self.image)
         if (
             info is None
             or not ours
-            or info.image != self.image
+            or stale
             or not info.durable
             or info.state is not ContainerState.RUNNING
             or secret is None
@@ -236,7 +237,7 @@ class Durability:
             raise SessionError(
                 f"the container engine did not answer (the session's sandbox may still run): {exc}"
             ) from None
-        loss = adoption.check_container(info, record, self.settings.state_dir, secret)
+        loss = adoption.check_container(info, record, self.settings.state_dir, secret, self.agent_hash)
         if loss is not None or secret is None:
             return loss or adoption.Loss("its secret is missing", True)
         sandbox = self._adopted(
