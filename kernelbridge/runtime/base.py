@@ -42,6 +42,7 @@ from __future__ import annotations
 import abc
 import builtins
 import enum
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,10 +73,11 @@ AGENT_LABEL = "kernelbridge.agent-hash"
 labels onto its containers), and set again from :attr:`ContainerSpec.agent_hash` for runtimes
 that do not (Kubernetes). A later bridge reaches a sandbox only if it runs that bridge's agent:
 reaching it runs the image's handover, and the agent speaks the frames of its own version."""
-IMAGE_LABEL = "kernelbridge.image"
-"""The image reference the sandbox was started from (``ContainerSpec.image``): a warm sandbox a
-bridge before left is adopted only by a bridge that starts the same image (a default image's tag
-names its contents, so a rebuilt image with other packages is another reference)."""
+SHAPE_LABEL = "kernelbridge.shape"
+"""A digest of what the sandbox was made with (:attr:`ContainerSpec.shape`): its image, limits,
+mounts, environment, command, agent and labels. A warm sandbox a bridge before left is pooled
+again only by a bridge that would start the same (an image rebuilt with other packages, whose tag
+names its contents, a mount taken away, a lower memory limit: each makes another)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +111,19 @@ class ContainerSpec:
     removes it (no bridge may be there to); :meth:`RuntimeBackend.ended` still tells how it ended.
     Backends whose :attr:`RuntimeInfo.reattach` is False refuse a durable spec."""
 
+    @property
+    def shape(self) -> str:
+        """A digest of everything the sandbox is made with but its name and owner (whose it is,
+        not what it is): two specs of one shape make interchangeable sandboxes."""
+        made_with = (self.image, self.limits, self.env, self.command, self.labels, self.mounts)
+        return hashlib.sha256(repr((*made_with, self.agent_hash, self.durable)).encode()).hexdigest()[:16]
+
     def all_labels(self) -> dict[str, str]:
-        labels = {SESSION_LABEL: self.session, OWNER_LABEL: str(self.owner_pid), IMAGE_LABEL: self.image}
+        labels = {
+            SESSION_LABEL: self.session,
+            OWNER_LABEL: str(self.owner_pid),
+            SHAPE_LABEL: self.shape,
+        }
         if self.owner_host:
             labels[HOST_LABEL] = self.owner_host
         if self.owner_start is not None:
@@ -181,10 +194,10 @@ class ContainerInfo:
         return self.labels.get(AGENT_LABEL, "")
 
     @property
-    def image(self) -> str:
-        """The image it was started from (:data:`IMAGE_LABEL`; empty: not said, e.g. a sandbox
-        of an earlier kernelbridge)."""
-        return self.labels.get(IMAGE_LABEL, "")
+    def shape(self) -> str:
+        """What it was made with (:data:`SHAPE_LABEL`; empty: not said, e.g. a sandbox of an
+        earlier kernelbridge)."""
+        return self.labels.get(SHAPE_LABEL, "")
 
 
 @dataclass(frozen=True, slots=True)

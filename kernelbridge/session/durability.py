@@ -31,7 +31,7 @@ import anyio.abc
 from kernelbridge.config import Settings
 from kernelbridge.errors import AdoptionFailed, KernelBridgeError, RuntimeUnavailable, SessionError
 from kernelbridge.host import Sandbox, WarmPool, close_sandbox
-from kernelbridge.host.container import STATE_LABEL, state_identity
+from kernelbridge.host.container import STATE_LABEL, container_spec, state_identity
 from kernelbridge.runtime import ContainerState, RuntimeBackend
 from kernelbridge.runtime.reaper import own_start
 from kernelbridge.session import adoption
@@ -107,8 +107,8 @@ class Durability:
         self.settings = settings
         self.store = store
         self.runtime = runtime
-        self.image = image
-        """The image this bridge starts: a warm sandbox of another one is not adopted."""
+        self.warm_shape = container_spec(settings, "warm", image, agent_hash=agent_hash, durable=True).shape
+        """What this bridge's warm sandboxes are made with: one made otherwise is not pooled."""
         self.agent_hash = agent_hash
         self._tg = task_group
         self.adopted_at_start = anyio.Event()
@@ -136,11 +136,15 @@ class Durability:
             held.release()
             return
         ours = info is not None and info.labels.get(STATE_LABEL) == state_identity(self.settings.state_dir)
-        stale = info is not None and (info.image != self.image or adoption.other_agent(info, self.agent_hash))
+        stale = info is not None and (
+            info.shape != self.warm_shape or adoption.other_agent(info, self.agent_hash)
+        )
         if info is not None and ours and stale:
-            # Started from another image (rebuilt with other packages, or of an earlier
-            # kernelbridge): a new session must get the image this bridge starts.
-            log.info("warm sandbox %s is of %r, not %r: removed", record.container, info.image, self.image)
+            # Made otherwise (another image, a mount taken away, other limits, an earlier
+            # kernelbridge): a new session must get what this bridge's settings say.
+            log.info(
+                "warm sandbox %s was made with other settings than this bridge's: removed", record.container
+            )
         if (
             info is None
             or not ours

@@ -19,6 +19,7 @@ import anyio
 import nbformat
 import pytest
 from bridge_harness import open_bridge
+from durable_harness import wait_for
 from nbclient import NotebookClient
 from PIL import Image
 
@@ -103,6 +104,21 @@ async def test_a_mount_is_read_but_not_written_run_or_left_by_a_symlink(
     after = files_of(data)
     assert after == before and not (data / "new.txt").exists()
     assert "read-only: `/data`" in capabilities and str(data) not in capabilities
+
+
+async def test_a_mount_taken_away_is_not_seen_by_the_next_bridges_sessions(
+    tmp_path: Path, data: Path, sandbox_image: str
+) -> None:
+    """A user shares a directory, then stops sharing it and restarts the client: the warm
+    sandbox the first bridge left has it mounted, so the next bridge removes that one rather than
+    pool it, and its first new session does not see the directory."""
+    state = tmp_path / "state"
+    async with open_bridge(state, KERNELBRIDGE_MOUNTS=f"{data}:/data"):
+        await wait_for(lambda: list((state / "warm").glob("*.json")), "the pool filled: its sandbox ready")
+    async with open_bridge(state) as bridge:
+        seen = await bridge.run("import os; print(os.path.exists('/data/sales.csv'))", "s")
+        assert seen.status == "ok" and seen.stdout == "False\n", seen.text
+        await bridge.close("s")
 
 
 async def test_serve_mount_adds_a_directory_beside_the_setting(

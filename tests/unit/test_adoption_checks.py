@@ -1,20 +1,23 @@
-"""Which sandbox a later bridge may reach: only one running its own agent.
+"""Which sandbox a later bridge may reach: only one running its own agent; and which warm
+sandbox it pools: only one made as it would make it (its shape).
 
 Reaching a durable sandbox runs its image's handover, and its agent speaks the frames of its own
 version, so a bridge of another kernelbridge (an upgrade) does not reach it: the session is lost
 (said, restorable from its journal) and a warm sandbox is replaced. The agent travels as the
 ``kernelbridge.agent-hash`` label on every runtime: the image's own on podman and docker, set from
-the spec for those that do not copy image labels (a Kubernetes pod's annotations).
+the spec for those that do not copy image labels (a Kubernetes pod's annotations). The shape is
+a digest of what a sandbox is made with but whose it is (name, owner).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from kernelbridge.config import Settings
+from kernelbridge.config import Mount, SandboxLimits, Settings
 from kernelbridge.host.container import container_spec, state_identity
 from kernelbridge.runtime import ContainerInfo, ContainerState
-from kernelbridge.runtime.base import AGENT_LABEL, DURABLE_LABEL, SESSION_LABEL, STATE_LABEL
+from kernelbridge.runtime.base import AGENT_LABEL, DURABLE_LABEL, SESSION_LABEL, SHAPE_LABEL, STATE_LABEL
 from kernelbridge.runtime.engine.body import create_body
 from kernelbridge.runtime.kube.manifest import pod_manifest
 from kernelbridge.session.adoption import check_container, other_agent
@@ -62,3 +65,25 @@ def test_every_runtime_labels_the_sandbox_with_its_agent(tmp_path: Path) -> None
     assert create_body(spec)["Labels"][AGENT_LABEL] == AGENT  # the engine API's
     assert pod_manifest(spec)["metadata"]["annotations"][AGENT_LABEL] == AGENT  # a pod's, exact
     assert AGENT_LABEL not in container_spec(Settings(state_dir=tmp_path), "s", "img:1").all_labels()
+
+
+def test_a_warm_sandbox_made_otherwise_has_another_shape(tmp_path: Path) -> None:
+    """What a bridge checks before pooling a warm sandbox a bridge before left: each setting that
+    changes what a sandbox is gives another shape; whose it is does not."""
+    settings = Settings(state_dir=tmp_path)
+    (tmp_path / "data").mkdir()
+
+    def shape(image: str = "img:1", **changed: object) -> str:
+        made = replace(settings, **changed) if changed else settings
+        return container_spec(made, "warm", image, agent_hash=AGENT, durable=True).shape
+
+    same = container_spec(settings, "s", "img:1", agent_hash=AGENT, durable=True)
+    assert same.all_labels()[SHAPE_LABEL] == same.shape == shape()  # another name, pid: one shape
+    others = [
+        shape("img:2"),
+        shape(mounts=(Mount(tmp_path / "data", "/data"),)),
+        shape(limits=SandboxLimits(memory="256m")),
+        shape(labels=(("team", "b"),)),
+        container_spec(settings, "warm", "img:1", agent_hash="b2" * 32, durable=True).shape,
+    ]
+    assert len({shape(), *others}) == len(others) + 1

@@ -77,7 +77,7 @@ def test_create_body_carries_every_sandbox_flag() -> None:
         "kernelbridge.session": "s1",
         "kernelbridge.owner": "42",
         "kernelbridge.host": "h",
-        "kernelbridge.image": "img:1",
+        "kernelbridge.shape": spec.shape,
         "extra": "yes",
     }
     assert body["User"] == "65534:65534" and body["WorkingDir"] == "/workspace"
