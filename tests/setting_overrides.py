@@ -222,6 +222,9 @@ OVERRIDES: dict[tuple[str, str], str] = {
         "KERNELBRIDGE_HTTP_MAX_SESSIONS",
     ): "a tenant's session cap is what those tests are about",
     ("tests/security/test_tenants.py", "KERNELBRIDGE_MAX_SESSIONS"): _MODULE_BRIDGE,
+    ("tests/unit/test_adoption_checks.py", "Settings.mounts"): (
+        "a mount taken away between two bridges is what those checks are about"
+    ),
     ("tests/unit/test_adoption_proof.py", "Settings.kernel_start_timeout"): (
         "the local double's agent starts slowly on a busy machine: a bound for it, not a behaviour"
     ),

@@ -73,6 +73,10 @@ AGENT_LABEL = "kernelbridge.agent-hash"
 labels onto its containers), and set again from :attr:`ContainerSpec.agent_hash` for runtimes
 that do not (Kubernetes). A later bridge reaches a sandbox only if it runs that bridge's agent:
 reaching it runs the image's handover, and the agent speaks the frames of its own version."""
+MOUNTS_LABEL = "kernelbridge.mounts"
+"""A digest of the host directories the sandbox sees (:attr:`ContainerSpec.mounts_shape`): a
+later bridge whose settings share other ones (a mount taken away) does not take its session over,
+so that a directory no longer shared is not seen any more."""
 SHAPE_LABEL = "kernelbridge.shape"
 """A digest of what the sandbox was made with (:attr:`ContainerSpec.shape`): its image, limits,
 mounts, environment, command, agent and labels. A warm sandbox a bridge before left is pooled
@@ -118,11 +122,17 @@ class ContainerSpec:
         made_with = (self.image, self.limits, self.env, self.command, self.labels, self.mounts)
         return hashlib.sha256(repr((*made_with, self.agent_hash, self.durable)).encode()).hexdigest()[:16]
 
+    @property
+    def mounts_shape(self) -> str:
+        """A digest of :attr:`mounts` (of none, too: a label always there)."""
+        return hashlib.sha256(repr(self.mounts).encode()).hexdigest()[:16]
+
     def all_labels(self) -> dict[str, str]:
         labels = {
             SESSION_LABEL: self.session,
             OWNER_LABEL: str(self.owner_pid),
             SHAPE_LABEL: self.shape,
+            MOUNTS_LABEL: self.mounts_shape,
         }
         if self.owner_host:
             labels[HOST_LABEL] = self.owner_host

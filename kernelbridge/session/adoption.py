@@ -39,6 +39,7 @@ import anyio
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.host.container import NAMESPACE_LABEL, STATE_LABEL, state_identity
 from kernelbridge.runtime import ContainerInfo, ContainerState, RuntimeBackend
+from kernelbridge.runtime.base import MOUNTS_LABEL
 from kernelbridge.session.cell import Cell
 from kernelbridge.session.outcome import Adopted, InheritedOutcome, SandboxLost
 from kernelbridge.session.records import SessionRecord
@@ -116,15 +117,24 @@ def other_agent(info: ContainerInfo, agent_hash: str | None) -> str | None:
     )
 
 
+OTHER_MOUNTS = (
+    "its sandbox sees other host directories than this bridge's settings share"
+    " (KERNELBRIDGE_MOUNTS or --mount changed), and a directory no longer shared must not be seen"
+    " any more"
+)
+
+
 def check_container(
     info: ContainerInfo | None,
     record: SessionRecord,
     state_dir: Path,
     secret: str | None,
     agent_hash: str | None = None,
+    mounts_shape: str | None = None,
 ) -> Loss | None:
     """None if the sandbox may be adopted (its own proof is the tunnel's business), else why not;
-    ``agent_hash``: the agent this bridge speaks to (:func:`other_agent`)."""
+    ``agent_hash``: the agent this bridge speaks to (:func:`other_agent`); ``mounts_shape``: the
+    host directories its settings share (``ContainerSpec.mounts_shape``; None: not checked)."""
     if info is None:
         return Loss(
             "its container is gone, and the engine no longer says how it ended (the machine may"
@@ -144,6 +154,8 @@ def check_container(
         return Loss("its secret is missing from the state directory, or not private", True)
     if why := other_agent(info, agent_hash):
         return Loss(why, True)
+    if mounts_shape is not None and info.labels.get(MOUNTS_LABEL) != mounts_shape:
+        return Loss(OTHER_MOUNTS, True)
     return None
 
 

@@ -107,8 +107,11 @@ class Durability:
         self.settings = settings
         self.store = store
         self.runtime = runtime
-        self.warm_shape = container_spec(settings, "warm", image, agent_hash=agent_hash, durable=True).shape
+        warm = container_spec(settings, "warm", image, agent_hash=agent_hash, durable=True)
+        self.warm_shape = warm.shape
         """What this bridge's warm sandboxes are made with: one made otherwise is not pooled."""
+        self.mounts_shape = warm.mounts_shape
+        """The host directories this bridge's sandboxes see: a session seeing others is not adopted."""
         self.agent_hash = agent_hash
         self._tg = task_group
         self.adopted_at_start = anyio.Event()
@@ -241,7 +244,9 @@ class Durability:
             raise SessionError(
                 f"the container engine did not answer (the session's sandbox may still run): {exc}"
             ) from None
-        loss = adoption.check_container(info, record, self.settings.state_dir, secret, self.agent_hash)
+        loss = adoption.check_container(
+            info, record, self.settings.state_dir, secret, self.agent_hash, self.mounts_shape
+        )
         if loss is not None or secret is None:
             return loss or adoption.Loss("its secret is missing", True)
         sandbox = self._adopted(

@@ -121,6 +121,23 @@ async def test_a_mount_taken_away_is_not_seen_by_the_next_bridges_sessions(
         await bridge.close("s")
 
 
+async def test_a_session_that_saw_a_mount_taken_away_since_is_rebuilt_without_it(
+    tmp_path: Path, data: Path, sandbox_image: str
+) -> None:
+    """The same, for a session whose sandbox outlived its bridge: the next bridge does not take
+    over a sandbox that still sees the directory: the session's next call says it was lost, and
+    the one after runs in a fresh sandbox, which does not see it."""
+    state = tmp_path / "state"
+    async with open_bridge(state, KERNELBRIDGE_MOUNTS=f"{data}:/data") as bridge:
+        assert (await bridge.run("print(open('/data/sales.csv').read(6))", "s")).stdout == "region\n"
+    async with open_bridge(state) as bridge:
+        probe = "import os; print(os.path.exists('/data/sales.csv'))"
+        lost = await bridge.run(probe, "s")
+        assert "sandbox_lost" in lost.codes and "no longer shared" in lost.notes, lost.text
+        assert (await bridge.run(probe, "s")).stdout == "False\n"  # a fresh sandbox, without it
+        await bridge.close("s")
+
+
 async def test_serve_mount_adds_a_directory_beside_the_setting(
     tmp_path: Path, data: Path, sandbox_image: str
 ) -> None:

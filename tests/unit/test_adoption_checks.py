@@ -17,10 +17,17 @@ from pathlib import Path
 from kernelbridge.config import Mount, SandboxLimits, Settings
 from kernelbridge.host.container import container_spec, state_identity
 from kernelbridge.runtime import ContainerInfo, ContainerState
-from kernelbridge.runtime.base import AGENT_LABEL, DURABLE_LABEL, SESSION_LABEL, SHAPE_LABEL, STATE_LABEL
+from kernelbridge.runtime.base import (
+    AGENT_LABEL,
+    DURABLE_LABEL,
+    MOUNTS_LABEL,
+    SESSION_LABEL,
+    SHAPE_LABEL,
+    STATE_LABEL,
+)
 from kernelbridge.runtime.engine.body import create_body
 from kernelbridge.runtime.kube.manifest import pod_manifest
-from kernelbridge.session.adoption import check_container, other_agent
+from kernelbridge.session.adoption import OTHER_MOUNTS, Loss, check_container, other_agent
 from kernelbridge.session.records import SessionRecord
 
 AGENT = "a1" * 32
@@ -87,3 +94,24 @@ def test_a_warm_sandbox_made_otherwise_has_another_shape(tmp_path: Path) -> None
         container_spec(settings, "warm", "img:1", agent_hash="b2" * 32, durable=True).shape,
     ]
     assert len({shape(), *others}) == len(others) + 1
+
+
+def test_a_session_seeing_other_host_directories_is_not_taken_over(tmp_path: Path) -> None:
+    """A mount taken away from the settings: the session's sandbox, which still sees it, is lost
+    (and removed) rather than adopted; the same mounts, or none both times, are adopted."""
+    (tmp_path / "data").mkdir()
+    settings = Settings(state_dir=tmp_path)
+    shared = replace(settings, mounts=(Mount(tmp_path / "data", "/data"),))
+    rec = record()
+    for started, now in ((shared, settings), (settings, shared)):
+        seen = info(tmp_path, rec, AGENT)
+        seen.labels[MOUNTS_LABEL] = container_spec(started, "s", "img:1").mounts_shape
+        expected = container_spec(now, "s", "img:1").mounts_shape
+        loss = check_container(seen, rec, tmp_path, "secret", AGENT, expected)
+        assert loss == Loss(OTHER_MOUNTS, True)
+        assert check_container(seen, rec, tmp_path, "secret", AGENT, seen.labels[MOUNTS_LABEL]) is None
+    unlabelled = info(tmp_path, rec, AGENT)  # a sandbox of a kernelbridge before the label
+    loss = check_container(
+        unlabelled, rec, tmp_path, "secret", AGENT, container_spec(settings, "s", "i").mounts_shape
+    )
+    assert loss is not None and loss.reason == OTHER_MOUNTS

@@ -78,6 +78,7 @@ def test_create_body_carries_every_sandbox_flag() -> None:
         "kernelbridge.owner": "42",
         "kernelbridge.host": "h",
         "kernelbridge.shape": spec.shape,
+        "kernelbridge.mounts": spec.mounts_shape,
         "extra": "yes",
     }
     assert body["User"] == "65534:65534" and body["WorkingDir"] == "/workspace"
