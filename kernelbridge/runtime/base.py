@@ -209,6 +209,11 @@ class ContainerInfo:
         earlier kernelbridge)."""
         return self.labels.get(SHAPE_LABEL, "")
 
+    @property
+    def mounts_shape(self) -> str:
+        """The host directories it sees (:data:`MOUNTS_LABEL`; empty: not said)."""
+        return self.labels.get(MOUNTS_LABEL, "")
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeInfo:

@@ -39,7 +39,6 @@ import anyio
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.host.container import NAMESPACE_LABEL, STATE_LABEL, state_identity
 from kernelbridge.runtime import ContainerInfo, ContainerState, RuntimeBackend
-from kernelbridge.runtime.base import MOUNTS_LABEL
 from kernelbridge.session.cell import Cell
 from kernelbridge.session.outcome import Adopted, InheritedOutcome, SandboxLost
 from kernelbridge.session.records import SessionRecord
@@ -154,7 +153,7 @@ def check_container(
         return Loss("its secret is missing from the state directory, or not private", True)
     if why := other_agent(info, agent_hash):
         return Loss(why, True)
-    if mounts_shape is not None and info.labels.get(MOUNTS_LABEL) != mounts_shape:
+    if mounts_shape is not None and info.mounts_shape != mounts_shape:
         return Loss(OTHER_MOUNTS, True)
     return None
 
