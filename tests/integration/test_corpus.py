@@ -64,10 +64,26 @@ REPLAY_DIFFERS: dict[str, tuple[int, str, str]] = {
 _SITE = re.compile(r"""[^\s"'()]*/(?:site|dist)-packages/""")
 
 
+def coalesced(outputs: Iterable[Any]) -> list[dict[str, Any]]:
+    """Consecutive stream outputs of one stream as one (as a notebook shows them, and as nbconvert's
+    ``coalesce_streams`` and replay's judge take them): where a kernel cuts a ``print`` into
+    messages depends on when its iopub thread flushes, which a busy machine moves."""
+    merged: list[dict[str, Any]] = []
+    for output in copy.deepcopy(list(outputs)):
+        output = dict(output)
+        last = merged[-1] if merged else None
+        if output.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream":
+            if last.get("name") == output.get("name"):
+                last["text"] = "".join(last["text"]) + "".join(output["text"])
+                continue
+        merged.append(output)
+    return merged
+
+
 def masked(outputs: list[Any]) -> list[dict[str, Any]]:
     """Outputs without what varies between two runs of the same code (see the module docstring)."""
     kept = []
-    for output in copy.deepcopy(list(outputs)):
+    for output in coalesced(outputs):
         output = dict(output)
         if output.get("output_type") == "error":
             output["traceback"] = [

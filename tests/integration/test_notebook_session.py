@@ -114,11 +114,12 @@ async def test_an_mcp_session_and_a_second_client_make_one_notebook_that_replays
 
 
 def _exists(pid: int) -> bool:
+    """Whether ``pid`` runs (neither gone nor a zombie); it may be reaped between the two looks."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
 
 
 async def test_the_journal_survives_a_sigkill_of_the_bridge_losing_only_the_cell_in_flight(
