@@ -84,6 +84,11 @@ again only by a bridge that would start the same (an image rebuilt with other pa
 names its contents, a mount taken away, a lower memory limit: each makes another)."""
 
 
+def _digest(value: object) -> str:
+    """A short digest of ``value``'s repr (frozen dataclasses and tuples of them: stable)."""
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerSpec:
     """Everything needed to create one sandbox container (see DESIGN.md for the flags; the backends
@@ -120,12 +125,12 @@ class ContainerSpec:
         """A digest of everything the sandbox is made with but its name and owner (whose it is,
         not what it is): two specs of one shape make interchangeable sandboxes."""
         made_with = (self.image, self.limits, self.env, self.command, self.labels, self.mounts)
-        return hashlib.sha256(repr((*made_with, self.agent_hash, self.durable)).encode()).hexdigest()[:16]
+        return _digest((*made_with, self.agent_hash, self.durable))
 
     @property
     def mounts_shape(self) -> str:
         """A digest of :attr:`mounts` (of none, too: a label always there)."""
-        return hashlib.sha256(repr(self.mounts).encode()).hexdigest()[:16]
+        return _digest(self.mounts)
 
     def all_labels(self) -> dict[str, str]:
         labels = {

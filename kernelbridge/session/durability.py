@@ -139,9 +139,8 @@ class Durability:
             held.release()
             return
         ours = info is not None and info.labels.get(STATE_LABEL) == state_identity(self.settings.state_dir)
-        stale = info is not None and (
-            info.shape != self.warm_shape or adoption.other_agent(info, self.agent_hash)
-        )
+        # The shape covers the agent too (the spec labels it): an earlier kernelbridge's has none.
+        stale = info is not None and info.shape != self.warm_shape
         if info is not None and ours and stale:
             # Made otherwise (another image, a mount taken away, other limits, an earlier
             # kernelbridge): a new session must get what this bridge's settings say.
