@@ -94,6 +94,11 @@ class PackageIndex:
         """Called before each chunk of a wheel is sent (a test samples the host's disk there)."""
         self.on_page: Callable[[], None] | None = None
         """Called when a project page is asked for (the host's pip is running then)."""
+        self.rate: int | None = None
+        """Bytes per second a wheel's body is sent at (None: as fast as the client takes it). A
+        test that counts the bytes a stopped download cost sets it: a client's receive buffer grows
+        to tens of MiB on loopback (``tcp_rmem``), and without a pace the index counts as served
+        whatever fills it while a busy machine has not yet run the client."""
         self._holds: dict[str, Hold] = {}
         self.url = ""
 
@@ -166,7 +171,10 @@ class PackageIndex:
     async def _body(self, request: Request, filename: str, path: Path) -> AsyncIterator[bytes]:
         data = await anyio.Path(path).read_bytes()
         hold = self._holds.pop(filename, None)
+        start = anyio.current_time()
         for offset in range(0, len(data), CHUNK):
+            if self.rate is not None:
+                await anyio.sleep(max(0.0, start + offset / self.rate - anyio.current_time()))
             # uvicorn drops what is sent after the client went away, without waiting: only the
             # bytes sent while it was there count.
             if await request.is_disconnected():

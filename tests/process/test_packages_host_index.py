@@ -238,6 +238,7 @@ async def test_a_wheel_over_what_the_session_may_install_is_not_downloaded(
     assert index.fetched(wheels["big"].name) == 0, "refused on the index's word, before its first byte"
     # An index that declares a small size and sends more: the host stops at the declared size.
     index.lie[wheels["liar"].name] = 100 * 1024
+    index.rate = 8 * MiB  # what the buffers between the index and pip hold stays well under 8 MiB
     refused = await bridge.refused("liar")
     assert refused.kind == "too_large" and "liar 1.0's wheel is more than 0.1 MiB" in refused.message
     assert index.fetched(wheels["liar"].name) < 8 * MiB, "a few socket buffers past 100 KiB, not 24 MiB"
@@ -250,6 +251,7 @@ async def test_an_index_without_metadata_files_is_bounded_too(
     # Without PEP 658 metadata, pip downloads a wheel to read its dependencies: that download is
     # bounded by what the session may still install (KERNELBRIDGE_PACKAGES_MAX_BYTES, 2 MiB).
     async with PackageIndex(wheels.values(), metadata=False).serving() as old:
+        old.rate = 8 * MiB  # what the buffers between the index and pip hold stays well under 8 MiB
         bridge = host(tmp_path, old, max_bytes=2 * MiB)
         refused = await bridge.refused("big")
         assert refused.kind == "too_large" and "PEP 658" in refused.message, refused.message
