@@ -133,20 +133,20 @@ class Cell:
     def on_iopub(self, msg_type: str, content: dict[str, Any]) -> DisplayEvent | None:
         """Fold one iopub message whose parent is this cell's request; returns the display event
         other cells must see too, if it is one."""
-        event = None
-        if msg_type == "status":
-            state = content.get("execution_state")
-            if state == "busy" and self.started is None:
-                self.started = self._clock()
-            elif state == "idle":
-                self.started = self.started or self._clock()
-                self.finished = self._clock()
-        else:
+        if msg_type != "status":
             if msg_type == "execute_input" and self.code is None:
                 self.code = str(content.get("code", ""))[:MAX_CODE_CHARS]
-            event = self.outputs.handle(msg_type, content)
-        self.notify()
-        return event
+            # An output wakes nobody: waiters wait for the cell to start or end (see change_event).
+            return self.outputs.handle(msg_type, content)
+        state = content.get("execution_state")
+        if state == "busy" and self.started is None:
+            self.started = self._clock()
+            self.notify()
+        elif state == "idle":
+            self.started = self.started or self._clock()
+            self.finished = self._clock()
+            self.notify()
+        return None
 
     def on_reply(self, content: dict[str, Any]) -> None:
         """The shell reply to this cell's request (the bridge's own cells)."""
@@ -163,7 +163,8 @@ class Cell:
 
     @property
     def change_event(self) -> anyio.Event:
-        """Set at the next change of the cell (a message, the reply, the sandbox ending)."""
+        """Set at the next change of the cell's state: started, idle, replied, or its sandbox ended
+        (an output is no change: a waiter that reports outputs looks at them on its own clock)."""
         return self._changed
 
     async def changed(self, deadline: float) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernelbridge import frames
 
@@ -124,3 +126,33 @@ def test_every_declared_frame_type_encodes() -> None:
     assert declared == set(frames.FRAME_TYPES)
     for frame_type in declared:
         assert frames.encode({"type": frame_type}).endswith(b"\n")
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab,[]{}"\\', max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=3), children, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(JSON_VALUES, st.integers(1, 6), st.integers(1, 40))
+def test_the_walk_of_a_frame_is_left_out_only_where_it_could_find_nothing(
+    value: object, max_depth: int, max_nodes: int
+) -> None:
+    # Small bounds, so that the values hypothesis makes reach them (the real ones are 64 and 1M).
+    line = json.dumps(value).encode()
+    if not frames._may_be_misshapen(line, max_depth, max_nodes):
+        assert frames.shape_problem(value, max_depth, max_nodes) is None
+
+
+def test_a_frame_nested_past_the_bound_is_refused_and_one_at_it_passes() -> None:
+    def nested(levels: int) -> bytes:
+        content = "[" * levels + "1" + "]" * levels
+        return f'{{"type": "log", "level": "info", "message": "x", "extra": {content}}}'.encode()
+
+    assert isinstance(frames.parse_line(nested(frames.MAX_DEPTH - 2)), dict)
+    refused = frames.parse_line(nested(frames.MAX_DEPTH))
+    assert isinstance(refused, frames.FrameError) and "deeper than 64" in refused.reason

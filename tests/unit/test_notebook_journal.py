@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from kernelbridge.notebook.journal import Journal, JournalCell, JournalHeader
 from kernelbridge.session.broker import ToolCallRecord
 from kernelbridge.session.cell import Cell, CellClient, CellResult
@@ -48,3 +50,22 @@ def test_timeouts_client_tool_calls_and_silent_requests(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert nb.cells[1].metadata.kernelbridge["client"]["username"] == "person"
     assert nb.cells[1].outputs[0]["text"] == "hi\n" and nb.cells[1].execution_count == 7
+
+
+def test_a_journal_is_never_started_over_an_existing_file_and_appends_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "1.journal.jsonl"
+    journal = Journal(path)
+    journal.start(JournalHeader("s", 0.0, os.getpid(), 1))
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError):
+        Journal(path).start(JournalHeader("s", 1.0, os.getpid(), 1))
+    assert path.read_bytes() == before
+    path.chmod(0o600)
+    result = CellResult(status=Status.OK, session="s", execution_count=1, stdout="é" * 70_000,
+                        stderr="", result=None, error=None, truncated=False, duration_ms=1,
+                        state=State.KEPT)  # fmt: skip
+    assert journal.append(result_entry("print('é' * 70_000)", result, [], timeout=5))
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 2 and lines[0] == before and lines[1].endswith(b"\n")
+    assert journal.written == path.stat().st_size and journal.cells == 1
+    assert path.stat().st_mode & 0o777 == 0o600, "an append keeps the file's mode"

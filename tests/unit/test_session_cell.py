@@ -166,3 +166,21 @@ def test_rich_outputs_past_the_bound_are_a_note_of_the_result() -> None:
     cell.on_iopub("status", {"execution_state": "idle"})
     result = finish_cell(cell, session="s", status=Status.OK, state=State.KEPT)
     assert result.notes == [DisplaysDropped(3, MAX_DISPLAYS)] and result.truncated
+
+
+def test_a_cell_wakes_its_waiters_when_it_starts_ends_or_is_answered_not_per_output() -> None:
+    cell = Cell("m1", 1000)
+    waiting = cell.change_event
+    cell.on_iopub("status", {"execution_state": "busy"})
+    assert waiting.is_set() and cell.started is not None, "started: the runner's deadline moves"
+    waiting = cell.change_event
+    cell.on_iopub("execute_input", {"execution_count": 1, "code": "1+1"})
+    cell.on_iopub("stream", {"name": "stdout", "text": "x\n"})
+    cell.on_iopub("execute_result", {"execution_count": 1, "data": {"text/plain": "2"}, "metadata": {}})
+    assert not waiting.is_set(), "outputs are read on the waiter's own clock"
+    assert cell.outputs.result == "2" and cell.code == "1+1"
+    cell.on_iopub("status", {"execution_state": "idle"})
+    assert waiting.is_set() and not cell.done, "idle, the reply still to come"
+    waiting = cell.change_event
+    cell.on_reply({"status": "ok", "execution_count": 1})
+    assert waiting.is_set() and cell.done

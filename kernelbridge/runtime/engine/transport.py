@@ -61,6 +61,8 @@ class HalfClosableStream(httpcore2.AsyncNetworkStream):
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         try:
+            if timeout is None:  # a container's stdout, read for as long as it runs: no scope
+                return await self._stream.receive(max_bytes)
             with anyio.fail_after(timeout):
                 return await self._stream.receive(max_bytes)
         except anyio.EndOfStream:
@@ -74,8 +76,11 @@ class HalfClosableStream(httpcore2.AsyncNetworkStream):
         if not buffer:
             return
         try:
-            with anyio.fail_after(timeout):
+            if timeout is None:  # a container's stdin: its writer bounds the write (Tunnel.send_bytes)
                 await self._stream.send(buffer)
+            else:
+                with anyio.fail_after(timeout):
+                    await self._stream.send(buffer)
         except TimeoutError:
             raise httpcore2.WriteTimeout("the engine took nothing in time") from None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
