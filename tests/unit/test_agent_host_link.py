@@ -231,6 +231,7 @@ def test_a_broken_stdout_ends_the_link_without_raising(pipes: Pipes) -> None:
     host.close(host.from_agent)
     with link.polled():
         link.send(kernel_frame("after the host left"))
+        link.flush()  # the relay's turn writes what it queued
         assert link.ended
         assert link.receive() is None  # nobody would hear the answers
         link.send(kernel_frame("and again"))  # nothing is tried any more

@@ -27,6 +27,7 @@ from kernelbridge import frames
 from kernelbridge.config import Settings
 from kernelbridge.errors import AdoptionFailed
 from kernelbridge.host import Sandbox, SandboxHandlers
+from kernelbridge.inside.agent import outbox
 from kernelbridge.inside.agent.adoption import Accepted, Candidate, Handover, Rejected
 from kernelbridge.inside.agent.outbox import Kind, Outbox
 from kernelbridge.notebook.journal import Journal
@@ -262,8 +263,37 @@ def test_past_the_buffer_the_oldest_output_goes_first_counted() -> None:
     assert box.held <= 500 and box.take_dropped() == (6, 600)
     kept: list[bytes] = []
     box.flush(write_all(kept))
-    assert kept[0] == b"r" * 100  # the host call is kept over the output
+    written = b"".join(kept)
+    assert written[:100] == b"r" * 100  # the host call is kept over the output
+    assert written[100:] == b"o" * 400
     assert box.forget([Kind.RPC]) == 1
+
+
+def test_a_burst_of_frames_goes_out_in_one_write_and_a_short_write_resumes_mid_frame() -> None:
+    box = Outbox(retain=True)
+    for letter in b"abc":
+        box.append(bytes([letter]) * 100)
+    writes: list[bytes] = []
+
+    def short(data: memoryview) -> int:  # a pipe that takes 150 bytes, then nothing
+        if writes:
+            raise BlockingIOError
+        writes.append(bytes(data[:150]))
+        return 150
+
+    box.flush(short)
+    assert writes == [b"a" * 100 + b"b" * 50], "three frames joined, a and half of b taken"
+    assert box.pending == 150 and box.unacked == 150
+    kept: list[bytes] = []
+    box.flush(write_all(kept))
+    assert kept == [b"b" * 50 + b"c" * 100], "b from where it stopped, with c"
+    assert box.ack(3) == [] and len(box) == 0 and box.held == 0
+    big = b"x" * (outbox.COALESCE_BYTES + 1)
+    box.append(b"s" * 10)
+    box.append(big)
+    kept.clear()
+    box.flush(write_all(kept))
+    assert kept == [b"s" * 10, big], "a large frame goes alone"
 
 
 def test_a_journal_torn_by_a_sigkill_is_resumed(tmp_path: Path) -> None:

@@ -332,10 +332,12 @@ class HostLink:
             self._writes = Writes.WAIT
 
     def send(self, frame: frames.Frame) -> None:
-        """Queue a frame for the host and write what stdout takes now; with :data:`Writes.WAIT`,
-        wait (bounded) until it is written. A kernel frame over the frame cap is clipped; one still
-        over it is dropped with a warning. Nothing is sent once stdout is broken. While detached
-        the frame is kept for the next host, within the buffer."""
+        """Queue a frame for the host; with :data:`Writes.WAIT`, write it and wait (bounded)
+        until it is written, else the relay loop writes it (:meth:`flush`, once a turn: the
+        frames of one turn go out in one write, and one wake-up of every relay on the way). A
+        kernel frame over the frame cap is clipped; one still over it is dropped with a warning.
+        Nothing is sent once stdout is broken. While detached the frame is kept for the next
+        host, within the buffer."""
         if self._output_broken or (self.state is LinkState.ENDED and self.durable is not None):
             return
         data = frames.encode(frame)
@@ -353,8 +355,8 @@ class HostLink:
             assert self.durable is not None
             self._outbox.trim(self.durable.buffer)
             return
-        self.flush()
         if self._writes is Writes.WAIT:
+            self.flush()
             self.drain(OUTPUT_DRAIN_TIMEOUT)
 
     def _classify(self, frame: frames.Frame) -> tuple[Kind, str | None]:

@@ -29,6 +29,8 @@ import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+COALESCE_BYTES = 64 * 1024
+"""Queued frames joined into one write, at most (a pipe takes 64 KiB at once)."""
 Write = Callable[[memoryview], int]
 """``os.write`` on a non-blocking fd: writes a prefix, returns its length, raises BlockingIOError."""
 
@@ -113,21 +115,41 @@ class Outbox:
                 self._preface = self._preface[written:]
                 self.pending -= written
             while frames and self._next < len(self._frames):
-                held = self._frames[self._next]
-                written = write(memoryview(held.data)[self._offset :])
-                self._offset += written
+                written = write(self._coalesced())
                 self.pending -= written
-                if self._offset < len(held.data):
-                    continue
-                self._offset = 0
-                if self.retain:
-                    self._next += 1
-                else:
-                    self._frames.popleft()
-                    self.held -= len(held.data)
-                    self.acked += 1
+                self._advance(written)
         except (BlockingIOError, InterruptedError):
             return
+
+    def _coalesced(self) -> memoryview:
+        """The rest of the next frame, joined with the small frames behind it (up to
+        COALESCE_BYTES): one write for a burst of frames. A large frame goes alone, uncopied."""
+        first = memoryview(self._frames[self._next].data)[self._offset :]
+        pieces, size = [first], len(first)
+        for index in range(self._next + 1, len(self._frames)):
+            data = self._frames[index].data
+            if size + len(data) > COALESCE_BYTES:
+                break
+            pieces.append(memoryview(data))
+            size += len(data)
+        return first if len(pieces) == 1 else memoryview(b"".join(pieces))
+
+    def _advance(self, written: int) -> None:
+        """``written`` more bytes of the queue are written: past each frame they complete."""
+        while written:
+            held = self._frames[self._next]
+            taken = min(written, len(held.data) - self._offset)
+            self._offset += taken
+            written -= taken
+            if self._offset < len(held.data):
+                return
+            self._offset = 0
+            if self.retain:
+                self._next += 1
+            else:
+                self._frames.popleft()
+                self.held -= len(held.data)
+                self.acked += 1
 
     def ack(self, seq: int) -> list[str]:
         """The host handled every frame up to ``seq``: forget them. Returns the tags among them.

@@ -45,6 +45,8 @@ SHUTDOWN_REPLY_GRACE = 0.5
 """ipykernel sometimes lingers for seconds after answering shutdown_request, and the host waits
 for the container to end: it gets this long, then it is stopped."""
 POLL_MS = 200
+DRAIN_MESSAGES = 64
+"""Kernel messages taken from one socket in one turn, at most: the host's stdin is read between."""
 """Longest wait for a source; the chores of step 5 run at least this often."""
 
 IDLE_EXIT = 5
@@ -188,6 +190,7 @@ class Relay:
         self._update_polls(kernel)
         for source, events in self._polls.poll(POLL_MS):
             self._move(kernel, source, events)
+        self.link.flush()  # what this turn queued, in one write
         if self.phase is Phase.SHUTTING_DOWN and time.monotonic() > self._grace_ends:
             self.stop_kernel()
         self._reaper.reap(keep=(kernel.process.pid,))
@@ -274,12 +277,23 @@ class Relay:
                 kernel.rpc.on_readable()
             if kernel.rpc.closed:
                 self._polls.want(kernel.rpc_fd, 0)
-        elif isinstance(source, zmq.Socket) and (received := kernel.client.receive(source)) is not None:
-            channel, msg, buffers = received
-            self.link.send(frames.kernel_frame(channel, msg, buffers))
-            if msg["header"].get("msg_type") == "shutdown_reply" and self.phase is Phase.RELAYING:
-                self._change(PhaseChange.SHUTDOWN_REPLY)
-                self._grace_ends = time.monotonic() + SHUTDOWN_REPLY_GRACE
+        elif isinstance(source, zmq.Socket):
+            self._relay_kernel_messages(kernel, source)
+
+    def _relay_kernel_messages(self, kernel: Kernel, sock: zmq.Socket[bytes]) -> None:
+        """What ``sock`` (readable) holds now, up to DRAIN_MESSAGES and while the host keeps up:
+        a kernel sends a cell's messages in bursts (busy and its input, the result, idle and the
+        reply), and a burst queued in one turn is written at once."""
+        for _ in range(DRAIN_MESSAGES):
+            received = kernel.client.receive(sock)
+            if received is not None:
+                channel, msg, buffers = received
+                self.link.send(frames.kernel_frame(channel, msg, buffers))
+                if msg["header"].get("msg_type") == "shutdown_reply" and self.phase is Phase.RELAYING:
+                    self._change(PhaseChange.SHUTDOWN_REPLY)
+                    self._grace_ends = time.monotonic() + SHUTDOWN_REPLY_GRACE
+            if self.link.backlogged or not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
+                return
 
     # -- a new host (durable sandboxes) ------------------------------------------------------------
     def _on_handovers(self) -> None:
