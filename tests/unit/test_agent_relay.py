@@ -16,6 +16,7 @@ import zmq
 
 from kernelbridge import frames
 from kernelbridge.inside.agent import init
+from kernelbridge.inside.agent import relay as relay_module
 from kernelbridge.inside.agent.host_link import HostLink
 from kernelbridge.inside.agent.relay import Phase, PollSet, Relay
 
@@ -96,3 +97,44 @@ def test_zombies_are_found_and_reaped_but_kept_ones_are_not() -> None:
 def _other_children(*ours: int) -> list[int]:
     """Zombies of this process that are not the test's (kept: someone else reads them)."""
     return [pid for pid in init.zombie_children(os.getpid()) if pid not in ours]
+
+
+class QueuedKernel:
+    """What the relay reads of a kernel: a ZMQ socket whose messages are already waiting."""
+
+    def __init__(self) -> None:
+        self.client = self
+
+    def receive(self, sock: zmq.Socket[bytes]) -> tuple[str, dict[str, object], list[bytes]]:
+        return "iopub", sock.recv_json(), []  # type: ignore[return-value]
+
+
+def test_a_burst_of_kernel_messages_goes_to_the_host_in_one_write(
+    pipes: tuple[int, int, HostLink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, host_in, link = pipes
+    context = zmq.Context()
+    kernel_side, agent_side = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    kernel_side.bind("inproc://burst")
+    agent_side.connect("inproc://burst")
+    writes: list[int] = []
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(fd) or real_write(fd, data))
+    try:
+        count = relay_module.DRAIN_MESSAGES + 6
+        for i in range(count):
+            kernel_side.send_json({"header": {"msg_type": "stream"}, "content": {"text": str(i)}})
+        assert agent_side.poll(int(BOUND * 1000))
+        relay = Relay(link)
+        with link.polled():
+            relay._relay_kernel_messages(QueuedKernel(), agent_side)  # type: ignore[arg-type]
+            assert writes == [], "queued for the end of the turn"
+            link.flush()
+        got = list(frames.FrameDecoder().feed(os.read(host_in, 1 << 20)))
+        assert writes == [link.output_fd], "one write for the whole burst"
+        texts = [f["msg"]["content"]["text"] for f in got if isinstance(f, dict)]
+        assert texts == [str(i) for i in range(relay_module.DRAIN_MESSAGES)], "at most DRAIN_MESSAGES a turn"
+    finally:
+        kernel_side.close(linger=0)
+        agent_side.close(linger=0)
+        context.term()

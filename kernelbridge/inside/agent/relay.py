@@ -45,9 +45,9 @@ SHUTDOWN_REPLY_GRACE = 0.5
 """ipykernel sometimes lingers for seconds after answering shutdown_request, and the host waits
 for the container to end: it gets this long, then it is stopped."""
 POLL_MS = 200
+"""Longest wait for a source; the chores of step 5 run at least this often."""
 DRAIN_MESSAGES = 64
 """Kernel messages taken from one socket in one turn, at most: the host's stdin is read between."""
-"""Longest wait for a source; the chores of step 5 run at least this often."""
 
 IDLE_EXIT = 5
 """The agent's (and so the container's) exit status when it ended itself: no host for longer than
