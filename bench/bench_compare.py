@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
-import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+from bench_runtime import bridge, call, warm_calls  # same directory: the same calls as its warm measure
 from mcp.client.client import Client
-from mcp.client.stdio import StdioServerParameters
 
-KERNELBRIDGE = str(Path(sys.executable).with_name("kernelbridge"))
 BLOCK = 100
 WARM_UP = 30
 TICKS = 100
@@ -83,29 +79,13 @@ def pids() -> set[int]:
     return {int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()}
 
 
-async def call(variant: Variant) -> None:
-    began = time.perf_counter()
-    result = await variant.client.call_tool("run_python", {"code": "1+1"})
-    variant.times.append(time.perf_counter() - began)
-    if result.is_error:
-        raise RuntimeError(f"{variant.name}: run_python failed: {result.content[0].text}")  # type: ignore[union-attr]
-
-
 async def start(stack: AsyncExitStack, name: str, source: str | None) -> Variant:
-    state = stack.enter_context(tempfile.TemporaryDirectory())
-    # A throwaway state directory and no durable sessions: nothing is left running detached.
-    env = {"KERNELBRIDGE_STATE_DIR": state, "KERNELBRIDGE_DURABLE": "0"}
-    if source is not None:
-        env["PYTHONPATH"] = source
+    """A bridge of this checkout (``source`` None) or of ``source``, its session warm."""
     before = pids()
-    params = StdioServerParameters(command=KERNELBRIDGE, args=["serve"], env=env)
-    client = await stack.enter_async_context(Client(params, read_timeout_seconds=180))
-    variant = Variant(name, client, 0)
-    for _ in range(WARM_UP):
-        await call(variant)
-    variant.times.clear()
-    variant.pid = bridge_pid(before)
-    return variant
+    # bench_runtime's bridge: a throwaway state directory, no durable sessions.
+    client, _ = await stack.enter_async_context(bridge(None, **({"PYTHONPATH": source} if source else {})))
+    await warm_calls(client, WARM_UP)
+    return Variant(name, client, bridge_pid(before))
 
 
 async def compare(base: str, calls: int) -> None:
@@ -116,7 +96,7 @@ async def compare(base: str, calls: int) -> None:
             for variant in (new, old) if block % 2 else (old, new):
                 bridge, machine = process_ticks(variant.pid), machine_ticks()
                 for _ in range(BLOCK):
-                    await call(variant)
+                    variant.times.append(await call(variant.client, "1+1"))
                 variant.bridge_ticks += process_ticks(variant.pid) - bridge
                 variant.machine_ticks += machine_ticks() - machine
         print(f"warm `run_python` of `1+1`, {len(new.times)} calls each, in blocks of {BLOCK}:")

@@ -289,8 +289,9 @@ def shape_problem(value: Any, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_N
     return None
 
 
-def value_estimate(line: bytes) -> int:
-    """An upper bound of the number of JSON values in ``line``, found without parsing it.
+def value_estimate(line: bytes, plain: int) -> int:
+    """An upper bound of the number of JSON values in ``line``, found without parsing it;
+    ``plain``: its commas and brackets (:func:`_marks`).
 
     Why: ``json.loads`` builds every value before :func:`shape_problem` can count them, and
     values cost far more than their text: a 48 MiB line of ``[],`` is 16 million lists, 1.2 GB
@@ -300,7 +301,6 @@ def value_estimate(line: bytes) -> int:
     is over the limit (e.g. a big CSV text shown as one display) and that hold at most a quarter
     of MAX_NODES strings (so the split costs at most ~20 MB for a moment).
     """
-    plain = line.count(b",") + line.count(b"[") + line.count(b"{")
     if plain <= MAX_NODES:
         return plain
     # Drop escaped backslashes, then escaped quotes: every '"' left delimits a string.
@@ -315,7 +315,8 @@ def value_estimate(line: bytes) -> int:
 def parse_line(line: bytes) -> Frame | FrameError:
     """Decode one complete line (without its newline) into a frame, or say why it is not one."""
     size = len(line)
-    if (values := value_estimate(line)) > MAX_NODES:
+    openers, plain = _marks(line)
+    if (values := value_estimate(line, plain)) > MAX_NODES:
         return FrameError(f"frame of about {values:,} values (more than {MAX_NODES:,})", size)
     try:
         value = json.loads(line)
@@ -323,7 +324,7 @@ def parse_line(line: bytes) -> Frame | FrameError:
         return FrameError(f"not JSON ({str(exc)[:80]})", size)
     except RecursionError:
         return FrameError(f"JSON nested too deeply (more than {MAX_DEPTH} levels)", size)
-    problem = shape_problem(value) if _may_be_misshapen(line) else None
+    problem = shape_problem(value) if _may_be_misshapen(openers, plain) else None
     if problem is not None:
         return FrameError(f"frame {problem}", size)
     if not isinstance(value, dict):
@@ -336,13 +337,21 @@ def parse_line(line: bytes) -> Frame | FrameError:
     return value
 
 
-def _may_be_misshapen(line: bytes, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> bool:
-    """Whether :func:`shape_problem` could find anything in ``line``'s value. Not when it holds
-    fewer than ``max_depth`` brackets (no path nests that deep) and fewer than ``max_nodes``
-    brackets and commas (every value but the first follows one): the walk of each frame's values
-    is then left out, a counting of bytes at C speed instead (most frames are a few hundred bytes)."""
+def _marks(line: bytes) -> tuple[int, int]:
+    """The opening brackets of ``line``, and those with its commas (counted once, at C speed)."""
     openers = line.count(b"[") + line.count(b"{")
-    return openers >= max_depth or openers + line.count(b",") >= max_nodes
+    return openers, openers + line.count(b",")
+
+
+def _may_be_misshapen(
+    openers: int, plain: int, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
+) -> bool:
+    """Whether :func:`shape_problem` could find anything in the value of a line of ``openers``
+    brackets and ``plain`` brackets and commas (:func:`_marks`). Not when there are fewer than
+    ``max_depth`` brackets (no path nests that deep) and fewer than ``max_nodes`` brackets and
+    commas (every value but the first follows one): the walk of each frame's values is then left
+    out (most frames are a few hundred bytes)."""
+    return openers >= max_depth or plain >= max_nodes
 
 
 def _is_kernel_frame(value: Frame) -> bool:

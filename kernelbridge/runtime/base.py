@@ -124,8 +124,18 @@ class ContainerSpec:
     def shape(self) -> str:
         """A digest of everything the sandbox is made with but its name and owner (whose it is,
         not what it is): two specs of one shape make interchangeable sandboxes."""
-        made_with = (self.image, self.limits, self.env, self.command, self.labels, self.mounts)
-        return _digest((*made_with, self.agent_hash, self.durable))
+        return _digest(
+            (
+                self.image,
+                self.limits,
+                self.env,
+                self.command,
+                self.labels,
+                self.mounts,
+                self.agent_hash,
+                self.durable,
+            )
+        )
 
     @property
     def mounts_shape(self) -> str:

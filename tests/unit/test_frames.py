@@ -143,8 +143,8 @@ def test_the_walk_of_a_frame_is_left_out_only_where_it_could_find_nothing(
     value: object, max_depth: int, max_nodes: int
 ) -> None:
     # Small bounds, so that the values hypothesis makes reach them (the real ones are 64 and 1M).
-    line = json.dumps(value).encode()
-    if not frames._may_be_misshapen(line, max_depth, max_nodes):
+    openers, plain = frames._marks(json.dumps(value).encode())
+    if not frames._may_be_misshapen(openers, plain, max_depth, max_nodes):
         assert frames.shape_problem(value, max_depth, max_nodes) is None
 
 

@@ -50,6 +50,13 @@ HALF_CLOSE = "kernelbridge.send_eof"
 """``get_extra_info`` key under which our network streams offer their half-close."""
 
 
+def _bounded(timeout: float | None) -> contextlib.AbstractContextManager[object]:
+    """``anyio.fail_after(timeout)``, or no scope at all without a timeout: a container's stdio is
+    read for as long as it runs and written under its tunnel's own bound (``Tunnel.send_bytes``),
+    and a cancel scope per read or write is a cost on every warm call."""
+    return contextlib.nullcontext() if timeout is None else anyio.fail_after(timeout)
+
+
 class HalfClosableStream(httpcore2.AsyncNetworkStream):
     """httpcore's network stream over an anyio stream, plus a half-close of the write side."""
 
@@ -61,9 +68,7 @@ class HalfClosableStream(httpcore2.AsyncNetworkStream):
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         try:
-            if timeout is None:  # a container's stdout, read for as long as it runs: no scope
-                return await self._stream.receive(max_bytes)
-            with anyio.fail_after(timeout):
+            with _bounded(timeout):
                 return await self._stream.receive(max_bytes)
         except anyio.EndOfStream:
             return b""
@@ -76,11 +81,8 @@ class HalfClosableStream(httpcore2.AsyncNetworkStream):
         if not buffer:
             return
         try:
-            if timeout is None:  # a container's stdin: its writer bounds the write (Tunnel.send_bytes)
+            with _bounded(timeout):
                 await self._stream.send(buffer)
-            else:
-                with anyio.fail_after(timeout):
-                    await self._stream.send(buffer)
         except TimeoutError:
             raise httpcore2.WriteTimeout("the engine took nothing in time") from None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
