@@ -62,6 +62,11 @@ async def wait_for(condition: Callable[[], object], what: str, timeout: float = 
         await anyio.sleep(0.1)
 
 
+def pool_filled(state_dir: Path) -> bool:
+    """A warm sandbox of ``state_dir``'s pool is ready: the pool wrote its record."""
+    return bool(SessionStore(state_dir).warm_records())
+
+
 def agent_pid(container: str) -> int:
     """The host pid of ``container``'s PID 1 (the agent)."""
     pid = int(podman("inspect", "--format", "{{.State.Pid}}", container).strip() or 0)

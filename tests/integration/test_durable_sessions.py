@@ -16,7 +16,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -34,18 +34,13 @@ from bridge_harness import (
     serve_pids,
     stop_process_tree,
 )
-from durable_harness import forge_secret, running, secret_file
+from durable_harness import DURABLE, WAIT, forge_secret, pool_filled, running, secret_file, wait_for
 from mcp.client.client import Client
 
 from kernelbridge.host.container import STATE_LABEL, state_identity
 from kernelbridge.session.store import SessionStore
 
 pytestmark = pytest.mark.anyio
-
-DURABLE: dict[str, str] = {}
-"""Sessions outlive their bridge with every setting at its default (a warm pool of one included:
-most sessions' sandboxes come from it)."""
-WAIT = 60.0
 
 
 def sandboxes_of(state_dir: Path, *, every: bool = True, warm: bool = False) -> list[str]:
@@ -71,14 +66,6 @@ def state(tmp_path: Path, sandbox_image: str) -> Iterator[Path]:
             podman("rm", "-f", "-t", "0", *left, timeout=120)
         if attempt == 0:
             time.sleep(1.0)
-
-
-async def wait_for(condition: Callable[[], object], what: str, timeout: float = WAIT) -> None:
-    """Poll ``condition`` (a podman query: nothing to wait on but the engine) until it holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
-        await anyio.sleep(0.1)
 
 
 def record(state_dir: Path, session: str) -> object:
@@ -368,7 +355,7 @@ async def test_an_http_restart_gives_each_token_only_its_own_sessions(state: Pat
 
 async def test_a_new_bridge_adopts_the_warm_pool_of_the_one_before(state: Path) -> None:
     async with open_bridge(state, **DURABLE) as bridge:
-        await wait_for(lambda: list((state / "warm").glob("*.json")), "the pool filled: its sandbox ready")
+        await wait_for(lambda: pool_filled(state), "the pool filled: its sandbox ready")
         (pooled,) = sandboxes_of(state, every=False, warm=True)
         assert bridge.sessions == set()
     async with open_bridge(state, **DURABLE) as bridge:
@@ -396,7 +383,7 @@ async def test_a_warm_sandbox_of_another_image_is_not_adopted(
     removed, and a new session gets the image the bridge starts, not the old one."""
     # The image setting is what this test changes: the first bridge starts the other reference.
     async with open_bridge(state, KERNELBRIDGE_IMAGE=other_image):
-        await wait_for(lambda: list((state / "warm").glob("*.json")), "the pool filled: its sandbox ready")
+        await wait_for(lambda: pool_filled(state), "the pool filled: its sandbox ready")
         (stale,) = sandboxes_of(state, every=False, warm=True)
     async with open_bridge(state, **DURABLE) as bridge:
         result = await bridge.run("print('fresh')", "s")

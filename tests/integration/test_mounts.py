@@ -19,7 +19,7 @@ import anyio
 import nbformat
 import pytest
 from bridge_harness import open_bridge
-from durable_harness import wait_for
+from durable_harness import pool_filled, wait_for
 from nbclient import NotebookClient
 from PIL import Image
 
@@ -114,7 +114,7 @@ async def test_a_mount_taken_away_is_not_seen_by_the_next_bridges_sessions(
     pool it, and its first new session does not see the directory."""
     state = tmp_path / "state"
     async with open_bridge(state, KERNELBRIDGE_MOUNTS=f"{data}:/data"):
-        await wait_for(lambda: list((state / "warm").glob("*.json")), "the pool filled: its sandbox ready")
+        await wait_for(lambda: pool_filled(state), "the pool filled: its sandbox ready")
     async with open_bridge(state) as bridge:
         seen = await bridge.run("import os; print(os.path.exists('/data/sales.csv'))", "s")
         assert seen.status == "ok" and seen.stdout == "False\n", seen.text
