@@ -37,6 +37,18 @@ def elements(driver: Any, css: str) -> list[Any]:
         return []
 
 
+def clicked(element: Any) -> bool:
+    """Click ``element``; False when the page is still settling (another element lies over it for
+    a moment, or it was re-rendered meanwhile): the caller's poll clicks again on its next turn."""
+    from selenium.common.exceptions import ElementClickInterceptedException, StaleElementReferenceException
+
+    try:
+        element.click()
+    except (ElementClickInterceptedException, StaleElementReferenceException):
+        return False
+    return True
+
+
 def text_of(element: Any) -> str:
     try:
         return str(element.text)
@@ -53,9 +65,9 @@ async def running_items(driver: Any) -> list[str]:
     """The labels in JupyterLab's Running panel (shown first), after its refresh button."""
     tab = elements(driver, 'li[data-id="jp-running-sessions"]')
     if tab and "lm-mod-current" not in (tab[0].get_attribute("class") or ""):
-        tab[0].click()
+        clicked(tab[0])
     for button in elements(driver, '#jp-running-sessions jp-button[title="Refresh List"]'):
-        button.click()
+        clicked(button)
     await anyio.sleep(0.5)
     return [text_of(e) for e in elements(driver, "#jp-running-sessions .jp-RunningSessions-itemLabel")]
 
@@ -71,10 +83,9 @@ async def open_from_running(driver: Any, label: str) -> None:
         return None
 
     deadline = time.monotonic() + PAGE_WAIT
-    while (found := await item()) is None:
+    while (found := await item()) is None or not clicked(found):
         assert time.monotonic() < deadline, f"no {label!r} under Running: {await running_items(driver)}"
         await anyio.sleep(1)
-    found.click()
 
 
 def console_cells(driver: Any) -> list[dict[str, Any]]:
