@@ -262,9 +262,15 @@ class Doctor:
 
     async def run(self) -> int:
         from kernelbridge.runtime import open_selection
+        from kernelbridge.runtime.info_store import forget
 
         self.settings_check()
         await self.check("state", self.state_check)
+        # People run doctor after changing their setup: its engine must be asked afresh. Dropping
+        # the kept infos here, rather than a "fresh" flag through the selection, reaches every
+        # backend it may open (a socket, its own service, the CLI) in one line, and its first ask
+        # keeps the new answer for the bridges after it.
+        forget()
         try:
             async with open_selection(self.settings) as selection:
                 self.runtime, self.reason = selection.backend, selection.reason

@@ -43,8 +43,7 @@ import abc
 import builtins
 import enum
 import hashlib
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -254,29 +253,6 @@ class RuntimeInfo:
     """Whether a running container can be attached to again (:meth:`RuntimeBackend.attach_exec`),
     so that sandboxes may outlive their bridge (:attr:`ContainerSpec.durable`): the engine API
     backends; not the CLI fallback."""
-
-
-INFO_TTL = 10.0
-"""Seconds an engine's info is taken as still true (a daemon reconfigured meanwhile is seen at the
-next ask after that; limits and image are checked again at each call while they refuse)."""
-
-
-@dataclass
-class InfoCache:
-    """A backend's last :class:`RuntimeInfo` and when it was asked: a start asks several times in
-    a row (limits, image, re-attach, mounts), and podman takes ~0.4 s and six dpkg-query runs to
-    answer each."""
-
-    _last: tuple[float, RuntimeInfo] | None = None
-
-    async def get(self, ask: Callable[[], Awaitable[RuntimeInfo]]) -> RuntimeInfo:
-        """The info asked within :data:`INFO_TTL`, else ``await ask()``'s (then kept)."""
-        now = time.monotonic()
-        if self._last is not None and now - self._last[0] < INFO_TTL:
-            return self._last[1]
-        info = await ask()
-        self._last = (now, info)
-        return info
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ imported only when an engine is tried, so a CLI-only path never loads the HTTP s
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from kernelbridge.runtime.base import RuntimeBackend
 from kernelbridge.runtime.cli.backend import CliRuntime
 from kernelbridge.runtime.cli.podman import default_oci_runtime
 from kernelbridge.runtime.engine.endpoint import Engine
+from kernelbridge.runtime.info_store import InfoStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +184,13 @@ def _cli_backend(engine: Engine, settings: Settings) -> CliRuntime | None:
     if not path:
         return None
     if engine == "podman":
-        return CliRuntime("podman", path, oci_runtime=default_oci_runtime(), workdir=settings.run_dir)
+        oci_runtime = default_oci_runtime()
+        # This machine's podman keeps its info for this user's other processes, unless these
+        # variables make the CLI a client of a remote service. docker's daemon keeps none: its
+        # configuration and restarts are not in files the key could stamp, and it answers fast.
+        remote = any(os.environ.get(v) for v in ("CONTAINER_HOST", "CONTAINER_CONNECTION"))
+        kept = None if remote else InfoStore(where="cli", oci_runtime=oci_runtime, executable=path)
+        return CliRuntime("podman", path, oci_runtime=oci_runtime, workdir=settings.run_dir, info_store=kept)
     return CliRuntime("docker", path, workdir=settings.run_dir)
 
 

@@ -128,12 +128,12 @@ class InfoClient:
 
 
 async def test_a_bridge_start_asks_the_engine_for_its_info_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernelbridge.runtime import base
+    from kernelbridge.runtime import info_store
 
     client = InfoClient()
     runtime = EngineRuntime(client, engine="podman")  # type: ignore[arg-type]
     clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(info_store.time, "monotonic", lambda: clock[0])
     first = await runtime.info()
     assert await runtime.info() == first and first.limits_enforced and not first.rootless
     assert (first.cgroup_version, first.oci_runtime, first.storage_driver, first.version) == (
@@ -144,14 +144,14 @@ async def test_a_bridge_start_asks_the_engine_for_its_info_once(monkeypatch: pyt
     )
     # libpod's own info only: podman's compat /info costs the same package lookups again.
     assert client.paths == ["/libpod/info"]
-    clock[0] += base.INFO_TTL  # later asks see a daemon changed meanwhile
+    clock[0] += info_store.INFO_TTL  # later asks see a daemon changed meanwhile
     await runtime.info()
     assert client.paths == ["/libpod/info"] * 2
 
 
 async def test_the_cli_backend_asks_podman_info_once_a_start(monkeypatch: pytest.MonkeyPatch) -> None:
     """`podman info` is ~0.4 s and six dpkg-query runs: a kernelspec kernel's start asks twice."""
-    from kernelbridge.runtime import base
+    from kernelbridge.runtime import info_store
     from kernelbridge.runtime.cli.backend import CliRuntime
 
     asked: list[tuple[str, ...]] = []
@@ -167,12 +167,12 @@ async def test_the_cli_backend_asks_podman_info_once_a_start(monkeypatch: pytest
     runtime = CliRuntime()
     runtime.cli = FakeCli()  # type: ignore[assignment]
     clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(info_store.time, "monotonic", lambda: clock[0])
     first = await runtime.info()
     assert await runtime.info() == first
     assert (first.oci_runtime, first.storage_driver, first.limits_enforced) == ("runc", "overlay", True)
     assert len(asked) == 2  # --version and info, once
-    clock[0] += base.INFO_TTL
+    clock[0] += info_store.INFO_TTL
     await runtime.info()
     assert len(asked) == 4
 

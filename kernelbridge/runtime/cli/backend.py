@@ -33,7 +33,6 @@ from kernelbridge.runtime.base import (
     ContainerState,
     ContainerStream,
     ImageStore,
-    InfoCache,
     RuntimeBackend,
     RuntimeInfo,
 )
@@ -42,6 +41,7 @@ from kernelbridge.runtime.cli.images import CliImages
 from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
 from kernelbridge.runtime.events import died
 from kernelbridge.runtime.flags import sandbox_flags, unsupported
+from kernelbridge.runtime.info_store import InfoCache, InfoStore
 from kernelbridge.runtime.races import half_removed, retrying
 
 ATTACH_TIMEOUT = 10.0
@@ -98,18 +98,23 @@ class CliRuntime(RuntimeBackend):
     """podman's ``--runtime`` to force (e.g. ``runc`` where crun fails on hybrid cgroups)."""
     workdir: Path | None = None
     """Working directory of the CLI processes (see ``command.Cli.workdir``)."""
+    info_store: InfoStore | None = None
+    """Where podman's info may be kept for this user's other processes (the selection says
+    whether this CLI speaks to this machine's podman); None: asked in each process."""
     name: str = field(init=False)
     images: ImageStore = field(init=False, repr=False)
     cli: Cli = field(init=False, repr=False)
     _drains: StderrDrains = field(default_factory=StderrDrains, init=False, repr=False)
     _never_started: set[str] = field(default_factory=set, init=False, repr=False)
     """Ids this backend created and has not attached to: ``attach`` starts them without asking."""
-    _info: InfoCache = field(default_factory=InfoCache, init=False, repr=False)
+    _info: InfoCache = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.name = f"{self.engine}-cli"
         self.cli = Cli(self.engine, self.executable, self.workdir)
         self.images = CliImages(self.cli)
+        store = self.info_store
+        self._info = InfoCache(store.with_backend(self.name, self.executable) if store is not None else None)
 
     async def __aenter__(self) -> CliRuntime:
         await self._drains.open()

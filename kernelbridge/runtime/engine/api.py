@@ -38,7 +38,6 @@ from kernelbridge.runtime.base import (
     ContainerSpec,
     ContainerState,
     ContainerStream,
-    InfoCache,
     RuntimeBackend,
     RuntimeInfo,
 )
@@ -50,6 +49,7 @@ from kernelbridge.runtime.engine.stream import EngineStream
 from kernelbridge.runtime.engine.transport import EngineClient
 from kernelbridge.runtime.events import died
 from kernelbridge.runtime.flags import sandbox_flags, unsupported
+from kernelbridge.runtime.info_store import InfoCache, InfoStore
 from kernelbridge.runtime.races import half_removed, retrying
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class EngineRuntime(RuntimeBackend):
         version: str = "",
         helpers: list[HelperProcess] | None = None,
         note: str = "",
+        info_store: InfoStore | None = None,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -106,7 +107,12 @@ class EngineRuntime(RuntimeBackend):
         self._never_started: set[str] = set()
         """Ids of containers this backend created and has not attached to yet: ``attach`` starts
         them without asking the engine for their state first."""
-        self._info = InfoCache()
+        # ``info_store``: where a LOCAL engine's info may be kept for this user's other processes
+        # (its opener knows which podman this is); podman only, docker answers /info from memory.
+        if info_store is not None and engine == "podman":
+            self._info = InfoCache(store=info_store.with_backend(self.name, self.endpoint.url, version))
+        else:
+            self._info = InfoCache()
 
     @property
     def endpoint(self) -> Endpoint:
@@ -423,11 +429,15 @@ def _listed(row: dict[str, Any]) -> ContainerInfo:
 
 
 async def open_engine(
-    client: EngineClient, *, helpers: list[HelperProcess] | None = None, note: str = ""
+    client: EngineClient,
+    *,
+    helpers: list[HelperProcess] | None = None,
+    note: str = "",
+    info_store: InfoStore | None = None,
 ) -> EngineRuntime:
     """Ask the engine behind ``client`` who it is and wrap it: ``GET /_ping``, whose
     ``Libpod-Api-Version`` header names podman and its version (podman's ``/version`` costs ~0.5 s
-    of package lookups), else ``GET /version`` of docker.
+    of package lookups), else ``GET /version`` of docker. ``info_store``: see :class:`EngineRuntime`.
 
     Raises RuntimeUnavailable (and closes ``client`` and ``helpers``) when it does not answer.
     """
@@ -445,4 +455,6 @@ async def open_engine(
                 await helper.stop()
         raise
     client.engine = engine
-    return EngineRuntime(client, engine=engine, version=version, helpers=helpers, note=note)
+    return EngineRuntime(
+        client, engine=engine, version=version, helpers=helpers, note=note, info_store=info_store
+    )

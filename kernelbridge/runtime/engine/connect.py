@@ -25,6 +25,7 @@ from kernelbridge.runtime.engine.endpoint import (
 )
 from kernelbridge.runtime.engine.service import HelperProcess, podman_service, ssh_forward
 from kernelbridge.runtime.engine.transport import API_TIMEOUT, EngineClient
+from kernelbridge.runtime.info_store import InfoStore
 
 PROBE_TIMEOUT = 3.0
 """Bound of asking a candidate socket whether an engine answers: a local engine answers in
@@ -64,7 +65,9 @@ async def connect_engine(
         unix_path = str(local)
     client = _client(endpoint, engine, unix_path)
     client.timeout = PROBE_TIMEOUT if probe else API_TIMEOUT
-    runtime = await open_engine(client, helpers=helpers, note=note)
+    # A socket on this host: its podman's info may be kept for this user's other processes.
+    kept = InfoStore(where=f"socket:{endpoint.path}") if endpoint.scheme == "unix" else None
+    runtime = await open_engine(client, helpers=helpers, note=note, info_store=kept)
     client.timeout = API_TIMEOUT
     return runtime
 
@@ -85,10 +88,15 @@ async def start_own_podman(settings: Settings) -> EngineRuntime:
     podman = shutil.which("podman")
     if podman is None:
         raise RuntimeUnavailable("podman is not installed")
-    helper, sock = podman_service(settings.run_dir, default_oci_runtime(), podman)
+    oci_runtime = default_oci_runtime()
+    helper, sock = podman_service(settings.run_dir, oci_runtime, podman)
     await _start_until_it_answers(helper, sock, "podman")
     endpoint = Endpoint("unix", path=str(sock))
-    return await open_engine(_client(endpoint, "podman"), helpers=[helper], note="started by kernelbridge")
+    # Its socket is a new one each time: its info is kept as that of this podman executable's.
+    kept = InfoStore(where="service", oci_runtime=oci_runtime, executable=podman)
+    return await open_engine(
+        _client(endpoint, "podman"), helpers=[helper], note="started by kernelbridge", info_store=kept
+    )
 
 
 async def _start_until_it_answers(helper: HelperProcess, sock: Path, engine: Engine | None) -> None:
