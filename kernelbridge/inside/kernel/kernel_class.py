@@ -10,10 +10,16 @@ protocol's entries are ``(session, line, input)`` with real session numbers: a c
 for a range of the session a ``tail`` reply named (jupyter_kernel_test does, so does a console
 restoring its history) must get that session back, not 0. ``%history`` is unaffected: only the
 reply is renumbered.
+
+No debugger: kernelbridge offers none (its kernelspec says ``"debugger": false``), yet creating an
+IPythonKernel imports debugpy and pydevd for one, about 0.1 s of CPU of a kernel's ~0.4 s start.
+:func:`debugger_left_out` imports ipykernel's debugger module with debugpy marked absent, as
+ipykernel does where debugpy is not installed; cells may still import debugpy.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -21,9 +27,30 @@ from ipykernel.ipkernel import IPythonKernel
 from kernelbridge.inside.kernel.shell import SandboxShell
 
 
+def debugger_left_out() -> None:
+    """Import ``ipykernel.debugger`` (once) with debugpy absent: its ``_is_debugpy_available`` is
+    then False, so the kernel creates no debugger and its kernel_info offers none."""
+    if "ipykernel.debugger" in sys.modules:
+        return
+    had = sys.modules.get("debugpy")
+    sys.modules["debugpy"] = None  # type: ignore[assignment]  # "not installed", for this import
+    try:
+        import ipykernel.debugger  # noqa: F401
+    finally:
+        if had is None:
+            del sys.modules["debugpy"]
+        else:
+            sys.modules["debugpy"] = had
+
+
 class SandboxKernel(IPythonKernel):
     """IPythonKernel whose ``history_reply`` names the current session by its number, with the
-    sandbox's shell."""
+    sandbox's shell, and no debugger."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SandboxKernel:
+        # Before traitlets resolves the class's ``debugger_class`` (on creation, before __init__).
+        debugger_left_out()
+        return super().__new__(cls, *args, **kwargs)
 
     # A plain class attribute in place of IPythonKernel's trait of the same name (which is not
     # configurable either): IPythonKernel.__init__ makes ``self.shell_class.instance(...)``.
