@@ -492,7 +492,8 @@ def sandbox_kernel(workdir: Path, with_host: bool = True) -> Iterator[SandboxKer
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
     }
     # The agent's own argv (kernel class, out stream, extensions); -Xfrozen_modules=off (with
-    # PYDEVD_DISABLE_FILE_VALIDATION) keeps debugpy in the kernel from warning about frozen modules.
+    # PYDEVD_DISABLE_FILE_VALIDATION) keeps debugpy, should a cell import it (the kernel itself
+    # loads none), from warning about frozen modules.
     argv = kernel_argv(str(connection_file), python=(sys.executable, "-Xfrozen_modules=off"))
     host_end: socket.socket | None = None
     pass_fds: tuple[int, ...] = ()
