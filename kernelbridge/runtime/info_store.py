@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 
 from kernelbridge.runtime.base import RuntimeInfo
+from kernelbridge.runtime.cli.podman import podman_config_files
 
 # Which engines keep their info on disk is their openers' choice (engine/connect.py: a unix socket
 # or the bridge's own service; select.py: the podman CLI): a remote engine's configuration is not
@@ -77,19 +78,6 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME", "")
     return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "kernelbridge"
-
-
-def podman_config_files(env: Mapping[str, str] | None = None) -> list[str]:
-    """The files (and drop-in directories) of podman's configuration, whether they exist or not."""
-    env = os.environ if env is None else env
-    user = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "containers"
-    found = [
-        f"{root}/{name}"
-        for root in ("/etc/containers", "/usr/share/containers", str(user))
-        for name in ("containers.conf", "storage.conf", "containers.conf.d")
-    ]
-    variables = ("CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE", "CONTAINERS_STORAGE_CONF")
-    return found + [env[v] for v in variables if env.get(v)]
 
 
 def _stamp(path: str) -> tuple[int, int] | None:

@@ -50,10 +50,26 @@ STORAGE_TIMEOUT = 60.0
 """Bound of `podman info` and `podman system reset` (a reset of an empty storage takes a second)."""
 
 
+def user_config_dir() -> Path:
+    """This user's podman configuration directory (``$XDG_CONFIG_HOME/containers``)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "containers"
+
+
 def rootless_storage_conf() -> Path:
     """This user's podman storage configuration file."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "containers" / "storage.conf"
+    return user_config_dir() / "storage.conf"
+
+
+def podman_config_files() -> list[str]:
+    """The files (and drop-in directories) of podman's configuration, whether they exist or not."""
+    found = [
+        f"{root}/{name}"
+        for root in ("/etc/containers", "/usr/share/containers", str(user_config_dir()))
+        for name in ("containers.conf", "storage.conf", "containers.conf.d")
+    ]
+    variables = ("CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE", "CONTAINERS_STORAGE_CONF")
+    return found + [os.environ[v] for v in variables if os.environ.get(v)]
 
 
 async def use_overlay_storage() -> str | None:
