@@ -7,8 +7,9 @@ image build the first time), so their expensive results are cached, keyed by con
 - the distributions are built once per test session;
 - the unprivileged user ``kb-nonroot`` is created once and kept (idempotent: ``useradd`` and
   subordinate id ranges only when missing); its podman storage keeps its sandbox image, and its
-  home keeps one virtualenv per wheel content (older ones are removed), so a second run repeats
-  neither the image build nor the pip install. ``userdel -r kb-nonroot`` removes all of it.
+  home keeps one virtualenv per set of the wheel's dependencies (older ones are removed), so a
+  second run repeats neither the image build nor the dependencies' install: a change of code
+  reinstalls the wheel alone. ``userdel -r kb-nonroot`` removes all of it.
 """
 
 from __future__ import annotations
@@ -70,23 +71,28 @@ def test_user() -> TestUser:
 
 @pytest.fixture(scope="session")
 def user_venv(test_user: TestUser, dists: Dists) -> Path:
-    """A virtualenv of the test user with the wheel and its test extras, cached by wheel content."""
+    """A virtualenv of the test user with the wheel and its test extras, cached by the wheel's
+    dependencies: when only the code changed, the wheel alone is reinstalled (``--no-deps``)."""
     cache = test_user.home / ".cache" / "kernelbridge-test"
-    venv = cache / f"venv-{dists.digest()}"
-    complete = venv / ".installed"  # written last: an interrupted install is redone
-    if complete.exists():
+    venv = cache / f"venv-{dists.requirements_digest()}"
+    complete = venv / ".installed"  # written last, with the wheel's digest: an interrupted install is redone
+    if complete.exists() and complete.read_text() == dists.digest():
         return venv
     # The wheel must be readable by the user: copy it where the user can read it.
     run(test_user.argv("mkdir", "-p", str(cache)), timeout=60)
-    for old in cache.glob("venv-*"):
-        shutil.rmtree(old, ignore_errors=True)
     wheel = cache / dists.wheel.name
     shutil.copyfile(dists.wheel, wheel)
     os.chown(wheel, test_user.uid, -1)
-    run(test_user.argv(USER_PYTHON, "-m", "venv", str(venv)), timeout=PIP_TIMEOUT)
     pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
-    run(test_user.argv(*pip, f"{wheel}[test]"), timeout=PIP_TIMEOUT)
-    complete.touch()
+    if complete.exists():
+        complete.unlink()
+        run(test_user.argv(*pip, "--no-deps", "--force-reinstall", str(wheel)), timeout=PIP_TIMEOUT)
+    else:
+        for old in cache.glob("venv-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        run(test_user.argv(USER_PYTHON, "-m", "venv", str(venv)), timeout=PIP_TIMEOUT)
+        run(test_user.argv(*pip, f"{wheel}[test]"), timeout=PIP_TIMEOUT)
+    complete.write_text(dists.digest())
     return venv
 
 

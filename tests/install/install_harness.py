@@ -49,6 +49,16 @@ class Dists:
                 digest.update(name.encode() + b"\0" + wheel.read(name))
         return digest.hexdigest()[:12]
 
+    def requirements_digest(self) -> str:
+        """A hash of what installing the wheel pulls in (its ``Requires-Dist`` and
+        ``Provides-Extra`` lines): equal for two builds whose code differs but whose dependencies
+        do not, so a virtualenv of the one serves the other once the wheel itself is replaced."""
+        with zipfile.ZipFile(self.wheel) as wheel:
+            (metadata,) = (name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
+            lines = wheel.read(metadata).decode().splitlines()
+        wanted = sorted(line for line in lines if line.startswith(("Requires-Dist:", "Provides-Extra:")))
+        return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:12]
+
 
 # -- the unprivileged user ---------------------------------------------------------------------------
 @dataclass(frozen=True)
