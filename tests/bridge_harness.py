@@ -68,6 +68,17 @@ def uses_state_dir(state_dir: Path) -> Path:
     return state_dir
 
 
+RUN_LABEL_KEY = "kernelbridge.test-run"
+
+
+def run_label() -> str:
+    """``kernelbridge.test-run=<id>``, this run's label, out of ``KERNELBRIDGE_LABELS`` (which a
+    test may extend with labels of its own: the sweep must not depend on them)."""
+    labels = (item.strip() for item in os.environ["KERNELBRIDGE_LABELS"].split(","))
+    (label,) = (item for item in labels if item.startswith(f"{RUN_LABEL_KEY}="))
+    return label
+
+
 def sandboxes_of_state_dirs(state_dirs: set[Path]) -> list[str]:
     """Ids of this run's durable sandboxes of ``state_dirs`` and of their HTTP namespaces,
     running or not (one engine listing)."""
@@ -77,8 +88,7 @@ def sandboxes_of_state_dirs(state_dirs: set[Path]) -> list[str]:
     for state_dir in state_dirs:
         for namespace in [state_dir, *sorted((state_dir / "http").glob("*"))]:
             identities.add(state_identity(namespace))
-    run_label = os.environ["KERNELBRIDGE_LABELS"]
-    listing = podman("ps", "-a", "--filter", f"label={run_label}", "--format", "{{.ID}} {{.Labels}}")
+    listing = podman("ps", "-a", "--filter", f"label={run_label()}", "--format", "{{.ID}} {{.Labels}}")
     found = []
     for line in listing.splitlines():
         container, _, labels = line.partition(" ")
