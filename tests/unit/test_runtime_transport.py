@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import httpcore2
 import pytest
 
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.runtime.engine.endpoint import Endpoint
-from kernelbridge.runtime.engine.transport import EngineClient, engine_message
+from kernelbridge.runtime.engine.transport import EngineClient, EngineNetworkBackend, engine_message
 
 pytestmark = pytest.mark.anyio
 
@@ -70,6 +73,33 @@ async def test_nothing_listening(tmp_path: Path) -> None:
         "is the service running?"
     )
     await client.aclose()
+
+
+async def test_a_unix_connection_carries_bytes_and_a_failed_one_leaves_no_socket(tmp_path: Path) -> None:
+    """The engine's unix sockets are kernelbridge's own (a repr without system calls: asyncio
+    formats it each time a read waits); they carry bytes both ways, and a connection that fails
+    closes its socket."""
+    backend = EngineNetworkBackend()
+    path = tmp_path / "engine.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+        stream = await backend.connect_unix_socket(str(path))
+        peer, _ = listener.accept()
+        with peer:
+            assert repr(stream.get_extra_info("socket")).startswith("<engine socket fd=")
+            await stream.write(b"ping")
+            assert peer.recv(4) == b"ping"
+            peer.sendall(b"pong")
+            assert await stream.read(4) == b"pong"
+        await stream.aclose()
+    fds = len(os.listdir("/proc/self/fd"))
+    failures = []  # kept, with their tracebacks (as a log record or an exception group would)
+    for _ in range(20):
+        with pytest.raises(httpcore2.ConnectError, match="no such socket") as failure:
+            await backend.connect_unix_socket(str(tmp_path / "none.sock"))
+        failures.append(failure.value)
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 async def test_connection_refused_on_tcp() -> None:
