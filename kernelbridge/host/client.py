@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 
 from kernelbridge.host.handlers import SandboxHandlers
+from kernelbridge.inside.kernel import HOST_CELL
 
 PROTOCOL_VERSION = "5.3"
 
@@ -76,11 +77,14 @@ class BridgeClient:
         *,
         msg_id: str | None = None,
         wait: bool = True,
+        metadata: dict[str, Any] | None = None,
     ) -> str:
         """Send a request; with ``wait`` its reply can be awaited with :meth:`reply`. Returns the
         msg_id. Raises SandboxError if the sandbox is not running or does not take the request
         in time."""
         msg = self.new_message(msg_type, content)
+        if metadata:
+            msg["metadata"] = metadata
         if msg_id is not None:
             msg["header"]["msg_id"] = msg_id
         msg_id = msg["header"]["msg_id"]
@@ -113,7 +117,10 @@ class BridgeClient:
             "allow_stdin": False,
             "stop_on_error": stop_on_error,
         }
-        return await self.request("shell", "execute_request", content, msg_id=msg_id, wait=wait)
+        metadata = {HOST_CELL: True}  # the host waits for idle too: no pause before the reply
+        return await self.request(
+            "shell", "execute_request", content, msg_id=msg_id, wait=wait, metadata=metadata
+        )
 
     async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
         """The reply to ``msg_id`` within ``timeout`` seconds, or None (timeout, or the sandbox ended)."""

@@ -1,7 +1,8 @@
 """Everything that runs INSIDE the sandbox container. It shares one module with the host:
 :mod:`kernelbridge.frames`, the frame codec (stdlib only); nothing here imports anything else of
-kernelbridge. The host takes nothing from here but this package's location: the image recipe
-copies these files, the hub loads the kernel's signature rules from ``pythonpath/mcp/_signature.py``.
+kernelbridge. The host takes little from here: this package's location (the image recipe copies
+these files, the hub loads the kernel's signature rules from ``pythonpath/mcp/_signature.py``), a
+few names the two sides must agree on (``handover``'s, ``kernel.HOST_CELL``).
 
 General layout:
 

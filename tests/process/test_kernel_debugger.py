@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from sandbox_kernel_fixture import SandboxKernel, sandbox_kernel
 
+from kernelbridge.inside.kernel import HOST_CELL
+from kernelbridge.inside.kernel.kernel_class import IPYKERNEL_PAUSE
+
 
 @pytest.fixture
 def kernel(tmp_path: Path) -> Iterator[SandboxKernel]:
@@ -29,8 +32,16 @@ def test_a_cell_may_still_import_debugpy(kernel: SandboxKernel) -> None:
     assert kernel.value("import debugpy\ndebugpy.__name__") == "debugpy"
 
 
-def test_the_kernel_does_not_sleep_before_its_replies(kernel: SandboxKernel) -> None:
-    """ipykernel sleeps 0.5 ms before each execute_reply unless told not to (the agent's flags);
-    the host ends a cell at the reply and iopub's idle, so outputs printed last are still in."""
-    assert kernel.value("get_ipython().kernel._execute_sleep") == 0
-    assert kernel.run("print('last words', end='')").stdout == "last words"
+def test_the_kernel_answers_the_hosts_cells_without_ipykernels_pause(kernel: SandboxKernel) -> None:
+    """ipykernel sleeps 0.5 ms before each execute_reply (so that clients that stop at the reply
+    have seen the last outputs); the bridge's own requests, marked, are answered without it, since
+    the host ends a cell at the reply and iopub's idle. Other clients keep ipykernel's pause."""
+    code = "print('last words', end='')\nget_ipython().kernel._execute_sleep"
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}}
+    msg = kernel.client.session.msg("execute_request", content, metadata={HOST_CELL: True})
+    kernel.client.shell_channel.send(msg)
+    from_host = kernel.collect(msg["header"]["msg_id"])
+    assert (from_host.status, from_host.result, from_host.stdout) == ("ok", "0.0", "last words")
+    other = kernel.run(code)
+    assert (other.status, other.result, other.stdout) == ("ok", str(IPYKERNEL_PAUSE), "last words")
+    assert IPYKERNEL_PAUSE > 0

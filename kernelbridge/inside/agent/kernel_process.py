@@ -61,10 +61,6 @@ KERNEL_FLAGS = (
     # mcp._ipython binds the host-MCP sandbox API (`runtime`, `mcp_servers`...); pip_magic puts
     # the session's packages on sys.path and makes `%pip install` go through the host.
     f"--IPKernelApp.extensions={json.dumps(list(KERNEL_EXTENSIONS))}",
-    # ipykernel sleeps 0.5 ms before every execute_reply, so that a client which takes the reply
-    # for the end of a cell has seen its last outputs; the host ends a cell at the reply AND
-    # iopub's idle (as nbclient does), which follows every output, so the sleep is pure latency.
-    "--Kernel._execute_sleep=0",
 )
 """What the agent passes after ``-f <connection file>``; tests start local kernels with the same."""
 OUTPUT_CHUNK = 65536

@@ -7,3 +7,8 @@
 ``bounded_history.py``   ``--IPKernelApp.extensions``: IPython keeps no outputs and bounded inputs
 ``pip_magic.py``         ``--IPKernelApp.extensions``: ``%pip`` through the host, packages on sys.path
 """
+
+HOST_CELL = "kernelbridge_host_cell"
+"""Metadata key (true) of an execute_request the bridge's own client sent: the host ends such a
+cell at its reply *and* iopub's idle, so the kernel answers it without ipykernel's pause before
+the reply (``kernel_class.py``). The host imports it from here (this module imports nothing)."""

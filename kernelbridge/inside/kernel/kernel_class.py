@@ -11,6 +11,12 @@ for a range of the session a ``tail`` reply named (jupyter_kernel_test does, so 
 restoring its history) must get that session back, not 0. ``%history`` is unaffected: only the
 reply is renumbered.
 
+No pause before the host's replies: ipykernel sleeps 0.5 ms (``Kernel._execute_sleep``) before
+every ``execute_reply``, so that a client which takes the reply for the end of a cell has seen the
+cell's last outputs. The bridge's own client ends a cell at the reply *and* iopub's idle, which
+follows every output, and marks its requests (``HOST_CELL``); those are answered at once.
+Any other client's requests keep ipykernel's pause.
+
 No debugger: kernelbridge offers none (its kernelspec says ``"debugger": false``), yet creating an
 IPythonKernel imports debugpy and pydevd for one, about 0.1 s of CPU of a kernel's ~0.4 s start.
 :func:`debugger_left_out` imports ipykernel's debugger module with debugpy marked absent, as
@@ -20,11 +26,18 @@ ipykernel does where debugpy is not installed; cells may still import debugpy.
 from __future__ import annotations
 
 import sys
+from contextvars import ContextVar
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
+from ipykernel.kernelbase import Kernel
 
+from kernelbridge.inside.kernel import HOST_CELL
 from kernelbridge.inside.kernel.shell import SandboxShell
+
+IPYKERNEL_PAUSE: float = Kernel._execute_sleep.default_value
+"""ipykernel's pause before an execute_reply (0.5 ms), kept for other clients' requests."""
+_pause: ContextVar[float] = ContextVar("kernelbridge_reply_pause", default=IPYKERNEL_PAUSE)
 
 
 def debugger_left_out() -> None:
@@ -45,7 +58,7 @@ def debugger_left_out() -> None:
 
 class SandboxKernel(IPythonKernel):
     """IPythonKernel whose ``history_reply`` names the current session by its number, with the
-    sandbox's shell, and no debugger."""
+    sandbox's shell, no debugger, and no pause before the host's replies."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> SandboxKernel:
         # Before traitlets resolves the class's ``debugger_class`` (on creation, before __init__).
@@ -55,6 +68,21 @@ class SandboxKernel(IPythonKernel):
     # A plain class attribute in place of IPythonKernel's trait of the same name (which is not
     # configurable either): IPythonKernel.__init__ makes ``self.shell_class.instance(...)``.
     shell_class = SandboxShell
+
+    # Read by Kernel.execute_request once per request, in its task (ipykernel's trait of the same
+    # name is not configured here); set per request by execute_request below.
+    @property
+    def _execute_sleep(self) -> float:  # type: ignore[override]
+        return _pause.get()
+
+    async def execute_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        metadata = parent.get("metadata")
+        from_host = isinstance(metadata, dict) and metadata.get(HOST_CELL) is True
+        token = _pause.set(0.0 if from_host else IPYKERNEL_PAUSE)
+        try:
+            await super().execute_request(stream, ident, parent)
+        finally:
+            _pause.reset(token)
 
     # IPythonKernel answers history requests synchronously (ipykernel 7.4: a plain method, although
     # Kernel declares a coroutine, which kernelbase awaits only if it gets one); this keeps its form.
