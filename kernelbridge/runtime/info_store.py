@@ -134,26 +134,28 @@ class InfoStore:
         parts = [FORMAT, self.where, self.version, self.uid, boot, self.oci_runtime or "", stamps]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
-    def load(self) -> RuntimeInfo | None:
-        """The info kept under the current key within :data:`STORE_TTL`, as this backend's; else
-        None (also when anything fails: this only spares an ask, it never fails one)."""
+    def lookup(self) -> tuple[str | None, RuntimeInfo | None]:
+        """The current key, and the info kept under it within :data:`STORE_TTL` as this backend's
+        (None: none, or anything failed: this only spares an ask, it never fails one). The key is
+        stamped before the engine is asked, and its answer is kept under it (:meth:`keep`): an
+        answer is never filed under a configuration edited while podman answered."""
+        key = None
         try:
             key = self.key()
             entry = _entries(self.file).get(key) if key is not None else None
             if entry is None or not 0 <= self.clock() - entry[0] < STORE_TTL:
-                return None
-            return RuntimeInfo(name=self.name, endpoint=self.endpoint, **entry[1])
+                return key, None
+            return key, RuntimeInfo(name=self.name, endpoint=self.endpoint, **entry[1])
         except Exception as exc:  # a HOME without a home, ...: ask the engine
             log.debug("kept engine info not read: %s", exc)
-            return None
+            return key, None
 
-    def save(self, info: RuntimeInfo) -> None:
-        """Keep ``info`` under the current key (with the other fresh entries, at most
-        :data:`MAX_ENTRIES`); any failure leaves the file as it was."""
+    def keep(self, key: str | None, info: RuntimeInfo) -> None:
+        """Keep ``info`` under ``key`` (None: nothing is kept), with the other fresh entries, at
+        most :data:`MAX_ENTRIES`; any failure leaves the file as it was."""
+        if key is None:
+            return
         try:
-            key = self.key()
-            if key is None:
-                return
             now = self.clock()
             entries = {k: e for k, e in _entries(self.file).items() if 0 <= now - e[0] < STORE_TTL}
             entries[key] = (now, {name: getattr(info, name) for name in _KEPT})
@@ -187,11 +189,11 @@ class InfoCache:
             return self._last[1]
         store = self.store
         # A few stats and a small file, off the event loop: a home on NFS may stall.
-        info = await anyio.to_thread.run_sync(store.load) if store is not None else None
+        key, info = await anyio.to_thread.run_sync(store.lookup) if store is not None else (None, None)
         if info is None:
             info = await ask()
             if store is not None:
-                await anyio.to_thread.run_sync(store.save, info)
+                await anyio.to_thread.run_sync(store.keep, key, info)
         self._last = (now, info)
         return info
 

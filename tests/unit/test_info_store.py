@@ -115,6 +115,21 @@ async def test_another_process_reuses_the_kept_info(machine: Machine) -> None:
     assert [p.name for p in kept.parent.iterdir()] == [FILE_NAME]  # no temp file left
 
 
+async def test_an_answer_is_kept_under_the_configuration_it_was_asked_under(machine: Machine) -> None:
+    """podman's configuration edited while podman answers: the answer may be the old
+    configuration's, so it is not kept under the new one's key (the next ask goes to podman)."""
+
+    class EditingAsker(Asker):
+        async def __call__(self) -> RuntimeInfo:
+            (machine.config / "containers.conf").write_text("[engine]\n")
+            return await super().__call__()
+
+    await InfoCache(store=machine.store()).get(EditingAsker())
+    asker = Asker()
+    await InfoCache(store=machine.store()).get(asker)
+    assert asker.calls == 1
+
+
 async def test_the_kept_info_names_the_backend_reading_it(machine: Machine) -> None:
     await InfoCache(store=machine.store()).get(Asker())
     # A bridge's own service is on a new socket each time: the info is the new backend's.
@@ -128,8 +143,9 @@ def test_every_field_but_name_and_endpoint_is_kept(machine: Machine) -> None:
     """A field added to RuntimeInfo and not kept would come back as its default."""
     values = {f.name: f"v-{f.name}" if f.type == "str" else not f.default for f in fields(RuntimeInfo)}
     info = RuntimeInfo(**{**values, "engine": "podman"})
-    machine.store().save(info)
-    assert machine.store(name=info.name, endpoint=info.endpoint).load() == info
+    store = machine.store()
+    store.keep(store.key(), info)
+    assert machine.store(name=info.name, endpoint=info.endpoint).lookup()[1] == info
 
 
 def touch_later(path: Path) -> None:
@@ -185,20 +201,21 @@ CHANGES = [
 async def test_any_part_of_the_key_changing_asks_again(machine: Machine, change: str) -> None:
     (machine.config / "storage.conf").write_text("[storage]\n")
     await InfoCache(store=machine.store()).get(Asker())
-    assert machine.store().load() is not None  # unchanged: kept
+    assert machine.store().lookup()[1] is not None  # unchanged: kept
     asker = Asker()
     await InfoCache(store=changed(machine, change)).get(asker)
     assert asker.calls == 1
 
 
 async def test_the_kept_info_is_asked_again_when_it_is_too_old(machine: Machine) -> None:
-    machine.store().save(INFO)
+    store = machine.store()
+    store.keep(store.key(), INFO)
     machine.clock[0] += STORE_TTL - 1
-    assert machine.store().load() == INFO
+    assert machine.store().lookup()[1] == INFO
     machine.clock[0] += 1
-    assert machine.store().load() is None
+    assert machine.store().lookup()[1] is None
     machine.clock[0] -= 2 * STORE_TTL  # saved "in the future": a clock set back
-    assert machine.store().load() is None
+    assert machine.store().lookup()[1] is None
     asker = Asker()
     await InfoCache(store=machine.store()).get(asker)
     assert asker.calls == 1
@@ -253,14 +270,14 @@ def mangled(data: dict[str, Any], how: str) -> bytes:
 )
 async def test_a_file_not_as_written_is_not_read(machine: Machine, how: str) -> None:
     store = machine.store()
-    store.save(INFO)
-    assert store.load() == INFO
+    store.keep(store.key(), INFO)
+    assert store.lookup()[1] == INFO
     store.file.write_bytes(mangled(json.loads(store.file.read_bytes()), how))
-    assert store.load() is None
+    assert store.lookup()[1] is None
     asker = Asker()
     assert await InfoCache(store=machine.store()).get(asker) == INFO
     assert asker.calls == 1
-    assert machine.store().load() == INFO  # and the next ask's answer is kept again
+    assert machine.store().lookup()[1] == INFO  # and the next ask's answer is kept again
 
 
 async def test_nothing_is_kept_where_it_cannot_be_written(machine: Machine) -> None:
@@ -274,36 +291,36 @@ async def test_nothing_is_kept_where_it_cannot_be_written(machine: Machine) -> N
 
 async def test_a_directory_others_may_write_is_neither_read_nor_written(machine: Machine) -> None:
     store = machine.store()
-    store.save(INFO)
+    store.keep(store.key(), INFO)
     store.file.parent.chmod(0o777)
-    assert store.load() is None
+    assert store.lookup()[1] is None
     store.file.unlink()
-    store.save(INFO)
+    store.keep(store.key(), INFO)
     assert not store.file.exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 def test_a_file_of_another_user_is_not_read(machine: Machine) -> None:
     store = machine.store()
-    store.save(INFO)
+    store.keep(store.key(), INFO)
     os.chown(store.file, 12345, 12345)
-    assert store.load() is None
+    assert store.lookup()[1] is None
 
 
 def test_a_symlink_is_not_followed(machine: Machine) -> None:
     store = machine.store()
-    store.save(INFO)
+    store.keep(store.key(), INFO)
     elsewhere = machine.root / "elsewhere.json"
     store.file.rename(elsewhere)
     store.file.symlink_to(elsewhere)
-    assert store.load() is None
+    assert store.lookup()[1] is None
 
 
 def test_forget_drops_the_kept_infos(machine: Machine) -> None:
     store = machine.store()
-    store.save(INFO)
+    store.keep(store.key(), INFO)
     forget(store.file.parent)
-    assert store.load() is None
+    assert store.lookup()[1] is None
     forget(store.file.parent)  # nothing to forget: no error
 
 
@@ -471,8 +488,8 @@ async def test_doctor_asks_the_engine_afresh(machine: Machine, tmp_path: Path) -
     from kernelbridge.cli.doctor import Doctor
 
     kept = machine.store(directory=None)  # the user's cache directory (XDG_CACHE_HOME)
-    kept.save(INFO)
-    assert kept.load() == INFO
+    kept.keep(kept.key(), INFO)
+    assert kept.lookup()[1] == INFO
     # An engine that is not there: doctor reports it and opens nothing.
     settings = Settings(
         state_dir=tmp_path / "state", engine=EngineSettings(urls=("unix:///nonexistent/e.sock",))
@@ -481,4 +498,4 @@ async def test_doctor_asks_the_engine_afresh(machine: Machine, tmp_path: Path) -
     with anyio.fail_after(30):
         await Doctor(settings, out=lines.append, env={"HOME": str(tmp_path)}).run()
     assert any(line.split()[:2] == ["FAIL", "runtime"] for line in lines), lines
-    assert kept.load() is None
+    assert kept.lookup()[1] is None
