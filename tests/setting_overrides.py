@@ -42,7 +42,7 @@ WHOLE_FILES: dict[str, str] = {
     "tests/integration/test_bad_settings.py": "a bad value of each setting is what this file tests",
     "tests/unit/test_server_render.py": "it checks messages that name the setting to change",
     "tests/unit/test_capabilities_host.py": "what the manual says of each setting is what this file tests",
-    "tests/unit/test_cli_servers.py": "what `kernelbridge servers` says of the policy settings is what it tests",
+    "tests/process/test_cli_servers.py": "what `kernelbridge servers` says of the policy settings is what it tests",
     "tests/unit/test_host_mcp_manual.py": "what the manual says of a denied server is what this file tests",
     "tests/unit/test_http_options.py": "the HTTP server's allowed hosts are what this file tests",
     "tests/unit/test_image.py": "the image's extra packages (and their settings) are what this file tests",

@@ -370,6 +370,26 @@ def container_cli_spawns(modules: list[Module]) -> list[str]:
     return found
 
 
+def process_spawns(paths: list[Path]) -> list[str]:
+    """Places in ``paths`` (test modules) that start a process: a :data:`SPAWNERS` call, or
+    ``subprocess`` imported at all (its other names start processes too)."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _dotted(node.func) in SPAWNERS:
+                found.append(f"{path.name}:{node.lineno} calls {_dotted(node.func)}")
+            elif isinstance(node, ast.Import | ast.ImportFrom) and "subprocess" in _imported(node):
+                found.append(f"{path.name}:{node.lineno} imports subprocess")
+    return found
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.ImportFrom):
+        return {node.module or ""}
+    return {alias.name for alias in node.names}
+
+
 def _is_cli_argv(elements: list[ast.expr]) -> bool:
     """``["podman", "rm", ...]``, ``("docker", *args)``; not a tuple of names such as
     config.RUNTIMES ``("podman", "docker", ...)``, whose second element is no subcommand."""

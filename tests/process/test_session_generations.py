@@ -120,6 +120,8 @@ def test_the_cli_lists_exports_and_prunes_generations(state: Path, tmp_path: Pat
     exported = cli(state, "export", "default@2", "-o", str(tmp_path / "two.ipynb"))
     assert exported.returncode == 0, exported.stderr
     assert '"2\\n"' in (tmp_path / "two.ipynb").read_text()
+    live = cli(state, "export", "default", "-o", str(tmp_path / "live.ipynb"))  # this process's
+    assert live.returncode == 0 and '"4\\n"' in (tmp_path / "live.ipynb").read_text(), live.stderr
     missing = cli(state, "export", "default@7", "-o", str(tmp_path / "seven.ipynb"))
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "no generation 7" in missing.stderr
 

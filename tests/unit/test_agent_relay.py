@@ -1,13 +1,11 @@
 """Pieces of the agent's poll loop that work without a kernel: a start that never gets a valid
-hello ends with the right ``exit`` frame and status, the poll set follows what each source wants,
-and the PID-1 reaper finds and waits for real zombies. The loop with a real kernel is
+hello ends with the right ``exit`` frame and status, and the poll set follows what each source
+wants (the PID-1 reaper on real zombies: tests/process/test_agent_init.py). The loop with a real kernel is
 tests/integration/test_tunnel.py (locally) and the sandbox tests (in a container)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -15,7 +13,6 @@ import pytest
 import zmq
 
 from kernelbridge import frames
-from kernelbridge.inside.agent import init
 from kernelbridge.inside.agent import relay as relay_module
 from kernelbridge.inside.agent.host_link import HostLink
 from kernelbridge.inside.agent.relay import Phase, PollSet, Relay
@@ -79,24 +76,6 @@ def test_the_poll_set_follows_what_each_source_wants() -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
-
-
-def test_zombies_are_found_and_reaped_but_kept_ones_are_not() -> None:
-    children = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
-    kept, orphan = (child.pid for child in children)
-    deadline = time.monotonic() + BOUND
-    while len(set(init.zombie_children(os.getpid())) & {kept, orphan}) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert {kept, orphan} <= set(init.zombie_children(os.getpid()))
-    assert init.reap_orphans(keep=[kept, *_other_children(kept, orphan)]) == 1
-    zombies = set(init.zombie_children(os.getpid()))
-    assert orphan not in zombies and kept in zombies
-    assert children[0].wait(BOUND) == 0  # its owner still reads its status
-
-
-def _other_children(*ours: int) -> list[int]:
-    """Zombies of this process that are not the test's (kept: someone else reads them)."""
-    return [pid for pid in init.zombie_children(os.getpid()) if pid not in ours]
 
 
 class QueuedKernel:

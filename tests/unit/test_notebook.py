@@ -4,8 +4,6 @@ Where journals live (generations, records) is tested in test_session_store.py.""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
@@ -92,22 +90,15 @@ def test_a_journal_is_never_overwritten(tmp_path: Path) -> None:
     assert len(read_journal(journal.path)) == 2
 
 
-def test_export_session_works_from_another_process(tmp_path: Path) -> None:
+def test_export_session_writes_a_valid_notebook_of_a_live_journal(tmp_path: Path) -> None:
+    """Another process's export of a live session: tests/process/test_session_generations.py."""
     settings = Settings(state_dir=tmp_path)
     store = SessionStore.of(settings)
     journal = started(store.journal_path(store.begin("other")), "other")
     journal.append(result_entry("x = 1", result(), [], None))
-    out = tmp_path / "out.ipynb"
-    code = (
-        "import sys; from pathlib import Path; from kernelbridge.config import Settings;"
-        "from kernelbridge.session.generations import export_session;"
-        "export_session(Settings(state_dir=Path(sys.argv[1])), 'other', sys.argv[2])"
-    )
-    subprocess.run([sys.executable, "-c", code, str(tmp_path), str(out)], check=True, timeout=60)
-    nb = nbformat.read(str(out), as_version=4)
+    nb = nbformat.read(str(export_session(settings, "other", tmp_path / "out.ipynb")), as_version=4)
     nbformat.validate(nb)
     assert nb.cells[0].source == "x = 1"
-    assert export_session(settings, "other", tmp_path / "again.ipynb").exists()
 
 
 def test_export_of_an_unknown_session_says_so(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@
   the standard library, pyzmq, ipykernel/IPython, ``kernelbridge.frames``, the rest of ``inside``
   and the sandbox's own ``mcp`` package;
 - the product never imports ``kernelbridge.testing``;
-- the public API (``kernelbridge.__all__``) is pinned.
+- the public API (``kernelbridge.__all__``) is pinned;
+- no unit test starts a process (those are tests/process's).
 
 Every failure names the offending module (and line). The checks are ``structure_checks``' (also
 run here on small made-up sources, so that a check that can no longer fail shows); what this
@@ -37,6 +38,7 @@ from structure_checks import (
     made_up,
     package_modules,
     parse,
+    process_spawns,
 )
 
 import kernelbridge
@@ -294,3 +296,23 @@ def test_no_two_test_modules_share_a_basename() -> None:
     for path in sorted(tests.rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_the_unit_tier_starts_no_process() -> None:
+    # The unit tier is the fast one (a minute at most): a test that needs a real process, a CLI
+    # command or a pipe to a child is a process test (tests/process).
+    assert process_spawns(sorted(Path(__file__).parent.glob("*.py"))) == []
+
+
+def test_a_process_spawn_in_a_test_is_found(tmp_path: Path) -> None:
+    for name, source in {
+        "a.py": "import subprocess\n",
+        "b.py": "import anyio\nasync def f():\n    await anyio.run_process(['true'])\n",
+        "c.py": "from subprocess import run\n",
+    }.items():
+        (tmp_path / name).write_text(source)
+    assert process_spawns(sorted(tmp_path.glob("*.py"))) == [
+        "a.py:1 imports subprocess",
+        "b.py:3 calls anyio.run_process",
+        "c.py:1 imports subprocess",
+    ]
