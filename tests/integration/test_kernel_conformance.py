@@ -12,14 +12,20 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jupyter_kernel_test as jkt
 import pytest
+from jupyter_kernel_test.msgspec_v5 import validate_message
 
 from kernelbridge.jupyter import install_kernelspec
 
 pytestmark = [pytest.mark.podman, pytest.mark.slow]
+
+IOPUB_WAIT = 10.0
+"""Bound on each iopub message of a cell once its reply is in. jupyter_kernel_test waits 0.1 s: a
+local kernel's timing, not the protocol's. Here each message crosses the tunnel (the container's
+stdout, the tunnel process), and a loaded 2-core machine can hold one back longer than that."""
 
 
 class _KernelspecEnv:
@@ -105,6 +111,37 @@ class KernelbridgeKernelTests(_InKernelspecEnv, jkt.KernelTests):
     supported_history_operations = ("tail", "range", "search")
     code_inspect_sample = "zip"
     code_clear_output = "from IPython.display import clear_output; clear_output()"
+
+    def execute_helper(
+        self,
+        code: str,
+        timeout: int = jkt.TIMEOUT,
+        silent: bool = False,
+        store_history: bool = True,
+        stop_on_error: bool = True,
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """jupyter_kernel_test's own, each iopub message awaited for :data:`IOPUB_WAIT`: the same
+        messages, in the same order, checked the same way."""
+        msg_id = self.kc.execute(
+            code=code, silent=silent, store_history=store_history, stop_on_error=stop_on_error
+        )
+        reply = self.get_non_kernel_info_reply(timeout=timeout)
+        assert reply is not None
+        validate_message(reply, "execute_reply", msg_id)
+        busy = self.kc.iopub_channel.get_msg(timeout=IOPUB_WAIT)
+        validate_message(busy, "status", msg_id)
+        self.assertEqual(busy["content"]["execution_state"], "busy")
+        outputs = []
+        while True:
+            msg = self.kc.iopub_channel.get_msg(timeout=IOPUB_WAIT)
+            validate_message(msg, msg["msg_type"], msg_id)
+            if msg["msg_type"] == "status":
+                self.assertEqual(msg["content"]["execution_state"], "idle")
+                return reply, outputs
+            if msg["msg_type"] == "execute_input":
+                self.assertEqual(msg["content"]["code"], code)
+                continue
+            outputs.append(msg)
 
 
 class KernelbridgeIopubWelcomeTests(_InKernelspecEnv, jkt.IopubWelcomeTests):
