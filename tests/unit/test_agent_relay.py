@@ -1,7 +1,7 @@
 """Pieces of the agent's poll loop that work without a kernel: a start that never gets a valid
 hello ends with the right ``exit`` frame and status, and the poll set follows what each source
-wants (the PID-1 reaper on real zombies: tests/process/test_agent_init.py). The loop with a real kernel is
-tests/integration/test_tunnel.py (locally) and the sandbox tests (in a container)."""
+wants. The PID-1 reaper on real zombies is tests/process/test_agent_init.py; the loop with a real
+kernel is tests/integration/test_tunnel.py (locally) and the sandbox tests (in a container)."""
 
 from __future__ import annotations
 
