@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pids import no_such_pid
 
 from kernelbridge.config import load_settings
 from kernelbridge.errors import ConfigError
@@ -52,8 +53,7 @@ def test_a_session_without_a_tunnel_or_bridge_is_not_listed(tmp_path: Path) -> N
     store = store_of(tmp_path)
     store.begin("no-tunnel")  # no connection file: nothing to connect to
     gone = store.begin("gone", connection_file=str(tmp_path / "c.json"))
-    no_such_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
-    store.update(gone, owner_pid=no_such_pid)  # its bridge exited
+    store.update(gone, owner_pid=no_such_pid())  # its bridge exited
     assert live_sessions(store) == {}
 
 

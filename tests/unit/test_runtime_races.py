@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from pids import no_such_pid
 
 from kernelbridge.errors import EngineRefused, RuntimeUnavailable
 from kernelbridge.runtime import races, reap_orphans
@@ -32,19 +33,6 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pauses between attempts are for a real engine; a stand-in needs none."""
     monkeypatch.setattr(races, "FIRST_DELAY", 0.0)
     monkeypatch.setattr("kernelbridge.runtime.engine.api.REMOVE_RETRY_DELAY", 0.0)
-
-
-def gone_pid() -> int:
-    """A pid no process has (the bridge of an orphan)."""
-    pid = 2**22 + 17
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return pid
-        except PermissionError:
-            pass
-        pid += 1
 
 
 @dataclass
@@ -73,7 +61,7 @@ class Engine:
         if method == "GET" and path.endswith("/containers/json"):
             labels = {
                 "kernelbridge.session": "s",
-                "kernelbridge.owner": str(gone_pid()),
+                "kernelbridge.owner": str(no_such_pid()),
                 "kernelbridge.host": socket.gethostname(),
                 **self.owner,
             }

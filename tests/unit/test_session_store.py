@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pids import no_such_pid
 
 from kernelbridge.config import namespace_names
 from kernelbridge.errors import SessionError
@@ -20,11 +21,6 @@ from kernelbridge.session.store import (
     live_sessions,
     validate_session_name,
 )
-
-
-def dead_pid() -> int:
-    """A pid no process can have (above the kernel's pid_max): a bridge that has exited."""
-    return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
 
 
 def test_each_use_of_a_name_is_a_new_generation_with_its_own_files(tmp_path: Path) -> None:
@@ -98,7 +94,7 @@ def test_live_sessions_of_every_namespace_leave_out_dead_bridges_and_closed_sess
     live = shared.begin("live", connection_file="/c/live.json", container="kb-live")
     theirs = alice.begin("default", connection_file="/c/alice.json")
     orphan = shared.begin("orphan")
-    shared.update(orphan, owner_pid=dead_pid())
+    shared.update(orphan, owner_pid=no_such_pid())
     # A later process given the bridge's pid (pids wrap) is not that bridge.
     shared.update(shared.begin("reused"), owner_pid=os.getppid(), owner_start=0)
     shared.end(shared.begin("closed"))
@@ -133,7 +129,7 @@ def test_one_word_for_where_a_generation_is_in_every_listing(tmp_path: Path) -> 
     assert held is not None and store.standing(durable) is Standing.ATTACHED
     held.release()  # its bridge let go: the sandbox runs on
     assert store.standing(durable) is Standing.DETACHED
-    gone = store.update(store.begin("plain", container="kb-2"), owner_pid=dead_pid())
+    gone = store.update(store.begin("plain", container="kb-2"), owner_pid=no_such_pid())
     assert store.standing(gone) is Standing.ENDED  # it ended with its bridge
     listed = {r["name"]: r["state"] for r in list_session_records(tmp_path)}
     assert listed == {"kept": "detached"}
