@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+import scale
 
 from kernelbridge.config import load_settings
 from kernelbridge.runtime import cli_runtime
@@ -36,7 +37,16 @@ LEFTOVER_GRACE = 20.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--soak", action="store_true", help="also run the long soak tests (tests/load)")
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        help="also run the soak tests (tests/load), and the repetitive tests at full count (tests/scale.py)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The repetitive tests' counts follow ``--soak`` (``tests/scale.py``), in every xdist worker."""
+    scale.SOAK = config.getoption("--soak")
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,14 @@ import anyio
 import pytest
 from bridge_harness import Bridge, open_bridge, reset_peak
 from engine_probe import container_exists
+from scale import soak_or
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
 MiB = 1024
 SESSIONS = 10
-CALLS = 100
+CALLS = soak_or(30, 100)
+"""Calls each session makes, every output checked at its own call: 30 (300 in all); 100 with ``--soak``."""
 PEAK_BOUND = 300 * MiB
 """Bridge peak growth allowed under load: honest cells hold little; far below the hostile bound."""
 
@@ -86,7 +88,7 @@ async def run_and_check(tmp_path: Path, sessions: int, calls: int, flood_every: 
         assert not container_exists(container), container
 
 
-async def test_ten_sessions_times_a_hundred_calls(tmp_path: Path, sandbox_image: str) -> None:
+async def test_ten_sessions_calling_at_once(tmp_path: Path, sandbox_image: str) -> None:
     await run_and_check(tmp_path, SESSIONS, CALLS)
 
 

@@ -1,6 +1,7 @@
 """Property-based fuzzing (hypothesis) of what a hostile sandbox or a confused client controls:
 the frame decoder's bytes, the frames the tunnel handles, and run_python's arguments through the
-real MCP server. No exception may escape, memory stays bounded, valid input round-trips."""
+real MCP server. No exception may escape, memory stays bounded, valid input round-trips.
+Each test tries a third of its examples by default, all of them with ``--soak`` (tests/scale.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from bridge_harness import ensure_image, local_bridge, open_bridge, status_kib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.client.client import Client
+from scale import soak_or
 
 from kernelbridge import frames
 from kernelbridge.session.recorder import MAX_OPEN_CELLS, Recorder
@@ -38,7 +40,7 @@ valid_frames = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=soak_or(500, 1500), deadline=None)
 @given(
     valid=st.lists(valid_frames, max_size=10),
     junk=st.lists(st.binary(max_size=300), max_size=10),
@@ -64,7 +66,7 @@ def test_the_decoder_never_raises_and_round_trips(
     assert [f for f in got if f in valid] == [f for f in valid if len(frames.encode(f)) <= 4096]
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=soak_or(500, 1500), deadline=None)
 @given(st.binary(max_size=2000), st.integers(1, 64))
 def test_arbitrary_bytes_in_arbitrary_chunks(data: bytes, step: int) -> None:
     decoder = frames.FrameDecoder(max_frame_bytes=512)
@@ -76,7 +78,7 @@ def test_arbitrary_bytes_in_arbitrary_chunks(data: bytes, step: int) -> None:
         assert decoder.pending_bytes <= 512 + step
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=soak_or(170, 500), deadline=None)
 @given(st.lists(st.binary(max_size=200), max_size=10))
 def test_from_wire_raises_only_value_error(parts: list[bytes]) -> None:
     try:
@@ -169,7 +171,7 @@ class _NullStream(anyio.abc.ByteStream):
         return None
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=soak_or(80, 250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(tunnel_frames, min_size=1, max_size=30))
 def test_the_tunnel_handles_any_frame(batch: list[dict[str, Any]]) -> None:
     recorder = Recorder(200)
@@ -273,7 +275,7 @@ def keep_fast(args: dict[str, Any], sessions: tuple[str, ...] | None = None) -> 
 LOCAL_START_RSS: list[int] = []
 
 
-@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=soak_or(400, 1200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=run_python_args)
 def test_run_python_arguments_through_the_server(local_server: Server, args: dict[str, Any]) -> None:
     """The real server on the local test-double runtime: every argument set gets an answer."""
@@ -288,7 +290,7 @@ REAL_START_RSS: list[int] = []
 
 
 @pytest.mark.podman
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=soak_or(50, 150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=run_python_args)
 def test_run_python_arguments_through_a_real_sandbox(real_server: Server, args: dict[str, Any]) -> None:
     if not REAL_START_RSS:
