@@ -3,10 +3,13 @@ through the ``kernelbridge`` kernelspec by nbclient give the outputs a local ker
 ``kernelbridge replay`` of what the sandbox made says ``same`` for every cell.
 
 Real parts: nbclient with the installed kernelspec (the provisioner, its tunnel process, a real
-sandbox per notebook, as ``jupyter nbconvert --execute`` starts one) against nbclient with the
-venv's ``python3`` kernel (the same ipykernel and IPython as the sandbox's, checked), each notebook
-in a copy of its own directory (which the kernelspec mounts read-only on the sandbox's
-/workspace); then ``replay_notebook`` (what ``kernelbridge replay`` runs) in a fresh sandbox each.
+sandbox, started as ``jupyter nbconvert --execute`` starts one) against nbclient with the venv's
+``python3`` kernel (the same ipykernel and IPython as the sandbox's, checked), each notebook in a
+copy of its own directory (which the kernelspec mounts read-only on the sandbox's /workspace) and in
+a fresh kernel: a kernel per notebook locally; in the sandboxes, a sandbox per chain of notebooks of
+one directory, restarted in place for each next one (:func:`execute_in_sandboxes`: the notebooks
+need a fresh kernel, which execution counts check, not a sandbox each); then ``replay_notebook``
+(what ``kernelbridge replay`` runs) in a fresh sandbox each.
 
 Volatile values are masked the way replay's judge masks them (addresses, times, ids), and paths of
 installed packages in tracebacks (``.venv/.../site-packages`` here, ``/usr/local/.../dist-packages``
@@ -30,6 +33,7 @@ import pytest
 from nbclient import NotebookClient
 
 from kernelbridge.config import load_settings
+from kernelbridge.jupyter.provisioner import SandboxProvisioner
 from kernelbridge.replay import normalize_text, replay_notebook
 from kernelbridge.replay.judge import png_size
 from kernelbridge.session.text import strip_ansi
@@ -121,6 +125,15 @@ async def at_once(work: Callable[[T], Awaitable[None]], items: Iterable[T]) -> N
             tg.start_soon(limited, item)
 
 
+def blank(path: Path) -> nbformat.NotebookNode:
+    """The notebook at ``path`` without its outputs and execution counts."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
+
+
 async def execute_all(kernel_name: str, workdir: Path) -> dict[str, nbformat.NotebookNode]:
     """Every notebook of the corpus executed by nbclient as its users run it (a kernel of
     ``kernel_name`` per notebook, started and shut down by nbclient), each in its own directory
@@ -128,15 +141,65 @@ async def execute_all(kernel_name: str, workdir: Path) -> dict[str, nbformat.Not
     done: dict[str, nbformat.NotebookNode] = {}
 
     async def execute(path: Path) -> None:
-        nb = nbformat.read(path, as_version=4)
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                cell.outputs, cell.execution_count = [], None
+        nb = blank(path)
         client = NotebookClient(nb, timeout=60, allow_errors=True, kernel_name=kernel_name)
         await client.async_execute(cwd=str(workdir / path.parent.name))
         done[path.stem] = nb
 
     await at_once(execute, NOTEBOOKS)
+    return done
+
+
+def chains() -> list[list[Path]]:
+    """The corpus as at most :data:`AT_ONCE` chains, each of notebooks of one directory (a chain
+    runs in one sandbox): a chain a directory, the largest one's notebooks dealt over those left."""
+    folders: dict[Path, list[Path]] = {}
+    for path in NOTEBOOKS:
+        folders.setdefault(path.parent, []).append(path)
+    largest = max(folders, key=lambda folder: len(folders[folder]))
+    found = []
+    for folder, paths in folders.items():
+        ways = max(1, AT_ONCE - len(folders) + 1) if folder == largest else 1
+        found += [paths[start::ways] for start in range(min(ways, len(paths)))]
+    return found
+
+
+async def execute_in_sandboxes(workdir: Path) -> dict[str, nbformat.NotebookNode]:
+    """Every notebook of the corpus executed by nbclient through the ``kernelbridge`` kernelspec
+    (:data:`AT_ONCE` chains at a time, :func:`chains`), each in a fresh kernel. The first notebook
+    of a chain starts its kernel as ``jupyter nbconvert --execute`` does (nbclient: the provisioner,
+    its tunnel process, a fresh sandbox with the notebook's directory on /workspace); each next one
+    runs in a fresh kernel of that sandbox (restarted in place, as a kernelbridge kernel restarts:
+    a new kernel process, execution counts from 1); nbclient shuts the sandbox down after the last."""
+    done: dict[str, nbformat.NotebookNode] = {}
+
+    async def chain(paths: list[Path]) -> None:
+        client: NotebookClient | None = None
+        try:
+            for path in paths:
+                nb = blank(path)
+                last = path == paths[-1]
+                if client is None:
+                    client = NotebookClient(nb, timeout=60, allow_errors=True, kernel_name="kernelbridge")
+                else:
+                    km = client.km
+                    assert km is not None and isinstance(km.provisioner, SandboxProvisioner), km
+                    assert await km.provisioner.restart_in_place(), km.provisioner.death_reason()
+                    client = NotebookClient(nb, km=km, timeout=60, allow_errors=True)
+                # nbclient ends the kernel it started after the chain's last notebook only.
+                await client.async_execute(cwd=str(workdir / path.parent.name), cleanup_kc=last)
+                if not last:
+                    assert client.kc is not None
+                    client.kc.stop_channels()
+                done[path.stem] = nb
+        except BaseException:
+            if client is not None and client.km is not None:  # the sandbox nbclient left running
+                with anyio.CancelScope(shield=True):
+                    if await client.km.is_alive():
+                        await client.km.shutdown_kernel(now=True)
+            raise
+
+    await at_once(chain, chains())
     return done
 
 
@@ -169,7 +232,7 @@ async def test_the_corpus_runs_in_a_sandbox_as_on_a_local_kernel_and_replays_the
 ) -> None:
     with anyio.fail_after(600):
         local = await execute_all("python3", workdir)
-        sandboxed = await execute_all("kernelbridge", workdir)
+        sandboxed = await execute_in_sandboxes(workdir)
     seen_differences: set[str] = set()
     for name, nb in sandboxed.items():
         code = [cell for cell in nb.cells if cell.cell_type == "code"]
