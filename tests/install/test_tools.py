@@ -39,15 +39,22 @@ class Tools:
     bin: Path
     """The fresh virtualenv's bin directory, holding pipx, uv and uvx."""
     python: Path
+    uv_cache: Path
+    """uv's cache (pipx installs with uv too), one for the module's tests as a user has one for
+    all their installs: each test still resolves against the index and installs into fresh
+    directories of its own, but downloads and unpacks each wheel once."""
 
 
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory: pytest.TempPathFactory) -> Tools:
-    venv = tmp_path_factory.mktemp("tools") / "venv"
-    run([sys.executable, "-m", "venv", str(venv)], timeout=120)
-    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
-    run([*pip, *TOOLS], timeout=PIP_TIMEOUT)
-    return Tools(venv / "bin", venv / "bin" / "python")
+    root = tmp_path_factory.mktemp("tools")
+    venv = root / "venv"
+    # The tools are what is used here, not this virtualenv's own pip: the checkout's pip installs
+    # them into it (--python), which spares creating and running a second pip.
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install"]
+    run([*pip, "--quiet", "--disable-pip-version-check", *TOOLS], timeout=PIP_TIMEOUT)
+    return Tools(venv / "bin", venv / "bin" / "python", root / "uv-cache")
 
 
 @pytest.fixture
@@ -69,7 +76,8 @@ def user_home(tmp_path: Path) -> Path:
 
 
 def environ(tools: Tools, home: Path, tmp: Path, **extra: str) -> dict[str, str]:
-    """A user's environment: the tools first on PATH, their homes under ``tmp``, no checkout."""
+    """A user's environment: the tools first on PATH, their homes under ``tmp`` (uv's cache is the
+    module's, :attr:`Tools.uv_cache`), no checkout."""
     env = {key: value for key, value in os.environ.items() if _passed_on(key)}
     env.update(
         PATH=f"{tmp / 'bin'}:{tools.bin}:{env.get('PATH', '/usr/bin:/bin')}",
@@ -80,7 +88,7 @@ def environ(tools: Tools, home: Path, tmp: Path, **extra: str) -> dict[str, str]
         PIPX_MAN_DIR=str(tmp / "man"),
         UV_TOOL_DIR=str(tmp / "uv-tools"),
         UV_TOOL_BIN_DIR=str(tmp / "bin"),
-        UV_CACHE_DIR=str(tmp / "uv-cache"),
+        UV_CACHE_DIR=str(tools.uv_cache),
         UV_PYTHON=str(tools.python),
         UV_PYTHON_DOWNLOADS="never",
         **extra,
