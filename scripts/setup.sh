@@ -96,7 +96,7 @@ fi
 # The checkout's own bytecode, written now: a shell with PYTHONDONTWRITEBYTECODE=1 (CI's has it)
 # would otherwise have every bridge and command the suite starts compile the package again
 # (~0.25 CPU-s each, ~250 processes a run). compileall writes only what is stale.
-"$VENV/bin/python" -m compileall -q kernelbridge >/dev/null
+"$VENV/bin/python" -m compileall -q kernelbridge  # -q: silent unless a file does not compile
 ((venv_only)) && exit 0
 
 # -- the sandbox image -----------------------------------------------------------------------------------
