@@ -45,8 +45,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The repetitive tests' counts follow ``--soak`` (``tests/scale.py``), in every xdist worker."""
+    """The repetitive tests' counts follow ``--soak`` (``tests/scale.py``), in every xdist worker;
+    test modules are kept compiled whatever the shell says (below)."""
     scale.SOAK = config.getoption("--soak")
+    # pytest keeps its assertion-rewritten test modules (tests/**/__pycache__) only where bytecode
+    # may be written: under a shell's PYTHONDONTWRITEBYTECODE=1, as on these machines, every worker
+    # parsed and rewrote all ~200 test modules again at each run (collection 9.4 CPU-s per worker,
+    # 4.4 from the cache). This process only: what the tests start keeps the user's setting.
+    sys.dont_write_bytecode = False
+    # As in every kernelbridge command (kernelbridge.lazy): jsonschema, under the nbformat that
+    # many test modules import, would build its unused iri grammar first (1.2 CPU-s per worker).
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None: not importable
 
 
 @pytest.fixture(scope="module")
