@@ -14,10 +14,11 @@ setup:
 setup-venv:
 	scripts/setup.sh --venv-only
 
-# Three workers on two cores: a test waits on its containers a third of the time (two workers left
-# the CPU 61% busy, three 81%, and took 25 against 21 min); tests/conftest.py keeps tests that
-# share a machine-wide resource in one worker. TEST_WORKERS=0 runs them in this process.
-TEST_WORKERS ?= 3
+# Four workers on two cores: a test waits on its containers, its timeouts and its bridges' restarts
+# part of the time, and the suite is CPU-bound otherwise (both cores 89% busy with three workers,
+# 11:14; 96% with four, 10:43; README, "How long the suite takes"); tests/conftest.py keeps tests
+# that share a machine-wide resource in one worker. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 4
 # The slowest tests are listed at the end (the suite's pytest time: README, Development).
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=30
 

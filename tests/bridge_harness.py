@@ -101,7 +101,8 @@ def end_detached_sandboxes(*, every: bool = False) -> list[Path]:
     """Remove the sandboxes of every remembered state directory that no bridge uses any more (a
     module's bridge still running keeps its own); ``every``: those swept before too. Returns the
     state directories swept."""
-    unused = {d for d in (EVERY_STATE_DIR if every else STATE_DIRS) if not serve_pids(d)}
+    serving = serving_state_dirs()
+    unused = {d for d in (EVERY_STATE_DIR if every else STATE_DIRS) if d not in serving}
     if unused and (left := sandboxes_of_state_dirs(unused)):
         podman("rm", "-f", "-t", "0", *left, timeout=120)
     STATE_DIRS.difference_update(unused)
@@ -156,19 +157,25 @@ def free_port() -> int:
 def serve_pids(state_dir: Path) -> list[int]:
     """PIDs of ``kernelbridge serve`` processes using ``state_dir`` (found via /proc environ: its
     KERNELBRIDGE_STATE_DIR, or the HOME whose default state directory it is)."""
-    state_dir = Path(os.path.realpath(state_dir))
-    pids = []
+    return serving_state_dirs().get(Path(os.path.realpath(state_dir)), [])
+
+
+def serving_state_dirs() -> dict[Path, list[int]]:
+    """Every running ``kernelbridge serve`` process's state directory, with their PIDs: one pass
+    over /proc, however many state directories are asked about."""
+    found: dict[Path, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            cmdline = (entry / "cmdline").read_bytes()
+            if b"serve" not in (entry / "cmdline").read_bytes().split(b"\0"):
+                continue
+            state_dir = _state_dir_of((entry / "environ").read_bytes())
         except OSError:
             continue
-        if b"serve" in cmdline.split(b"\0") and _state_dir_of(environ) == state_dir:
-            pids.append(int(entry.name))
-    return pids
+        if state_dir is not None:
+            found.setdefault(state_dir, []).append(int(entry.name))
+    return found
 
 
 def _state_dir_of(environ: bytes) -> Path | None:

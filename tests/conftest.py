@@ -153,7 +153,7 @@ def no_container_left_behind() -> Iterator[None]:
 # runtime suite starts one dockerd and makes veth pairs of fixed numbers; the install suite builds
 # the distributions once and shares one unprivileged user; the kube tier shares one cluster. Every
 # other file is a group of its own, so its module-scoped fixtures (a bridge, a sandbox) start once.
-# `make test` runs two workers.
+# `make test` runs four workers.
 SHARED_GROUPS = {"runtime": "engines", "install": "install", "kube": "kube"}
 KUBE_PARAMS = ("kube",)
 """A test parametrized with one of these (the runtime suite's ``kube`` backend) runs in the kube
