@@ -15,9 +15,9 @@ setup-venv:
 	scripts/setup.sh --venv-only
 
 # Four workers on two cores: a test waits on its containers, its timeouts and its bridges' restarts
-# part of the time, and the suite is CPU-bound otherwise (both cores 89% busy with three workers,
-# 11:14; 96% with four, 10:43; README, "How long the suite takes"); tests/conftest.py keeps tests
-# that share a machine-wide resource in one worker. TEST_WORKERS=0 runs them in this process.
+# part of the time, and the suite is CPU-bound otherwise (both cores were 89% busy through a run
+# with three workers, 96-98% with four: README, "How long the suite takes"); tests/conftest.py
+# keeps tests that share a machine-wide resource in one worker. TEST_WORKERS=0: this process.
 TEST_WORKERS ?= 4
 # The slowest tests are listed at the end (the suite's pytest time: README, Development).
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=30
