@@ -55,6 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
     sys.dont_write_bytecode = False
     # As in every kernelbridge command (kernelbridge.lazy): jsonschema, under the nbformat that
     # many test modules import, would build its unused iri grammar first (1.2 CPU-s per worker).
+    # Only this one of lazy.NEVER_IMPORTED: hypothesis loads trio's plugin as it is imported.
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None: not importable
 
 
