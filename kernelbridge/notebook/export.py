@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 from kernelbridge.errors import SessionError
+from kernelbridge.lazy import skip_unused_imports
 from kernelbridge.notebook.convert import access_of, code_cell, entry_cell, new_notebook, strip_images
 from kernelbridge.notebook.displays import journal_entries
 from kernelbridge.notebook.journal import JournalCell, JournalDisplay, JournalEntry, decode_entry
@@ -203,6 +204,10 @@ def notebook_text(journal: Path, session: str, *, max_bytes: int, max_chars: int
 def run_niced(func: Callable[..., T], *args: Any) -> T:
     """``func(*args)`` at :data:`WORKER_NICE`, ending if the bridge does: what a worker process runs
     (never the bridge)."""
+    # A worker is a fresh interpreter of kernelbridge's own, not started by its command line: the
+    # nbformat it imports would build jsonschema's unused iri grammar first (1.2 CPU-s, most of a
+    # bridge's first export).
+    skip_unused_imports()
     current = os.nice(0)
     if current < WORKER_NICE:
         os.nice(WORKER_NICE - current)

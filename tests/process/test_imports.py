@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
+import anyio.to_process
 import pytest
 
 import kernelbridge
@@ -124,6 +126,23 @@ def test_a_bridge_is_built_with_the_mcp_server_sdk_and_nothing_its_start_loads(h
     modules = imported(BRIDGE, home=home)
     assert "mcp.server.mcpserver" in modules
     assert loaded(modules, BRIDGE_LATER) == []
+
+
+WORKER_PROBE = (
+    "[__import__('nbformat').__name__, repr(__import__('sys').modules.get('rfc3987_syntax', 'absent'))]"
+)
+"""What a journal worker's nbformat brought along: ``None`` is "not importable" (skipped)."""
+
+
+@pytest.mark.anyio
+async def test_a_journal_worker_imports_nbformat_without_the_unused_grammar() -> None:
+    # The worker that exports journals is an interpreter no command line started: it must skip
+    # what every command skips (kernelbridge.lazy), or a bridge's first export builds the grammar.
+    from kernelbridge.notebook.export import run_niced
+
+    with anyio.fail_after(60):
+        found = await anyio.to_process.run_sync(run_niced, eval, WORKER_PROBE)
+    assert found == ["nbformat", "None"], found
 
 
 def lazy_packages() -> list[str]:
