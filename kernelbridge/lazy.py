@@ -70,7 +70,8 @@ NEVER_IMPORTED = ("rfc3987_syntax", "trio")
 """Optional modules that a library imports when they are installed and no kernelbridge process
 uses. ``rfc3987_syntax`` (the lab extra brings it: jupyter-events asks for
 ``jsonschema[format-nongpl]``) builds ~35 Lark parsers as jsonschema (under nbformat and
-jupyter-events) is imported: 1.8 s of CPU in each bridge, ``export``, ``replay`` and ``lab``, for the
+jupyter-events) is imported: 1.8 s of CPU in each bridge, ``export``, ``replay`` and ``lab`` (and
+1.2 s in a bridge's journal worker, ``notebook.export.run_niced``), for the
 ``iri`` format check that no notebook, MCP or Jupyter event schema uses, and that nothing here asks
 a format checker for (python-jsonschema/jsonschema#1428). ``trio``: httpcore2 imports it, when it
 is installed (selenium brings it), to tell whether it runs under trio; every kernelbridge process
