@@ -93,6 +93,12 @@ round((cpu_seconds() - used) / (time.monotonic() - began), 2)
 """The CPUs the four hogs used together over 3 s of wall time."""
 CPU_LIMIT = 1.0
 """The default ``KERNELBRIDGE_CPUS``; four busy processes on this 2-core machine would use ~2."""
+HOGS_RAN = 0.3
+"""The share that shows the hogs ran at all (else the limit's check would hold of idle hogs)."""
+SHARE_ATTEMPTS = 3
+"""Samples of the share: on a machine busy with the suite's other workers, the hogs' cgroup is one
+among many and may get less than ``HOGS_RAN`` in a 3 s sample (0.25 seen in CI); the limit is
+checked in every sample, that they ran in any."""
 
 
 LATENCY_ATTEMPTS = 3
@@ -124,8 +130,14 @@ async def test_a_cpu_hog_is_held_to_its_limit_and_does_not_slow_another_session(
     calm, hog = "res-calm", "res-hog"
     await bridge.run("1", calm)
     assert (await bridge.run(HOG, hog)).stdout == "4 hogs\n"
-    share = float((await bridge.run(HOG_SHARE, hog, timeout=30)).data["result"])
-    assert 0.3 < share <= CPU_LIMIT * 1.15, share
+    shares = []
+    for _ in range(SHARE_ATTEMPTS):
+        shares.append(float((await bridge.run(HOG_SHARE, hog, timeout=30)).data["result"]))
+        assert shares[-1] <= CPU_LIMIT * 1.15, shares  # the limit holds in every sample
+        if shares[-1] > HOGS_RAN:
+            break
+    share = max(shares)
+    assert share > HOGS_RAN, shares
     tries = []
     for _ in range(LATENCY_ATTEMPTS):
         before, during = await calm_vs_hog_latency(bridge, calm, hog)
@@ -220,8 +232,9 @@ async def test_background_output_while_idle_is_bounded_and_reported_once(bridge:
     session = "res-background"
     await bridge.run("1", session)
     before = bridge.rss_kib()
-    # 600 displays of 2 MiB (1.2 GB) arrive while no call runs: the issue's attack, shortened.
-    await bridge.run("COUNT = 600\n" + BACKGROUND_FLOOD, session)
+    # 300 displays of 2 MiB (600 MiB) arrive while no call runs: the issue's attack, shortened to
+    # half again past the bound below (a bridge that kept what arrives would pass it).
+    await bridge.run("COUNT = 300\n" + BACKGROUND_FLOOD, session)
     waited = await bridge.run("import time; time.sleep(5)", "res-bystander", timeout=60)
     assert waited.status == "ok"
     # Wait for the end of the flood (bounded); its output keeps arriving outside any cell.
