@@ -232,8 +232,8 @@ async def test_background_output_while_idle_is_bounded_and_reported_once(bridge:
     session = "res-background"
     await bridge.run("1", session)
     before = bridge.rss_kib()
-    # 300 displays of 2 MiB (600 MiB) arrive while no call runs: the attack, shortened to
-    # half again past the bound below (a bridge that kept what arrives would pass it).
+    # 300 displays of 2 MiB arrive while no call runs: the attack, shortened. 600 MiB is
+    # 1.5x the bound on the bridge's peak below, which a bridge that kept what arrives would exceed.
     await bridge.run("COUNT = 300\n" + BACKGROUND_FLOOD, session)
     waited = await bridge.run("import time; time.sleep(5)", "res-bystander", timeout=60)
     assert waited.status == "ok"
