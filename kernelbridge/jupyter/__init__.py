@@ -6,7 +6,8 @@
   kernelbridge.jupyter.tunnel_process``): one sandbox through the host's tunnel owner;
 - :mod:`~kernelbridge.jupyter.launch`: the ``Launch`` message between the two;
 - :mod:`~kernelbridge.jupyter.manager`: :class:`SandboxKernelManager` (needs no installed
-  kernelspec) and :func:`connect_client` (a client that proved iopub delivers);
+  kernelspec), :func:`connect_client` (a client that proved iopub delivers) and
+  :func:`stop_channels` (a client's channels stopped, however soon after they started);
 - :mod:`~kernelbridge.jupyter.kernelspec`: the ``kernelbridge`` kernelspec.
 
 The bridge's own sessions do not come through here: they use :class:`kernelbridge.host.Sandbox`.
@@ -20,7 +21,12 @@ from kernelbridge.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from kernelbridge.jupyter.kernelspec import KERNEL_NAME, install_kernelspec, kernelspec_dict
-    from kernelbridge.jupyter.manager import SandboxKernelManager, connect_client, wait_for_iopub
+    from kernelbridge.jupyter.manager import (
+        SandboxKernelManager,
+        connect_client,
+        stop_channels,
+        wait_for_iopub,
+    )
     from kernelbridge.jupyter.provisioner import SandboxProvisioner
 
 __all__ = [
@@ -30,6 +36,7 @@ __all__ = [
     "connect_client",
     "install_kernelspec",
     "kernelspec_dict",
+    "stop_channels",
     "wait_for_iopub",
 ]
 

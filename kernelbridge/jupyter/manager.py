@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.client import KernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
@@ -25,6 +26,10 @@ from kernelbridge.jupyter.provisioner import SandboxProvisioner, private_dir
 # Why 0.05 s: the host's PUB->SUB subscription propagates in ~1 ms on loopback; re-asking every
 # 0.05 s keeps the handshake fast without flooding a kernel that is still busy starting.
 IOPUB_PROBE_INTERVAL = 0.05
+HEARTBEAT_START_WAIT = 5.0
+"""Bound on the wait for a client's heartbeat thread to begin its loop (:func:`stop_channels`): a
+thread begins in microseconds, and in seconds on a machine swamped with work."""
+HEARTBEAT_POLL = 0.005
 
 
 class SandboxKernelManager(AsyncKernelManager):
@@ -83,9 +88,34 @@ async def connect_client(km: AsyncKernelManager, timeout: float = 30.0) -> Async
     try:
         await wait_for_iopub(kc, timeout, km)
     except BaseException:
-        kc.stop_channels()
+        stop_channels(kc)
         raise
     return kc
+
+
+def stop_channels(kc: KernelClient) -> None:
+    """``kc.stop_channels()``, once its heartbeat thread (if started) has begun its loop.
+
+    jupyter_client's ``HBChannel.stop()`` sets the thread's running flag to False and its exit
+    event; a thread that has not begun yet sets the flag to True again as it begins, and then takes
+    every turn (the exit event set) for a missed beat and opens a new socket, until the context has
+    none left: ZMQError EMFILE in the thread, a thousand sockets lingering. That is a client stopped
+    right after it started on a busy machine (a kernel that died at once; a test done in a
+    millisecond)."""
+    wait_for_heartbeat_loop(kc)
+    kc.stop_channels()
+
+
+def wait_for_heartbeat_loop(kc: KernelClient) -> None:
+    """Return once ``kc``'s heartbeat thread runs its loop, or is not running at all (at most
+    :data:`HEARTBEAT_START_WAIT`): from then on stopping it ends it (:func:`stop_channels`)."""
+    heartbeat = kc.hb_channel
+    deadline = time.monotonic() + HEARTBEAT_START_WAIT
+    # ``_running`` is the flag the race is about; jupyter_client has no public word for it.
+    while heartbeat.is_alive() and not getattr(heartbeat, "_running", True):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(HEARTBEAT_POLL)
 
 
 async def wait_for_iopub(kc: AsyncKernelClient, timeout: float, km: AsyncKernelManager | None = None) -> None:

@@ -19,6 +19,7 @@ import pytest
 from jupyter_kernel_test.msgspec_v5 import validate_message
 
 from kernelbridge.jupyter import install_kernelspec
+from kernelbridge.jupyter.manager import wait_for_heartbeat_loop
 
 pytestmark = [pytest.mark.podman, pytest.mark.slow]
 
@@ -77,6 +78,10 @@ class _InKernelspecEnv:
     @classmethod
     def tearDownClass(cls) -> None:
         try:
+            # The suite's own teardown stops the client's channels: its heartbeat thread must have
+            # begun (tests/process/test_jupyter_heartbeat.py). The iopub welcome test is done a
+            # millisecond after it starts them, and CI saw the thread begin later than that.
+            wait_for_heartbeat_loop(cls.kc)  # type: ignore[attr-defined]
             super().tearDownClass()
         finally:
             cls._env.__exit__(None, None, None)
