@@ -80,7 +80,7 @@ class _InKernelspecEnv:
         try:
             # The suite's own teardown stops the client's channels: its heartbeat thread must have
             # begun (tests/process/test_jupyter_heartbeat.py). The iopub welcome test is done a
-            # millisecond after it starts them, and CI saw the thread begin later than that.
+            # millisecond after it starts them, and a loaded `make test` saw the thread begin later.
             wait_for_heartbeat_loop(cls.kc)  # type: ignore[attr-defined]
             super().tearDownClass()
         finally:

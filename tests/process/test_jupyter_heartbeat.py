@@ -2,10 +2,10 @@
 
 jupyter_client's heartbeat thread, stopped before it has begun its loop, begins it anyway and
 opens a socket each turn until its context has none left (ZMQError EMFILE, in the thread). On a
-busy machine a thread can begin that late: CI saw it in the kernel conformance suite, whose iopub
-welcome test is done a millisecond after it starts a client's channels. Real threads and a real
-zmq context; the heartbeat's address is an ipc path that nothing serves (a REQ socket connects
-lazily)."""
+busy machine a thread can begin that late: a `make test` run saw it in the kernel conformance
+suite, whose iopub welcome test is done a millisecond after it starts a client's channels. Real
+threads and a real zmq context; the heartbeat's address is an ipc path that nothing serves (a REQ
+socket connects lazily)."""
 
 from __future__ import annotations
 
