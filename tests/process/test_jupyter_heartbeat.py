@@ -45,8 +45,12 @@ def thread_errors(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[BaseExceptio
     yield errors
 
 
+def client(tmp_path: Path) -> BlockingKernelClient:
+    return BlockingKernelClient(transport="ipc", ip=str(tmp_path / "kernel"), hb_port=1)
+
+
 def started_client(tmp_path: Path) -> BlockingKernelClient:
-    kc = BlockingKernelClient(transport="ipc", ip=str(tmp_path / "kernel"), hb_port=1)
+    kc = client(tmp_path)
     kc.start_channels(shell=False, iopub=False, stdin=False, hb=True, control=False)
     return kc
 
@@ -63,6 +67,6 @@ def test_channels_stopped_before_the_heartbeat_thread_begins_end_it(
 def test_channels_of_a_client_that_never_started_them_stop(
     thread_errors: list[BaseException | None], tmp_path: Path
 ) -> None:
-    kc = BlockingKernelClient(transport="ipc", ip=str(tmp_path / "kernel"), hb_port=1)
+    kc = client(tmp_path)
     stop_channels(kc)
     assert not kc.hb_channel.is_alive() and thread_errors == []
