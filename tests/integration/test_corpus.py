@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import anyio
 import nbformat
 import pytest
+from local_kernel import local_notebook_client
 from nbclient import NotebookClient
 
 from kernelbridge.config import load_settings
@@ -134,15 +135,15 @@ def blank(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-async def execute_all(kernel_name: str, workdir: Path) -> dict[str, nbformat.NotebookNode]:
-    """Every notebook of the corpus executed by nbclient as its users run it (a kernel of
-    ``kernel_name`` per notebook, started and shut down by nbclient), each in its own directory
-    (a copy, as nbclient's ``path``; no corpus notebook writes a file), :data:`AT_ONCE` at a time."""
+async def execute_locally(workdir: Path) -> dict[str, nbformat.NotebookNode]:
+    """Every notebook of the corpus executed by nbclient as its users run it (a local ``python3``
+    kernel per notebook, started and shut down by nbclient), each in its own directory (a copy, as
+    nbclient's ``path``; no corpus notebook writes a file), :data:`AT_ONCE` at a time."""
     done: dict[str, nbformat.NotebookNode] = {}
 
     async def execute(path: Path) -> None:
         nb = blank(path)
-        client = NotebookClient(nb, timeout=60, allow_errors=True, kernel_name=kernel_name)
+        client = local_notebook_client(nb, workdir, timeout=60, allow_errors=True)
         await client.async_execute(cwd=str(workdir / path.parent.name))
         done[path.stem] = nb
 
@@ -231,7 +232,7 @@ async def test_the_corpus_runs_in_a_sandbox_as_on_a_local_kernel_and_replays_the
     jupyter_env: dict[str, str], workdir: Path, tmp_path: Path
 ) -> None:
     with anyio.fail_after(600):
-        local = await execute_all("python3", workdir)
+        local = await execute_locally(workdir)
         sandboxed = await execute_in_sandboxes(workdir)
     seen_differences: set[str] = set()
     for name, nb in sandboxed.items():

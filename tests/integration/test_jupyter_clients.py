@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from local_kernel import local_notebook_client
 from nbclient import NotebookClient
 
 from kernelbridge.session.text import strip_ansi
@@ -50,7 +51,7 @@ def test_nbclient_executes_a_notebook_in_the_sandbox(jupyter_env: dict[str, str]
 
 
 def test_the_clients_display_settings_reach_the_kernel_and_nothing_else(
-    jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """COLUMNS (and the like) of the client's environment reach the sandbox kernel, so IPython lays
     out tracebacks for the client's terminal as a local kernel does; a secret beside it does not."""
@@ -70,7 +71,7 @@ def test_the_clients_display_settings_reach_the_kernel_and_nothing_else(
     # (ipykernel sets TERM to xterm-color in any kernel, local or not.)
     assert sandbox.cells[0].outputs[0]["text"] == "52 C.UTF-8 xterm-color\n[]\n"
     local = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(local, kernel_name="python3", timeout=60, allow_errors=True).execute()
+    local_notebook_client(local, tmp_path, timeout=60, allow_errors=True).execute()
     rule = strip_ansi(sandbox.cells[1].outputs[0]["traceback"][0])
     assert rule.startswith("-" * 52) and not rule.startswith("-" * 53), rule
     # Laid out as the local kernel lays it out for the same terminal, line for line.

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 from bridge_harness import notebook_of
 from jupyter_client.asynchronous.client import AsyncKernelClient
-from nbclient import NotebookClient
+from local_kernel import local_notebook_client
 from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
 from kernelbridge.session.store import list_session_records
@@ -57,10 +57,10 @@ CELLS = [
 ]
 
 
-def reference(cells: list[str]) -> list[list[dict[str, Any]]]:
+def reference(cells: list[str], where: Path) -> list[list[dict[str, Any]]]:
     """What nbclient saves for ``cells`` on the venv's own kernel, streams coalesced by nbconvert."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in cells])
-    client = NotebookClient(nb, kernel_name="python3", timeout=60, allow_errors=True)
+    client = local_notebook_client(nb, where, timeout=60, allow_errors=True)
     client.execute()
     coalesce = CoalesceStreamsPreprocessor()
     for index, cell in enumerate(nb.cells):
@@ -117,7 +117,7 @@ async def test_a_sessions_notebook_is_what_nbclient_saves_for_the_same_cells(
     connect: Any, tmp_path: Path
 ) -> None:
     cells = ["pass", *CELLS]
-    expected = await anyio.to_thread.run_sync(reference, cells)
+    expected = await anyio.to_thread.run_sync(reference, cells, tmp_path)
     state = tmp_path / "state"
     with anyio.fail_after(300):
         async with connect(state) as client:
