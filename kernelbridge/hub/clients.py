@@ -41,6 +41,7 @@ from kernelbridge.hub.client_state import Change, next_state
 from kernelbridge.hub.client_state import ClientState as ClientState  # kernelbridge.hub re-exports it
 from kernelbridge.hub.config import HttpServer, ServerConfig, StdioServer
 from kernelbridge.hub.streams import StderrLog, watch_transport
+from kernelbridge.taskgroups import exit_task_group
 
 log = logging.getLogger(__name__)
 
@@ -476,4 +477,4 @@ class ClientPool:
                 log.warning("host servers did not close within %g s; cancelling them", CLOSE_TIMEOUT)
             tg.cancel_scope.cancel()
         self._tg = None
-        return await tg.__aexit__(exc_type, exc, tb)
+        return await exit_task_group(tg, exc_type, exc, tb)

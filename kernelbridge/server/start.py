@@ -28,6 +28,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from kernelbridge.config import Settings
 from kernelbridge.session.records import Standing
 from kernelbridge.session.store import sessions_of
+from kernelbridge.taskgroups import exit_task_group
 
 T = TypeVar("T")
 
@@ -102,7 +103,7 @@ class BridgeStart(Generic[T]):
             self._stop.set()  # what it opened closes as the lifespan did: bounded, shielded
         else:
             self._scope.cancel()  # the client left before the bridge was up: nothing to keep
-        return await self._tg.__aexit__(exc_type, exc, tb)
+        return await exit_task_group(self._tg, exc_type, exc, tb)
 
     async def opened(self) -> T:
         """What the start opened, once it has."""
