@@ -384,6 +384,85 @@ def process_spawns(paths: list[Path]) -> list[str]:
     return found
 
 
+CLOCKS = frozenset({"time.monotonic", "time.perf_counter", "time.time", "monotonic", "perf_counter"})
+DURATION_NAMES = frozenset({"seconds", "elapsed", "took", "duration"})
+"""Names, attributes and keys that hold how long something took (the harness's ``Result.seconds``)."""
+
+
+def timing_asserts(paths: list[Path]) -> list[str]:
+    """Assertions in ``paths`` (test modules) on how long something took: a clock reading minus
+    another, a name bound to one, or a duration field. Timing belongs in bench/; a test asserts
+    what happened and bounds its waits against a hang (``anyio.fail_after``, a deadline that fails
+    with what it waited for), far above the time the right behaviour takes."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(), str(path))
+        for scope in ast.walk(tree):
+            if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+                continue
+            durations = set(DURATION_NAMES) | _names_bound_to_durations(scope)
+            for node in _own_nodes(scope):
+                if isinstance(node, ast.Assert) and _measures_time(node.test, durations):
+                    found.append(f"{path.name}:{node.lineno} asserts how long something took")
+    return found
+
+
+def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``scope`` outside the functions nested in it (each is a scope of its own)."""
+    for child in ast.iter_child_nodes(scope):
+        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            yield child
+            yield from _own_nodes(child)
+
+
+def _names_bound_to_durations(scope: ast.AST) -> set[str]:
+    return {
+        target.id
+        for node in _own_nodes(scope)
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        and node.value is not None
+        and _is_duration(node.value)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
+
+
+def _is_duration(expr: ast.expr) -> bool:
+    """``expr`` computes a clock reading minus another (``time.monotonic() - started``)."""
+    return any(
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Sub)
+        and any(isinstance(call, ast.Call) and _dotted(call.func) in CLOCKS for call in ast.walk(node.left))
+        for node in ast.walk(expr)
+    )
+
+
+def _measures_time(test: ast.expr, durations: set[str]) -> bool:
+    """``test`` orders a duration against a bound. (Equality is left alone: only a fake clock can
+    make a duration equal to a number, as tests/unit's scripted runs do.)"""
+    return any(
+        isinstance(node, ast.Compare)
+        and any(isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE) for op in node.ops)
+        and any(
+            _is_duration(operand) or _names_duration(operand, durations)
+            for operand in [node.left, *node.comparators]
+        )
+        for node in ast.walk(test)
+    )
+
+
+def _names_duration(expr: ast.expr, durations: set[str]) -> bool:
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Name) and node.id in durations:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in DURATION_NAMES:
+            return True
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            if node.slice.value in DURATION_NAMES:
+                return True
+    return False
+
+
 def _imported(node: ast.Import | ast.ImportFrom) -> set[str]:
     if isinstance(node, ast.ImportFrom):
         return {node.module or ""}

@@ -19,13 +19,8 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 from mcp.client.client import Client
-from peers.host_bridge import (
-    HostConfig,
-    open_bridge,
-    printed,
-    run,
-    text_of,
-)
+from peers.host_bridge import HostConfig, open_bridge, printed, run, text_of
+from waiting import hang_guard
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -190,12 +185,10 @@ async def test_a_call_running_at_the_cell_timeout_is_cancelled_on_the_host(
 ) -> None:
     session = sessions[0]
     await run(bridge, "await mcp_edge.echo(text='warm')", session=session, servers=["edge"])
-    began = time.monotonic()
-    result = await run(bridge, TIMEOUT_CELL, session=session, timeout=3)
-    elapsed = time.monotonic() - began
+    with hang_guard(60, "a timeout=3 cell whose host call waits 120 s"):
+        result = await run(bridge, TIMEOUT_CELL, session=session, timeout=3)
     sc = result.structured_content
     assert sc["status"] == "timeout" and sc["state"] == "kept", text_of(result)
-    assert elapsed < 3 + 12, f"the timed-out cell took {elapsed:.1f} s to return"  # TIMEOUT_GRACE
     assert await fate(host, "timeout", "cancelled", "done", timeout=10) == "cancelled"
     (call,) = sc["tool_calls"]
     assert call["tool"] == "wait" and call["ok"] is False and call["error"].startswith("cancelled:")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import time
 from pathlib import Path
 
 import anyio
@@ -200,13 +199,11 @@ async def test_bad_input_gets_one_line_and_loses_nothing(
             await type_in_console(browser, "import time; time.sleep(120)")
             await until(lambda: busy(browser), "the person's cell running", browser)
             await bridge.close("short")
-            started = time.monotonic()
-            gone = await until(
+            gone = await until(  # within PAGE_WAIT, half the cell's sleep: not when it ended
                 lambda: cell_with(browser, "time.sleep(120)", output="was closed"),
                 "the line for the closed session",
                 browser,
             )
-            assert time.monotonic() - started < 30
             assert "kernelbridge lab: session 'short' was closed" in gone["output"], gone
             assert gone["output"].count("kernelbridge lab:") == 1, gone
 

@@ -1,5 +1,6 @@
-"""Hostile cells of issue 13, shared by the security suite (tests/security/test_tenants.py) and
-bench/bench_tenants.py, so that the test and the benchmark measure the same attack."""
+"""Hostile cells, shared by the security suite (tests/security/test_tenants.py,
+test_resources.py) and the benchmarks (bench/bench_tenants.py, bench_neighbours.py), so that the
+test and the benchmark measure the same attack."""
 
 FORGE_SECONDS = 8
 FLOOD = r"""
@@ -37,3 +38,27 @@ def flood(seconds: float = FORGE_SECONDS) -> str:
     of execute_input code, four ~4 MiB PNGs, idle), two a second for ``seconds``, then writing how
     many to /workspace/flood.done."""
     return FLOOD.replace("SECONDS", repr(seconds))
+
+
+HOG = r"""
+import signal, subprocess, sys
+hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+print(len(hogs), "hogs")
+"""
+HOGS_OFF = "for h in hogs: h.send_signal(signal.SIGSTOP)"
+HOGS_ON = "for h in hogs: h.send_signal(signal.SIGCONT)"
+
+
+HOG_SHARE = r"""
+import os, time
+def cpu_seconds():
+    ticks = 0
+    for h in hogs:
+        fields = open(f"/proc/{h.pid}/stat").read().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime + stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+began, used = time.monotonic(), cpu_seconds()
+time.sleep(3)
+round((cpu_seconds() - used) / (time.monotonic() - began), 2)
+"""
+"""The CPUs the four hogs used together over 3 s of wall time."""

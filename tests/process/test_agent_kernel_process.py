@@ -81,29 +81,28 @@ def test_stop_escalates_to_sigkill_after_the_grace(stubs: list[KernelProcess]) -
     kernel = stub(
         """
         import signal, time
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: print('ignored SIGTERM', flush=True))
         print('ready', flush=True)
-        time.sleep(60)
+        while True:
+            time.sleep(60)
         """
     )
     stubs.append(kernel)
-    started = time.monotonic()
-    kernel.stop(grace=0.3)
+    kernel.stop(grace=1.0)
     assert kernel.returncode == -signal.SIGKILL
-    assert time.monotonic() - started >= 0.3
     assert "SIGKILL" in repr(kernel)
+    assert kernel.read_output() == ["ignored SIGTERM"]  # asked first; killed once the grace passed
 
 
+@pytest.mark.timeout(60)  # a stop that waited out its 600 s grace runs into this
 def test_stop_of_an_ended_kernel_returns_at_once(stubs: list[KernelProcess]) -> None:
     kernel = stub("print('ready', flush=True)\nraise SystemExit(3)")
     stubs.append(kernel)
     deadline = time.monotonic() + BOUND
     while kernel.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    started = time.monotonic()
     kernel.stop(grace=600)
     assert kernel.returncode == 3
-    assert time.monotonic() - started < BOUND  # not the grace
 
 
 def test_kill_group_takes_the_kernels_subprocesses_too(stubs: list[KernelProcess]) -> None:
@@ -144,15 +143,15 @@ def test_interrupt_reaches_the_kernel(stubs: list[KernelProcess]) -> None:
     assert "interrupted" in output_until(kernel, "interrupted")
 
 
+@pytest.mark.timeout(60)  # a read that waited for the kernel's 600 s sleep runs into this
 def test_the_output_pipe_gives_non_blank_lines_and_never_blocks(stubs: list[KernelProcess]) -> None:
     kernel = stub(
-        "import time\nprint('ready', flush=True)\nprint('a\\n\\n   \\nb', flush=True)\ntime.sleep(60)"
+        "import time\nprint('ready', flush=True)\nprint('a\\n\\n   \\nb', flush=True)\ntime.sleep(600)"
     )
     stubs.append(kernel)
     assert output_until(kernel, "b") == ["a", "b"]
-    started = time.monotonic()
+    assert os.get_blocking(kernel.output_fd) is False
     assert kernel.read_output() == []  # nothing written: no wait
-    assert time.monotonic() - started < BOUND  # not until the kernel's sleep ends
 
 
 def test_describe_exit() -> None:

@@ -4,10 +4,9 @@ contain each one; the bridge's memory stays bounded; other sessions carry on."""
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 from bridge_harness import Bridge
+from peers.hostile_cells import HOG, HOG_SHARE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
 
@@ -60,37 +59,6 @@ async def test_killing_the_kernels_process_group_is_not_called_out_of_memory(bri
     assert "SIGKILL" in result.notes and "memory" not in result.notes, result.notes
 
 
-async def latencies(bridge: Bridge, session: str, calls: int) -> list[float]:
-    times = []
-    for _ in range(calls):
-        result = await bridge.run("1 + 1", session)
-        assert result.status == "ok"
-        times.append(result.seconds)
-    return times
-
-
-HOG = r"""
-import signal, subprocess, sys
-hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
-print(len(hogs), "hogs")
-"""
-HOGS_OFF = "for h in hogs: h.send_signal(signal.SIGSTOP)"
-HOGS_ON = "for h in hogs: h.send_signal(signal.SIGCONT)"
-
-
-HOG_SHARE = r"""
-import os, time
-def cpu_seconds():
-    ticks = 0
-    for h in hogs:
-        fields = open(f"/proc/{h.pid}/stat").read().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime + stime
-    return ticks / os.sysconf("SC_CLK_TCK")
-began, used = time.monotonic(), cpu_seconds()
-time.sleep(3)
-round((cpu_seconds() - used) / (time.monotonic() - began), 2)
-"""
-"""The CPUs the four hogs used together over 3 s of wall time."""
 CPU_LIMIT = 1.0
 """The default ``KERNELBRIDGE_CPUS``; four busy processes on this 2-core machine would use ~2."""
 HOGS_RAN = 0.3
@@ -101,32 +69,7 @@ among many and may get less than ``HOGS_RAN`` in a 3 s sample (0.25 seen in CI);
 checked in every sample, that they ran in any."""
 
 
-LATENCY_ATTEMPTS = 3
-"""Latency is compared up to this many times: the other test worker's load comes in bursts, and one
-quiet comparison within the bound shows the hog does not slow the calm session; a hog that did
-would exceed it every time."""
-SLOWER_AT_MOST = 2.5
-"""How much slower the calm session may answer while the hog runs. The limit itself is the share
-check above: the kernel's fair scheduler shields a sandbox's short calls from another cgroup's hog
-even without it (measured on a quiet 2-core machine: 1.0-1.03x with the limit, 1.02-1.17x with the
-hog given 2 CPUs). What latency can show is that the bridge keeps serving the calm session while the
-hog's session holds a core; under the suite's three workers a core less costs up to ~1.9x, hence
-the margin."""
-
-
-async def calm_vs_hog_latency(bridge: Bridge, calm: str, hog: str) -> tuple[float, float]:
-    """Median warm latency of ``calm`` with the hog stopped and running, in interleaved rounds:
-    load from elsewhere on a shared machine drifts, and then weighs on both sides alike."""
-    quiet, busy = [], []
-    for _ in range(3):
-        await bridge.run(HOGS_OFF, hog)
-        quiet += await latencies(bridge, calm, 10)
-        await bridge.run(HOGS_ON, hog)
-        busy += await latencies(bridge, calm, 10)
-    return statistics.median(quiet), statistics.median(busy)
-
-
-async def test_a_cpu_hog_is_held_to_its_limit_and_does_not_slow_another_session(bridge: Bridge) -> None:
+async def test_a_cpu_hog_is_held_to_its_limit_and_another_session_carries_on(bridge: Bridge) -> None:
     calm, hog = "res-calm", "res-hog"
     await bridge.run("1", calm)
     assert (await bridge.run(HOG, hog)).stdout == "4 hogs\n"
@@ -136,17 +79,13 @@ async def test_a_cpu_hog_is_held_to_its_limit_and_does_not_slow_another_session(
         assert shares[-1] <= CPU_LIMIT * 1.15, shares  # the limit holds in every sample
         if shares[-1] > HOGS_RAN:
             break
-    share = max(shares)
-    assert share > HOGS_RAN, shares
-    tries = []
-    for _ in range(LATENCY_ATTEMPTS):
-        before, during = await calm_vs_hog_latency(bridge, calm, hog)
-        tries.append((round(before * 1000, 1), round(during * 1000, 1)))
-        if during <= SLOWER_AT_MOST * before:
-            break
+    assert max(shares) > HOGS_RAN, shares
+    # The bridge serves the calm session while the hog's session holds a core (how much slower
+    # its calls are meanwhile: bench/bench_neighbours.py).
+    for n in range(10):
+        assert (await bridge.run(f"{n} + 1", calm)).data["result"] == str(n + 1)
     await bridge.close(hog)
-    print(f"\ncpu hog: {share} CPUs; calm vs hog latency (ms): {tries}")
-    assert during <= SLOWER_AT_MOST * before, tries
+    print(f"\ncpu hog: {max(shares)} CPUs")
 
 
 async def test_deep_recursion_is_an_ordinary_error(bridge: Bridge) -> None:

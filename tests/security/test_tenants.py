@@ -23,6 +23,7 @@ import pytest
 from bridge_harness import KERNELBRIDGE, REPO, Bridge, Result, open_http_bridge, reset_peak
 from nbformat import v4
 from peers.hostile_cells import BIG_CELL, flood
+from waiting import hang_guard
 
 from kernelbridge.session.store import SessionStore
 
@@ -143,9 +144,11 @@ async def test_one_token_cannot_fill_anothers_host_call_slots(tenants: dict[str,
     alice, bob = tenants["alice"], tenants["bob"]
     held = await alice.run(HOLD_SLOTS, "default", servers=["edge"])
     assert held.status == "ok" and held.stdout.split() == ["64", "McpBusy"], held.text  # her own cap
-    # Bob's own "default", same name: his calls have slots of their own.
-    verdict = await bob.probe(BYSTANDER, "default", servers=["edge"])
-    assert verdict["ok"] == 20 and verdict["errors"] == [] and verdict["seconds"] < 10, verdict
+    # Bob's own "default", same name: his calls have slots of their own (calls queued behind hers
+    # would wait out her 120 s calls, past the hang guard).
+    with hang_guard(60, "bob's 20 calls while alice holds 64"):
+        verdict = await bob.probe(BYSTANDER, "default", servers=["edge"])
+    assert verdict["ok"] == 20 and verdict["errors"] == [], verdict
     # A call claiming a cell nobody runs, sent while no cell runs: refused at once.
     assert (await alice.run(FORGED_LATER, "default")).status == "ok"
     late = json.loads(await file_of(alice, "default", "late.json"))
@@ -204,13 +207,14 @@ async def test_exporting_a_big_journal_is_bounded_and_never_stalls_another_token
     async def export() -> None:
         began = time.monotonic()
         exported["file"] = await alice.call("export_notebook", session="big", path="big.ipynb")
+        exported["bob's calls by then"] = len(during)
         exported["inline"] = await alice.call("export_notebook", session="big")
-        exported["seconds"] = time.monotonic() - began
+        exported["took"] = time.monotonic() - began
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(export)
         await anyio.sleep(0.05)  # the export has begun
-        while "seconds" not in exported:
+        while "took" not in exported:
             during.append((await bob.run("1+1", "warm")).seconds)
     peak = alice.peak_kib() - rss
     (failed, text), (failed_too, why) = exported["file"], exported["inline"]
@@ -220,14 +224,14 @@ async def test_exporting_a_big_journal_is_bounded_and_never_stalls_another_token
     written = alice.state_dir / "exports" / "big.ipynb"
     nb = nbformat.read(written, as_version=4)
     assert len(nb.cells) == 5 and written.stat().st_size > 50 << 20
-    assert during, "no call of bob's completed during the export"
+    # Bob's calls went on while her file was written: an export that held the bridge would let one
+    # of his calls through, when it ended (how much slower they were: bench/bench_tenants.py).
+    assert exported["bob's calls by then"] >= 3, (exported["bob's calls by then"], during)
     assert peak < PER_SESSION_BOUND, peak
-    added = statistics.median(during) - statistics.median(baseline)
-    assert max(during) < 2.0 and added < 0.5, (baseline, during)  # loose: the ratio is in bench/
     await alice.close("big")
     await bob.close("warm")
     before_ms, during_ms = statistics.median(baseline) * 1000, statistics.median(during) * 1000
-    print(f"\nexport of a {size >> 20} MiB journal: {exported['seconds']:.1f} s, "
+    print(f"\nexport of a {size >> 20} MiB journal: {exported['took']:.1f} s, "
           f"bridge peak +{peak // MiB} MiB; bob's 1+1: median {before_ms:.1f} ms before, "
           f"{during_ms:.1f} ms during ({len(during)} calls)")  # fmt: skip
 
@@ -241,10 +245,10 @@ async def test_a_restore_of_forged_cells_is_bounded_by_its_timeout(tenants: dict
     exports = alice.state_dir / "exports"
     exports.mkdir(parents=True, exist_ok=True)
     nbformat.write(v4.new_notebook(cells=cells), exports / "forged.ipynb")
-    result: Result = await alice.run("print('after')", "restored", timeout=5, restore="forged.ipynb")
+    with hang_guard(60, "a restore of three 20 s cells with timeout=5"):
+        result: Result = await alice.run("print('after')", "restored", timeout=5, restore="forged.ipynb")
     assert "the restore's time budget of 5 s ran out" in result.text, result.text
     assert "The restore took" in result.text and result.stdout == "after\n", result.text
-    assert result.seconds < 5 + 12 + 5 + 8, result.seconds  # budget + one interrupt grace + the code
     await alice.close("restored")
     print(f"\nrestore of 3 forged 20 s cells with timeout=5: {result.seconds:.1f} s")
 

@@ -6,7 +6,6 @@ kernel is tests/integration/test_tunnel.py (locally) and the sandbox tests (in a
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -52,12 +51,13 @@ def test_a_host_that_leaves_before_its_hello_gets_start_failed(pipes: tuple[int,
     os.dup2(devnull, host_out)  # the host's end of stdin closes (the fixture closes /dev/null)
     os.close(devnull)
     relay = Relay(link)
-    started = time.monotonic()
     assert relay.run() == 2
-    assert time.monotonic() - started < BOUND
     frames_out = list(frames.FrameDecoder().feed(os.read(host_in, 1 << 20)))
     assert [frame["type"] for frame in frames_out if isinstance(frame, dict)] == [frames.LOG, frames.EXIT]
-    assert frames_out[-1]["kind"] == frames.EXIT_START_FAILED  # type: ignore[index]
+    exit_frame = frames_out[-1]
+    assert isinstance(exit_frame, dict) and exit_frame["kind"] == frames.EXIT_START_FAILED
+    # Its EOF, not the hello's timeout, ended the wait.
+    assert exit_frame["reason"] == "the host closed stdin before sending its hello frame", exit_frame
 
 
 def test_the_poll_set_follows_what_each_source_wants() -> None:

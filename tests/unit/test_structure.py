@@ -10,7 +10,9 @@
   and the sandbox's own ``mcp`` package;
 - the product never imports ``kernelbridge.testing``;
 - the public API (``kernelbridge.__all__``) is pinned;
-- no unit test starts a process (those are tests/process's).
+- no unit test starts a process (those are tests/process's);
+- no test asserts how long something took (timing is bench/'s; tests bound their waits against a
+  hang: tests/waiting.py).
 
 Every failure names the offending module (and line). The checks are ``structure_checks``' (also
 run here on small made-up sources, so that a check that can no longer fail shows); what this
@@ -39,6 +41,7 @@ from structure_checks import (
     package_modules,
     parse,
     process_spawns,
+    timing_asserts,
 )
 
 import kernelbridge
@@ -315,4 +318,37 @@ def test_a_process_spawn_in_a_test_is_found(tmp_path: Path) -> None:
         "a.py:1 imports subprocess",
         "b.py:3 calls anyio.run_process",
         "c.py:1 imports subprocess",
+    ]
+
+
+def test_no_test_asserts_how_long_something_took() -> None:
+    # A bound on a duration fails under load (a unit test did, on a busy CI machine): tests assert
+    # what happened and guard their waits against a hang; bench/ prints the times.
+    tests = Path(__file__).resolve().parents[1]
+    paths = sorted(path for path in tests.rglob("*.py") if "__pycache__" not in path.parts)
+    assert timing_asserts(paths) == []
+
+
+def test_an_assert_on_a_duration_is_found(tmp_path: Path) -> None:
+    (tmp_path / "test_a.py").write_text(
+        "import time\n"
+        "def test_direct():\n"
+        "    started = time.monotonic()\n"
+        "    assert time.monotonic() - started < 5\n"
+        "def test_named():\n"
+        "    began = time.perf_counter()\n"
+        "    took = time.perf_counter() - began\n"
+        "    assert took < 5, took\n"
+        "async def test_result(bridge):\n"
+        "    result = await bridge.run('1')\n"
+        "    assert result.status == 'ok' and result.seconds < 5\n"
+        "    assert verdict['seconds'] >= 1\n"
+        "def test_allowed(clock, deadline, note):\n"
+        "    assert time.monotonic() < deadline, 'a wait bounded against a hang'\n"
+        "    assert clock.now() - 100.0 == 58.0  # a fake clock\n"
+        "    assert note.seconds == 50.0\n"
+        "    assert record.updated <= time.time()\n"
+    )
+    assert timing_asserts([tmp_path / "test_a.py"]) == [
+        f"test_a.py:{line} asserts how long something took" for line in (4, 8, 11, 12)
     ]

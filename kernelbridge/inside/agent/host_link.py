@@ -179,7 +179,7 @@ class HostLink:
             self.read()
         frame = self._incoming.popleft() if self._incoming else None
         if frame is None or frame["type"] != frames.HELLO:
-            return Refusal(2, frames.EXIT_START_FAILED, f"no valid hello frame on stdin within {timeout:g} s")
+            return Refusal(2, frames.EXIT_START_FAILED, self._no_hello(frame, timeout))
         mismatch = check_agent_hash(frame.get("agent_hash"))
         if mismatch:
             return Refusal(3, frames.EXIT_AGENT_MISMATCH, mismatch)
@@ -188,6 +188,15 @@ class HostLink:
         self._outbox.retain = self.durable is not None
         self.heard = self.used = self._clock()
         return Hello(key=str(frame.get("key", "")).encode(), durable=self.durable)
+
+    def _no_hello(self, first: frames.Frame | None, timeout: float) -> str:
+        """Why the start failed without a hello: the host sent something else, closed stdin, or
+        said nothing in time (three causes a person fixes differently)."""
+        if first is not None:
+            return f"the host's first frame on stdin was {str(first['type'])[:40]!r}, not hello"
+        if self.state is LinkState.ENDED:
+            return "the host closed stdin before sending its hello frame"
+        return f"no hello frame on stdin within {timeout:g} s"
 
     def read(self) -> None:
         """Decode what the host's stdin has now into the incoming queue (when the poller says it
