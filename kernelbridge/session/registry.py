@@ -32,7 +32,7 @@ from kernelbridge.runtime import RuntimeBackend
 from kernelbridge.session.adoption import restore_uri
 from kernelbridge.session.cell import CellResult
 from kernelbridge.session.durability import Durability, Lost, WarmSandbox, lost_result
-from kernelbridge.session.outcome import FreshSandbox, Queued, SandboxLost
+from kernelbridge.session.outcome import FreshSandbox, Note, Queued, SandboxLost
 from kernelbridge.session.recording import SessionJournal, journal_budget
 from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.runner import SYSTEM_CLOCK, CellRunner, Clock, ProgressCallback
@@ -85,6 +85,9 @@ class SessionRegistry:
         """Set once the sessions a bridge before left are adopted (or found lost)."""
         self.lost: dict[str, SandboxLost] = {}
         """Sessions whose sandbox was found gone (at start), until their next call says so."""
+        self._unsaid: dict[str, list[Note]] = {}
+        """Notes of a session whose first sandbox did not start (e.g. that the one it outlived its
+        bridge with was gone), for the session's next call."""
 
     # -- life ----------------------------------------------------------------------------------------
     async def __aenter__(self) -> SessionRegistry:
@@ -355,6 +358,7 @@ class SessionRegistry:
                 )
             assert self._services is not None
             session = self._sessions[name] = Session(name, self._services)
+            session.pending.extend(self._unsaid.pop(name, []))
         return session
 
     async def _ensure_sandbox(self, session: Session, first: bool) -> None:
@@ -380,6 +384,8 @@ class SessionRegistry:
         except BaseException:
             if self._sessions.get(session.name) is session:
                 del self._sessions[session.name]
+                if session.pending:  # e.g. the adopted sandbox was gone: the next call says so
+                    self._unsaid[session.name] = session.pending[:]
             session.change(Change.CLOSE)
             session.release_claim()
             raise
@@ -464,6 +470,7 @@ class SessionRegistry:
         """Close session ``name`` (stopping its sandbox, even mid-cell; a detached one's too);
         False if it is not open. Raises SessionError when another bridge holds it."""
         session = self._sessions.pop(validate_session_name(name), None)
+        self._unsaid.pop(name, None)
         if session is None:
             self.lost.pop(name, None)
             return self._durability is not None and await self._durability.end_detached(name)

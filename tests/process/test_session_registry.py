@@ -20,7 +20,7 @@ import anyio.lowlevel
 import pytest
 
 from kernelbridge.config import Settings
-from kernelbridge.errors import SessionError
+from kernelbridge.errors import SandboxStartFailed, SessionError
 from kernelbridge.notebook.journal import JournalCell, JournalHeader
 from kernelbridge.runtime import ContainerSpec
 from kernelbridge.session import SessionRegistry, SessionState, Status, validate_session_name
@@ -253,6 +253,28 @@ async def test_an_engine_that_is_down_at_start_loses_no_durable_session(tmp_path
             await registry.run("s", "1", timeout=5)
     kept = store.current("s")
     assert kept is not None and kept.ended is None and kept.adoptable, kept  # still adoptable later
+
+
+class FailsItsFirstStart(TrackingRuntime):
+    """The double, whose first sandbox fails to start (an engine's hiccup, a port taken)."""
+
+    async def create(self, spec: ContainerSpec) -> str:
+        if not self.started:
+            self.started.append(spec.session)
+            raise SandboxStartFailed("the engine failed it, once")
+        return await super().create(spec)
+
+
+async def test_a_lost_sandbox_is_said_even_when_the_fresh_one_first_fails_to_start(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    store.open()  # the sandbox a bridge before left is gone (the double has no such container)
+    store.detach(store.begin("s", container="kb-s", container_id="local-gone", label="s", secret="a" * 64))
+    settings = Settings(state_dir=tmp_path, warm_pool=0)
+    async with open_registry(settings, FailsItsFirstStart()) as registry:
+        await registry.settle(30)  # found lost at start; the fresh sandbox after it failed
+        result = await registry.run("s", "1", timeout=30)
+    assert result.status is Status.OK, result
+    assert [note.code for note in result.notes] == ["sandbox_lost"], result.notes
 
 
 async def test_a_registry_that_fails_to_open_leaves_nothing_entered(

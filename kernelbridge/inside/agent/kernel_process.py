@@ -209,6 +209,18 @@ def oom_killed() -> bool:
     return False
 
 
+def ports_taken(connection: Mapping[str, Any]) -> bool:
+    """Whether a port of ``connection`` is held now: by another process, when its kernel exited
+    during start-up (it lost the race for the port, between the agent choosing it and binding it)."""
+    for name in CONNECTION_PORTS:
+        with socket.socket() as probe:
+            try:
+                probe.bind((connection["ip"], connection[name]))
+            except OSError:
+                return True
+    return False
+
+
 def _free_ports(count: int) -> list[int]:
     socks = []
     try:

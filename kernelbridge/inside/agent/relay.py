@@ -36,6 +36,7 @@ from kernelbridge.inside.agent.kernel_process import (
     KernelProcess,
     describe_exit,
     oom_killed,
+    ports_taken,
     write_connection_file,
 )
 from kernelbridge.inside.agent.rpc_relay import RpcRelay, kernel_env
@@ -48,6 +49,8 @@ POLL_MS = 200
 """Longest wait for a source; the chores of step 5 run at least this often."""
 DRAIN_MESSAGES = 64
 """Kernel messages taken from one socket in one turn, at most: the host's stdin is read between."""
+BOOT_ATTEMPTS = 3
+"""Kernel starts tried when a port chosen for the kernel was taken before it bound it."""
 
 IDLE_EXIT = 5
 """The agent's (and so the container's) exit status when it ended itself: no host for longer than
@@ -366,8 +369,21 @@ class Relay:
 
     # -- kernel (re)start ------------------------------------------------------------------------
     def _boot(self) -> str | None:
-        """Start a kernel, prove iopub delivers and say ``ready``; else the reason it failed."""
-        connection = write_connection_file(self._key)
+        """Start a kernel, prove iopub delivers and say ``ready``; else the reason it failed. The
+        ports are chosen free and bound by the kernel later: if another process took one meanwhile
+        (the local test double's agents share the host's ports; in a container only the session's
+        own processes could), the start is tried again on others, up to BOOT_ATTEMPTS times."""
+        attempt = 1
+        while True:
+            connection = write_connection_file(self._key)
+            failure = self._boot_on(connection)
+            if failure is None or attempt == BOOT_ATTEMPTS or not ports_taken(connection):
+                return failure
+            self._drop(self._current())
+            self.link.log(f"kernel start: one of its ports was taken meanwhile ({failure}); again", "warning")
+            attempt += 1
+
+    def _boot_on(self, connection: dict[str, Any]) -> str | None:
         rpc = RpcRelay(lambda frame: self._rpc_to_host(rpc, frame), self.link.log)
         process = KernelProcess.start(
             connection["path"], cwd=workdir(), env=kernel_env(rpc), pass_fds=(rpc.kernel_fd,)
@@ -392,19 +408,22 @@ class Relay:
         """A new kernel in the same container: variables go, /workspace and /tmp stay. The old
         kernel's whole process group is killed at once (it may be stuck, that is why the host
         restarts it); calls of the old kernel die with its rpc socket."""
-        old = self._current()
-        for source in old.sources():
-            self._polls.want(source, 0)  # before closing: the poller must not hold closed sources
-        old.process.kill_group()
-        old.process.close()
-        old.rpc.close()
-        old.client.close()
+        self._drop(self._current())
         self._change(PhaseChange.RESTART)
         failure = self._boot()
         if failure is not None:
             self._fail(failure, 4, frames.EXIT_KERNEL_DIED)
 
     # -- helpers -----------------------------------------------------------------------------------
+    def _drop(self, old: Kernel) -> None:
+        """End ``old`` and everything of it: its whole process group at once, its pipes, sockets."""
+        for source in old.sources():
+            self._polls.want(source, 0)  # before closing: the poller must not hold closed sources
+        old.process.kill_group()
+        old.process.close()
+        old.rpc.close()
+        old.client.close()
+
     def _current(self) -> Kernel:
         assert self._kernel is not None, "no kernel before the boot"
         return self._kernel
