@@ -214,6 +214,9 @@ def ports_taken(connection: Mapping[str, Any]) -> bool:
     during start-up (it lost the race for the port, between the agent choosing it and binding it)."""
     for name in CONNECTION_PORTS:
         with socket.socket() as probe:
+            # As the kernel's (zmq's) bind: a port left in TIME_WAIT by the kernel's own
+            # connections is free to it, one another socket listens on is not.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((connection["ip"], connection[name]))
             except OSError:
