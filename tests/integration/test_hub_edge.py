@@ -247,14 +247,21 @@ async def test_secrets_never_appear_in_any_result(hub: Hub, transport: str) -> N
         assert secret not in dumped
 
 
-@pytest.mark.parametrize("transport", ["stdio"])
-async def test_shutdown_leaves_no_process_and_is_bounded(env: dict[str, str]) -> None:
+async def test_shutdown_leaves_no_process_and_is_bounded(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    fates = tmp_path / "edge"  # where the edge server's `wait` says the call reached it
+    fates.mkdir()
+    entry = edge_entry("stdio", request)
+    entry["env"]["EDGE_STATE_DIR"] = str(fates)
+    env = write_env(tmp_path, {"edge": entry})
     with hang_guard(60, "the hub's shutdown with a 600 s call in flight"):
         async with Hub(load_settings(env), env=env) as hub:
             pid = (await tool(hub, "pid"))["structuredContent"]["result"]
             async with anyio.create_task_group() as tg:  # a call in flight at shutdown
-                tg.start_soon(lambda: tool(hub, "slow", seconds=600))
-                await anyio.sleep(0.3)
+                tg.start_soon(lambda: tool(hub, "wait", key="in_flight", seconds=600))
+                while not (fates / "in_flight").exists():  # noqa: ASYNC110 (the server's process writes it)
+                    await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
