@@ -30,6 +30,7 @@ import anyio
 import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.shared.dispatcher import ProgressFnT
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELBRIDGE = Path(sys.executable).with_name("kernelbridge")
@@ -295,12 +296,24 @@ class Bridge:
     pid: int
     sessions: set[str] = field(default_factory=set)
 
-    async def run(self, code: str, session: str, timeout: int = 30, **extra: Any) -> Result:
+    async def run(
+        self,
+        code: str,
+        session: str,
+        timeout: int = 30,
+        *,
+        on_progress: ProgressFnT | None = None,
+        **extra: Any,
+    ) -> Result:
+        """``run_python``; ``on_progress`` gets the call's progress notifications (their message
+        is the tail of the cell's output so far)."""
         self.sessions.add(session)
         start = time.monotonic()
         with anyio.fail_after(CLIENT_TIMEOUT):
             answer = await self.client.call_tool(
-                "run_python", {"code": code, "session": session, "timeout": timeout, **extra}
+                "run_python",
+                {"code": code, "session": session, "timeout": timeout, **extra},
+                progress_callback=on_progress,
             )
         text = text_of(answer)
         return Result(bool(answer.is_error), text, answer.structured_content or {}, time.monotonic() - start)

@@ -92,14 +92,22 @@ async def wedge_during_call(
                 big = "x = '" + "y" * 300_000 + "'\n" + LONG_CELL
                 result = await bridge.run(big, session, timeout=TIMEOUT)
             else:
+                # Wedged once the cell has printed: the first progress that carries its output.
+                printed = anyio.Event()
+
+                async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                    if message and any(line.strip().isdigit() for line in message.splitlines()):
+                        printed.set()
+
+                async def wedge_once_printed() -> None:
+                    await printed.wait()
+                    wedge(container)
+
                 async with anyio.create_task_group() as tg:
-
-                    async def later() -> None:
-                        await anyio.sleep(2)
-                        wedge(container)
-
-                    tg.start_soon(later)
-                    result = await bridge.run(LONG_CELL, session, timeout=TIMEOUT)
+                    tg.start_soon(wedge_once_printed)
+                    result = await bridge.run(LONG_CELL, session, timeout=TIMEOUT, on_progress=on_progress)
+                    tg.cancel_scope.cancel()
+                assert printed.is_set(), f"no progress showed the cell's output before its end: {result.text}"
     finally:
         unwedge(container)
     return str(result.status), result
