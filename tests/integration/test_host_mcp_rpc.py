@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 from mcp.client.client import Client
-from peers.host_bridge import HostConfig, open_bridge, printed, run, text_of
+from peers.host_bridge import HostConfig, fate, open_bridge, printed, run, text_of
 from waiting import hang_guard
 
 pytestmark = [pytest.mark.anyio, pytest.mark.podman]
@@ -40,23 +40,6 @@ async def sessions(bridge: Client, request: pytest.FixtureRequest) -> AsyncItera
     with anyio.fail_after(60):
         for name in names:
             await bridge.call_tool("close_session", {"session": name})
-
-
-async def fate(host: HostConfig, key: str, *states: str, timeout: float = 30.0) -> str:
-    """The edge server's record of call ``key`` once it starts with one of ``states`` (bounded).
-
-    There is no event to wait on across processes; the file is written atomically by the server.
-    """
-    path = anyio.Path(host.edge_state / key)
-    with anyio.fail_after(timeout):
-        while True:
-            try:
-                text = await path.read_text()
-            except FileNotFoundError:
-                text = ""
-            if text.startswith(states):
-                return text
-            await anyio.sleep(0.05)
 
 
 GATHER = """
@@ -133,7 +116,7 @@ async def test_a_slow_call_never_blocks_output_or_other_sessions(
     with anyio.fail_after(90):
         async with anyio.create_task_group() as tg:
             tg.start_soon(slow_cell)
-            await fate(host, "ticks", "started")
+            await fate(host.edge_state, "ticks", "started")
             # Another session runs a cell (and a host call) while the slow call is in flight.
             quick = await run(bridge, "x + 1", session=other)
             assert quick.structured_content["result"] == "2" and not done.is_set()
@@ -189,7 +172,7 @@ async def test_a_call_running_at_the_cell_timeout_is_cancelled_on_the_host(
         result = await run(bridge, TIMEOUT_CELL, session=session, timeout=3)
     sc = result.structured_content
     assert sc["status"] == "timeout" and sc["state"] == "kept", text_of(result)
-    assert await fate(host, "timeout", "cancelled", "done", timeout=10) == "cancelled"
+    assert await fate(host.edge_state, "timeout", "cancelled", "done", timeout=10) == "cancelled"
     (call,) = sc["tool_calls"]
     assert call["tool"] == "wait" and call["ok"] is False and call["error"].startswith("cancelled:")
     after = await run(bridge, "(await mcp_edge.echo(text='after'))['content'][0]['text']", session=session)
@@ -198,7 +181,7 @@ async def test_a_call_running_at_the_cell_timeout_is_cancelled_on_the_host(
     blocking = "mcp_edge.wait.sync(key='timeout_sync', seconds=120)"
     blocked = await run(bridge, blocking, session=session, timeout=3)
     assert blocked.structured_content["status"] == "timeout", text_of(blocked)
-    assert await fate(host, "timeout_sync", "cancelled", "done", timeout=10) == "cancelled"
+    assert await fate(host.edge_state, "timeout_sync", "cancelled", "done", timeout=10) == "cancelled"
     again = await run(bridge, "(await mcp_edge.echo(text='again'))['content'][0]['text']", session=session)
     assert again.structured_content["result"] == "'again'"
 
@@ -285,7 +268,7 @@ async def test_a_host_server_killed_mid_call_is_restarted_by_the_next_call(
     with anyio.fail_after(90):
         async with anyio.create_task_group() as tg:
             tg.start_soon(cell)
-            pid = int((await fate(host, "killed", "started")).split()[1])
+            pid = int((await fate(host.edge_state, "killed", "started")).split()[1])
             os.kill(pid, signal.SIGKILL)
     (result,) = outcome
     stdout = result.structured_content["stdout"]  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from peers.host_bridge import HttpEdge, free_port
+from peers.host_bridge import HttpEdge, fate, free_port
 from waiting import hang_guard
 
 from kernelbridge.config import load_settings
@@ -260,8 +260,7 @@ async def test_shutdown_leaves_no_process_and_is_bounded(
             pid = (await tool(hub, "pid"))["structuredContent"]["result"]
             async with anyio.create_task_group() as tg:  # a call in flight at shutdown
                 tg.start_soon(lambda: tool(hub, "wait", key="in_flight", seconds=600))
-                while not (fates / "in_flight").exists():  # noqa: ASYNC110 (the server's process writes it)
-                    await anyio.sleep(0.05)
+                await fate(fates, "in_flight", "started")
                 tg.cancel_scope.cancel()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

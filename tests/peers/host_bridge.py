@@ -220,6 +220,24 @@ async def run(client: Client, code: str, *, bound: float = CLIENT_TIMEOUT, **arg
         return await client.call_tool("run_python", {"code": code, **args})
 
 
+async def fate(edge_state: Path, key: str, *states: str, timeout: float = 30.0) -> str:
+    """The edge server's record of call ``key`` in ``edge_state`` (its ``EDGE_STATE_DIR``) once it
+    starts with one of ``states`` (bounded).
+
+    There is no event to wait on across processes; the file is written atomically by the server.
+    """
+    path = anyio.Path(edge_state / key)
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                text = await path.read_text()
+            except FileNotFoundError:
+                text = ""
+            if text.startswith(states):
+                return text
+            await anyio.sleep(0.05)
+
+
 def printed(result: Any) -> Any:
     """The JSON value a cell printed on its last stdout line (cells end with ``print(json.dumps(...))``)."""
     sc = result.structured_content or {}
