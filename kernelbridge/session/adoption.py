@@ -204,6 +204,27 @@ def inherited_outcome(cell: Cell, said: InheritedCell) -> InheritedOutcome:
     return InheritedOutcome(count, code[:200], status, text, bool(cell.started or cell.idle or text))
 
 
+INHERITED_WAIT = 0.5
+"""How long a first result waits for an inherited cell still running by the agent's word: it
+may be about to end (its reply in flight)."""
+ENDED_WAIT = 5.0
+"""How long a cell the agent says ended waits for its resent messages. They come at once after
+``resume``, but on a busy machine "at once" has taken past a second; only messages dropped past
+the agent's buffer never come (then its word is all there is)."""
+
+
+async def await_inherited(inherited: list[tuple[Cell, InheritedCell]]) -> None:
+    """Wait until the inherited cells' own messages are in, so that the ``adopted`` note and the
+    journal hold what they printed: a cell the agent says ended, until its resent messages came
+    (at most :data:`ENDED_WAIT`); one still running, at most :data:`INHERITED_WAIT`."""
+    start = anyio.current_time()
+    for cell, said in inherited:
+        bound = INHERITED_WAIT if said.status == "running" else ENDED_WAIT
+        with anyio.move_on_after(max(start + bound - anyio.current_time(), 0.0)):
+            while not cell.done:
+                await cell.change_event.wait()
+
+
 def adopted_note(adoption: Adoption, inherited: list[tuple[Cell, InheritedCell]], torn: bool) -> Adopted:
     return Adopted(
         detached=adoption.detached,

@@ -29,7 +29,7 @@ from kernelbridge.calls.approval import Approver
 from kernelbridge.config import Settings
 from kernelbridge.errors import NoHostServers, SandboxError
 from kernelbridge.host import NO_HANDLERS, Death, Sandbox, SandboxHandlers, close_sandbox
-from kernelbridge.session.adoption import adopted_note
+from kernelbridge.session.adoption import ENDED_WAIT, adopted_note, await_inherited
 from kernelbridge.session.broker import RpcBroker, Spawn, approving
 from kernelbridge.session.cell import Cell, CellResult, finish_cell
 from kernelbridge.session.outcome import Note, ProxiesNotRefreshed, State, Status
@@ -46,10 +46,6 @@ log = logging.getLogger(__name__)
 
 REFRESH_CODE = "__import__('mcp')._kernelbridge_refresh()"
 """Sent as a silent request: rebinds ``mcp_<alias>`` proxies for the session's grants."""
-INHERITED_WAIT = 0.5
-"""How long a first result waits for an inherited cell that is about to end (its reply in flight)."""
-ENDED_WAIT = 5.0
-"""How long a followed cell that the agent says ended waits for its resent messages."""
 REFRESH_TIMEOUT = 30.0
 """Bound on rebinding the host-MCP proxies in the kernel after a grant or a restart (the call's
 own timeout when less: a wedged sandbox must not add this to it)."""
@@ -396,10 +392,7 @@ class Session:
         was attached), once; the inherited cells that ended are journalled."""
         if self.adoption is None:
             return []
-        with anyio.move_on_after(INHERITED_WAIT):
-            for cell, _ in self.inherited:
-                while not cell.done:
-                    await cell.change_event.wait()
+        await await_inherited(self.inherited)
         note = adopted_note(self.adoption, self.inherited, self.torn_journal)
         self.adoption, self.torn_journal = None, False
         for cell, said in self.inherited:
