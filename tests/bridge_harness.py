@@ -220,8 +220,12 @@ def children(pid: int, *, zombies: bool = True) -> list[int]:
     return found
 
 
-def podman(*args: str, timeout: float = 60) -> str:
+def podman(*args: str, timeout: float = 60, check: bool = False) -> str:
+    """``podman ARGS``' output; ``check``: a failure raises, with podman's own words (for a fault a
+    test injects: a pause that did not happen is no paused container)."""
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
     return result.stdout
 
 
