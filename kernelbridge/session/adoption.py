@@ -39,7 +39,7 @@ import anyio
 from kernelbridge.errors import RuntimeUnavailable
 from kernelbridge.host.container import NAMESPACE_LABEL, STATE_LABEL, state_identity
 from kernelbridge.runtime import ContainerInfo, ContainerState, RuntimeBackend
-from kernelbridge.session.cell import Cell
+from kernelbridge.session.cell import Cell, Live
 from kernelbridge.session.outcome import Adopted, InheritedOutcome, SandboxLost
 from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.store import SessionStore
@@ -213,16 +213,15 @@ ENDED_WAIT = 5.0
 the agent's buffer never come (then its word is all there is)."""
 
 
-async def await_inherited(inherited: list[tuple[Cell, InheritedCell]]) -> None:
+async def await_inherited(inherited: list[tuple[Cell, InheritedCell]], sandbox: Live) -> None:
     """Wait until the inherited cells' own messages are in, so that the ``adopted`` note and the
     journal hold what they printed: a cell the agent says ended, until its resent messages came
-    (at most :data:`ENDED_WAIT`); one still running, at most :data:`INHERITED_WAIT`."""
+    (at most :data:`ENDED_WAIT`); one still running, at most :data:`INHERITED_WAIT`; none once
+    ``sandbox`` ended."""
     start = anyio.current_time()
     for cell, said in inherited:
         bound = INHERITED_WAIT if said.status == "running" else ENDED_WAIT
-        with anyio.move_on_after(max(start + bound - anyio.current_time(), 0.0)):
-            while not cell.done:
-                await cell.change_event.wait()
+        await cell.ended(start + bound - anyio.current_time(), sandbox)
 
 
 def adopted_note(adoption: Adoption, inherited: list[tuple[Cell, InheritedCell]], torn: bool) -> Adopted:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -81,6 +81,13 @@ class CellClient:
 
     username: str
     session: str
+
+
+class Live(Protocol):
+    """What a cell's waiter asks of the sandbox it runs in (a session's)."""
+
+    @property
+    def alive(self) -> bool: ...
 
 
 class Cell:
@@ -172,6 +179,14 @@ class Cell:
         event = self._changed
         with anyio.move_on_after(max(deadline - self._clock(), 0)):
             await event.wait()
+
+    async def ended(self, timeout: float, sandbox: Live) -> bool:
+        """Wait at most ``timeout`` for the cell to be done or ``sandbox`` to end (no more of its
+        messages can come); whether either happened."""
+        with anyio.move_on_after(max(timeout, 0.0)):
+            while not self.done and sandbox.alive:
+                await self.change_event.wait()
+        return self.done or not sandbox.alive
 
     def elapsed_ms(self) -> int:
         """Milliseconds the kernel has spent on the cell (0 while it waits in the queue)."""

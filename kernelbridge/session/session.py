@@ -392,7 +392,7 @@ class Session:
         was attached), once; the inherited cells that ended are journalled."""
         if self.adoption is None:
             return []
-        await await_inherited(self.inherited)
+        await await_inherited(self.inherited, self)
         note = adopted_note(self.adoption, self.inherited, self.torn_journal)
         self.adoption, self.torn_journal = None, False
         for cell, said in self.inherited:
@@ -422,10 +422,10 @@ class Session:
         ended = said.status != "running"
         status = Status.OK
         try:
-            if not await self._ended(cell, min(timeout, ENDED_WAIT) if ended else timeout) and not ended:
+            if not await cell.ended(min(timeout, ENDED_WAIT) if ended else timeout, self) and not ended:
                 status = Status.TIMEOUT
                 await self.interrupt()
-                await self._ended(cell, INTERRUPT_GRACE)  # as a timeout does: its state kept
+                await cell.ended(INTERRUPT_GRACE, self)  # as a timeout does: its state kept
         except anyio.get_cancelled_exc_class():
             if not self.leaving:  # a bridge that leaves lets the cell run on for the next one
                 with anyio.CancelScope(shield=True):
@@ -445,13 +445,6 @@ class Session:
             code, grants = cell.code or said.code, sorted(self.grants)
             result.notes += await self.journal.append_result(code, result, grants, None)
         return result
-
-    async def _ended(self, cell: Cell, timeout: float) -> bool:
-        """Wait at most ``timeout`` for ``cell`` to be done (or the sandbox to end); whether it is."""
-        with anyio.move_on_after(timeout):
-            while not cell.done and self.alive:
-                await cell.change_event.wait()
-        return cell.done or not self.alive
 
     # -- record and close ----------------------------------------------------------------------------
     def where(self) -> dict[str, Any]:

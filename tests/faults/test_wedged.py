@@ -123,7 +123,7 @@ PAUSE_TRIES = 5
 
 
 def container_state(container: str) -> str:
-    return str(json.loads(podman("container", "inspect", container, check=True))[0]["State"]["Status"])
+    return podman("inspect", "--format", "{{.State.Status}}", container, check=True).strip()
 
 
 def pause(container: str) -> None:

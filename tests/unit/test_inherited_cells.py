@@ -5,6 +5,7 @@ note and the journal lost a finished cell's output that came 0.5 s after the ado
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import anyio
@@ -22,6 +23,13 @@ pytestmark = pytest.mark.anyio
 CODE = "y += 1\nprint('late', y)"
 BOUND = 30
 """Hang guard only: every wait below is cut to nothing, or ends on a message."""
+
+
+class Sandbox:
+    """The adopted sandbox, as the wait sees it."""
+
+    def __init__(self, alive: bool = True) -> None:
+        self.alive = alive
 
 
 def inherited(status: str) -> tuple[Cell, InheritedCell]:
@@ -50,7 +58,7 @@ async def test_an_ended_cells_messages_are_awaited_past_the_running_cells_bound(
     said: list[InheritedOutcome] = []
 
     async def first_result() -> None:
-        await await_inherited([pair])
+        await await_inherited([pair], Sandbox())
         said.append(inherited_outcome(*pair))  # what the note says, as soon as the wait ends
 
     with anyio.fail_after(BOUND):
@@ -70,7 +78,7 @@ async def test_a_running_cell_is_not_awaited_past_its_bound(monkeypatch: pytest.
     monkeypatch.setattr(adoption, "INHERITED_WAIT", 0.0)
     pair = inherited("running")
     with anyio.fail_after(BOUND):
-        await await_inherited([pair])
+        await await_inherited([pair], Sandbox())
     assert not pair[0].done
     assert inherited_outcome(*pair).status == "running"
 
@@ -81,6 +89,16 @@ async def test_an_ended_cell_whose_messages_were_dropped_keeps_the_agents_word(
     monkeypatch.setattr(adoption, "ENDED_WAIT", 0.0)
     pair = inherited("error")
     with anyio.fail_after(BOUND):
-        await await_inherited([pair])
+        await await_inherited([pair], Sandbox())
     outcome = inherited_outcome(*pair)
     assert (outcome.status, outcome.output, outcome.heard) == ("error", "", False)
+
+
+async def test_a_sandbox_that_ended_is_not_waited_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No bound at all for the ended cell: only the sandbox's end can stop the wait (else the hang
+    # guard fires). Its messages can no longer come.
+    monkeypatch.setattr(adoption, "ENDED_WAIT", math.inf)
+    pair = inherited("ok")
+    with anyio.fail_after(BOUND):
+        await await_inherited([pair], Sandbox(alive=False))
+    assert inherited_outcome(*pair).status == "ok"
