@@ -1,101 +1,14 @@
 """The frame protocol between the host and the sandbox agent: a codec with no I/O.
 
-This one module is imported on both sides of the sandbox wall: by the host tunnel
-(``kernelbridge.tunnel``) and by the agent inside the container
-(``kernelbridge.inside.agent``). It must therefore depend on the standard library only.
+Imported on both sides of the sandbox wall, by the host tunnel (``kernelbridge.tunnel``) and by the
+agent inside the container (``kernelbridge.inside.agent``), so it depends on the standard library
+only. A frame is one JSON object with a ``type`` on one UTF-8 line ending in ``\\n``.
 
-Wire layout
------------
-A frame is one JSON object on one line, UTF-8, terminated by ``\\n``. JSON escapes newlines
-inside strings, so a frame can never contain a raw newline. Every frame has a ``type``:
+Every line received is untrusted: :class:`FrameDecoder` never raises on bad input. A line that is
+not a valid frame, or is past the caps, becomes a :class:`FrameError` (its strings clipped) that
+the caller logs and drops, and decoding goes on with the next line.
 
-=============  ===============  =====================================================================
-type           direction        fields
-=============  ===============  =====================================================================
-hello          host -> sandbox  key (kernel HMAC key), session, agent_hash (expected), limits
-ready          sandbox -> host  versions {python, ipykernel, agent}, agent_hash
-kernel         both             channel (shell|control|stdin|iopub), msg {header, parent_header,
-                                metadata, content}, buffers [base64 str]
-rpc_request    sandbox -> host  id, method, params, cell (docs/rpc.md)
-rpc_response   host -> sandbox  id, result | error {kind, message}
-fs_request     host -> sandbox  id, op (list|read|write), path, data (base64, write only)
-fs_response    sandbox -> host  id, result | error {kind, message}
-interrupt      host -> sandbox  (none): SIGINT to the kernel's process group
-restart        host -> sandbox  (none): replace the kernel, keep the container (answered by ready)
-shutdown       host -> sandbox  (none): stop the kernel and exit
-exit           sandbox -> host  status (kernel exit status; negative = signal), kind, reason
-log            sandbox -> host  level, message
-=============  ===============  =====================================================================
-
-Sandboxes that outlive their bridge (``hello`` with ``durable``; see "Durable links" below) add:
-
-=============  ===============  =====================================================================
-ack            host -> sandbox  seq: every frame up to this one was handled (also the heartbeat)
-detach         host -> sandbox  seq (as ack): the host leaves on purpose; the sandbox runs on
-challenge      sandbox -> host  nonce, agent_hash: the first frame to a host that attaches again
-hello          host -> sandbox  (to a challenge) session, agent_hash, nonce, proof
-adopted        sandbox -> host  next, resend, dropped, detached, idle, how, cells, versions,
-                                agent_hash, at, and proof (a MAC over every other field)
-refused        sandbox -> host  reason: this attachment is refused (the sandbox runs on)
-resume         host -> sandbox  (none): the adopting host is ready for what was held back
-=============  ===============  =====================================================================
-
-The same codec carries the **control channel** between a tunnel and its owner (the bridge, or the
-kernel provisioner of a plain Jupyter client), which is local and never crosses the sandbox wall:
-
-=============  ===============  =====================================================================
-launch         owner -> tunnel  connection_file, session, agent_hash, container (a ContainerSpec as
-                                a dict), runtime: what a tunnel *process* must start
-ready          tunnel -> owner  versions, agent_hash: the kernel proved iopub delivers
-exit           tunnel -> owner  status, kind (EXIT_*), reason: the sandbox is gone or never came
-rpc_request    tunnel -> owner  as from the sandbox, relayed for the owner's hub to answer
-rpc_response   owner -> tunnel  relayed to the sandbox
-fs_response    tunnel -> owner  as from the sandbox
-fs_request     owner -> tunnel  relayed to the sandbox
-interrupt,     owner -> tunnel  relayed to the sandbox
-restart,
-shutdown
-=============  ===============  =====================================================================
-
-Exit ``kind`` is structured, so nobody parses reasons: ``agent_mismatch`` (the image carries
-another agent), ``image_missing``, ``start_failed`` (the runtime could not start the container),
-``start_timeout``, ``kernel_died`` (the kernel exited; ``reason`` says how, e.g. out of memory),
-``oom`` (the container's memory limit killed it), ``container_exited`` (the container ended without
-an exit frame), ``shutdown`` (asked for), ``protocol`` (the sandbox broke the frame protocol).
-
-Durable links
--------------
-A first ``hello`` may carry ``durable: {secret, idle_timeout, buffer}``: the sandbox then outlives
-its host. Every frame the sandbox sends from then on has a sequence number, counted from 1 (the
-first frame it sends) on its first attachment and from ``adopted.next`` on a later one, one per
-line; the host answers ``ack {seq}`` as it handles them (at least every :data:`HEARTBEAT` seconds,
-which is also how the sandbox knows it is still there), and the sandbox keeps every frame that
-was not acknowledged. When the host goes (stdin at EOF, a broken stdout, ``detach``, or silence
-past :data:`HOST_SILENCE`), the sandbox keeps its kernel running and holds what it says, bounded,
-for the next host.
-
-A later host reaches the sandbox through a new stdio pair (an exec'd handover, see
-``inside/handover.py``) and must prove it knows the secret: the sandbox sends ``challenge {nonce}``,
-the host answers ``hello {session, agent_hash, nonce, proof}`` with
-``proof = adoption_proof(secret, HOST_ROLE, nonce, host nonce, hello)``, and the sandbox answers
-``adopted`` (with its own proof, ``AGENT_ROLE``, so the host knows it is the sandbox it made) or
-``refused``. Each proof is an HMAC under the secret of its role, both nonces and every other field
-of its frame in a canonical form (:func:`canonical`): a fresh nonce on each side makes an old proof
-worthless, and the facts the host reports from ``adopted`` (how long it was detached, how its last
-host left, the inherited cells, what was dropped) cannot be changed by anything that relays the
-frames without the secret. After ``adopted`` the sandbox sends nothing until the host says
-``resume``: then the held frames (``resend`` of them, the first numbered ``next``) and the live
-ones.
-
-Both ends also translate between ``kernel`` frames and the Jupyter wire protocol (ZMQ multipart:
-routing ids, ``<IDS|MSG>``, HMAC signature, header, parent_header, metadata, content, buffers):
-:func:`to_wire` and :func:`from_wire` are that translation, shared so the two ends cannot drift.
-
-The receiving side treats every line as untrusted. :class:`FrameDecoder` never raises on bad
-input: non-JSON, non-object, unknown ``type``, oversized lines, and values nested deeper than
-:data:`MAX_DEPTH` or made of more than :data:`MAX_NODES` parts become :class:`FrameError` values
-that the caller logs and drops, and decoding continues with the next line. Every string a
-FrameError carries is capped (:func:`clip`), so logging one is safe.
+The wire contract (frame types, fields, durable links, exit kinds, decoder rules): docs/design/frames.md.
 """
 
 from __future__ import annotations
@@ -121,7 +34,7 @@ RESTART = "restart"
 SHUTDOWN = "shutdown"
 EXIT = "exit"
 LOG = "log"
-# Durable links (sandboxes that outlive their bridge; see "Durable links").
+# Durable links (sandboxes that outlive their bridge; docs/design/frames.md, "Durable links").
 ACK = "ack"
 DETACH = "detach"
 CHALLENGE = "challenge"
@@ -205,7 +118,8 @@ class FrameError:
 def adoption_proof(secret: str, role: bytes, sandbox_nonce: str, host_nonce: str, frame: Frame) -> str:
     """HMAC-SHA256 under the sandbox's secret of ``role`` (:data:`HOST_ROLE` or :data:`AGENT_ROLE`),
     both nonces and ``frame`` but its ``proof`` (:func:`canonical`): what each end of an adoption
-    shows the other, and the proof that no field of its frame was changed (see "Durable links")."""
+    shows the other, and the proof that no field of its frame was changed (docs/design/frames.md,
+    "Durable links")."""
     message = b"\0".join((role, sandbox_nonce.encode(), host_nonce.encode(), canonical(frame)))
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 

@@ -29,6 +29,14 @@ SANDBOX_PATH = PACKAGE / "inside" / "pythonpath"
 LONG_MODULE = 800
 """Past this many lines a module is worth a second look (is it still one concept?): a warning,
 never a failure. Size follows the concept; nothing is split for length alone."""
+MODULE_DOCSTRING = 12
+"""A module docstring states the module's contract or shows its use in a few lines; the design
+and its reasons are in docs/ (architecture.md, design/), where one text covers many modules."""
+LONG_DOCSTRINGS_KEPT = {
+    "kernelbridge.errors": "the error tree, which every layer translates into",
+    "mcp": "what help(mcp) shows the agent in the sandbox: its usage",
+}
+"""Module docstrings kept longer, each for why."""
 CONTAINER_CLIS = frozenset({"podman", "docker"})
 SPAWNERS = frozenset(
     {
@@ -351,6 +359,17 @@ def long_modules(modules: list[Module]) -> list[str]:
         for module in modules
         if module.lines > LONG_MODULE
     ]
+
+
+def long_module_docstrings(modules: list[Module]) -> list[str]:
+    """One line per module whose docstring is past :data:`MODULE_DOCSTRING` lines (and not kept)."""
+    found = []
+    for module in modules:
+        docstring = ast.get_docstring(module.tree, clean=False) or ""
+        lines = len(docstring.strip().splitlines())
+        if lines > MODULE_DOCSTRING and module.name not in LONG_DOCSTRINGS_KEPT:
+            found.append(f"{module.path}: a module docstring of {lines} lines (> {MODULE_DOCSTRING})")
+    return found
 
 
 def container_cli_spawns(modules: list[Module]) -> list[str]:

@@ -1,16 +1,10 @@
 """A person's approval of one host tool call: the request, the decision, and what a refusal says.
 
-``KERNELBRIDGE_APPROVE_TOOLS`` (``server.tool`` patterns, :meth:`Policy.needs_approval`) marks the
-calls that wait for a person. The hub asks through the :data:`Approver` the call carries
-(:attr:`~kernelbridge.calls.RpcCall.approve`) and runs the call only on
-:attr:`Decision.ACCEPTED`; any other decision raises the ``denied`` error in the sandbox, with a
-line saying why. The hub knows nothing of who answers: the session layer supplies an approver per
-running cell (the one of the ``run_python`` call running it), and the server's approver asks that
-call's MCP client by elicitation (:mod:`kernelbridge.server.approval`). A call from a cell with no
-MCP client waiting (an attached Jupyter console's cell, a replay) has no approver: refused.
-
-Everything here is host data about untrusted arguments: the message shows them bounded
-(:data:`MAX_SHOWN_ARGUMENTS` characters of JSON), never whole.
+A call matching ``KERNELBRIDGE_APPROVE_TOOLS`` (:meth:`Policy.needs_approval`) runs only on
+:attr:`Decision.ACCEPTED`; any other decision, or no approver on the call (no MCP client waits on its
+cell), is the ``denied`` error with a line saying why. The arguments are untrusted host data: a
+request shows at most :data:`MAX_SHOWN_ARGUMENTS` characters of their JSON, never all of it. Who
+supplies the approver: docs/architecture.md, "Host MCP calls".
 """
 
 from __future__ import annotations

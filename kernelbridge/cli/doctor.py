@@ -1,16 +1,10 @@
 """``kernelbridge doctor``: can this machine run sandboxes, and are their limits real?
 
-One line per check (``ok``, ``warn`` or ``FAIL``; the first, ``settings``, one line per bad
-setting), then a ``summary`` line naming the checks whose
-results are degraded (``warn``: it works, with less than it should) or failed, and a non-zero exit
-status if any check failed. Every check that can run runs: only a check that *needs* what an
-earlier one could not provide (a runtime that answers, the image) is reported as skipped, with
-why. A runtime that ignores memory and pid limits (rootless podman on cgroup v1) still answers,
-so the image, the limits probe and a kernel start are still checked there. The ``hub`` line is
-the host MCP config (servers found and from where, files or entries skipped), which needs no
-runtime.
-Everything it asks of the container engine goes through the selected runtime (its info, its
-image store, a probe container), so a remote engine is checked like a local one.
+One line per check (``ok``, ``warn`` or ``FAIL``; ``settings``: one line per bad setting), then a
+``summary`` line naming the degraded (``warn``) and failed checks; the exit status is non-zero if any
+check failed. Every check that can run runs: only one that needs what an earlier one could not
+provide (a runtime that answers, the image) is skipped, saying why. Everything asked of the container
+engine goes through the selected runtime, so a remote engine is checked like a local one.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """``kernelbridge setup``: make this machine ready for an installed kernelbridge, in one command.
 
-What it does, in order, saying each step:
-
-1. the Debian packages kernelbridge needs (podman, runc, mmdebstrap, uidmap): as root it installs
-   the missing ones with apt-get; as anyone else it installs nothing and prints the ``sudo`` line;
-2. as a normal user, what mmdebstrap's unshare mode and rootless podman need (subordinate ids,
-   user namespaces), each missing piece with its fix;
-3. the state directory;
-4. rootless podman's storage driver, as the selected runtime reports it: podman 4.3 starts new
-   users on ``vfs``, which copies the whole image (0.9 GB) for every sandbox; on a storage that
-   is still empty setup switches to ``overlay`` (native, else fuse-overlayfs) and says so,
-   otherwise it prints how to;
-5. the sandbox image (``--profile minimal`` leaves the analysis stack out, ``--with`` adds
-   packages), built into the selected runtime's image store;
-6. ``doctor``, with the settings the printed entry will carry;
-7. the ``mcpServers`` entry for an MCP client that works on this host as it is: the stable command
-   (pipx's or uv's shim in ``~/.local/bin``, not the private virtualenv behind it; ``uvx
-   kernelbridge-mcp`` when setup itself runs from uvx's throw-away environment), the settings
-   ``serve`` needs here (``KERNELBRIDGE_ALLOW_UNLIMITED=1`` where the runtime cannot enforce limits,
-   said as such; the image's profile and extra packages; the ``KERNELBRIDGE_*`` and engine
-   variables setup ran with, secrets excepted): :func:`entry_env`, which ``kernelspec install``
-   writes into the kernelspec too.
-
-Every container chore goes through :mod:`kernelbridge.runtime` (the selected runtime, and for the
-storage switch the local podman's own module there); setup itself runs only apt-get. The
-checkout's ``scripts/setup.sh`` does the same for a development tree (plus the venv and the test
-peers).
+Steps, in order, each said: the Debian packages (installed with apt-get as root only; anyone else
+gets the ``sudo`` line), what mmdebstrap's unshare mode and rootless podman need, the state
+directory, rootless podman's storage driver (switched to ``overlay`` only on a storage still empty),
+the sandbox image, ``doctor``, and the ``mcpServers`` entry that works on this host as it is
+(:func:`kernelbridge_command`, :func:`entry_env`). Every container chore goes through
+:mod:`kernelbridge.runtime`; setup itself runs only apt-get.
 """
 
 from __future__ import annotations

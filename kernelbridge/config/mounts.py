@@ -3,18 +3,11 @@ directory): what may be mounted, where, and why not. No I/O beyond resolving pat
 into a source for sockets.
 
 Every mount is read-only, ``nosuid,nodev,noexec`` and not recursive (``runtime/flags.py`` renders
-it); here is what is refused before that (:class:`MountGuard` holds the paths, :func:`check_source`
-applies them, symlinks resolved first): a source that is not a directory; that is, holds or lies
-inside a path that exposes the host (its pseudo-filesystems, its configuration, the engines'
-storage and sockets, the user's credentials and MCP client configs, kernelbridge's own state,
-exports, tokens and server configs); that is ``/tmp`` or holds it (every user's sockets); that
-holds a unix socket (a read-only mount does not stop ``connect``, and sockets need no network:
-``--network none`` does not help either); or that the engines' mount syntax cannot carry. A
-target is refused when it is not absolute or is one of the sandbox's own paths.
-
-The limits: the socket search looks at the first :data:`SOCKET_SCAN_ENTRIES` entries (a data
-directory rarely holds a socket; the known socket directories are refused whatever the search
-finds), and a socket created inside a mounted directory after the bridge started is reachable.
+it). Refused, symlinks resolved first: a source that is not a directory; that is, holds or lies
+inside a path that exposes the host (the list and the reasons: README.md, "Packages and data");
+that is or holds ``/tmp``; that holds a unix socket in its first :data:`SOCKET_SCAN_ENTRIES`
+entries (one created there after the bridge started is reachable); or that the engines' mount
+syntax cannot carry. A target is refused when it is not absolute or is one of the sandbox's own paths.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The bridge's side of one sandbox: its container, its tunnel's owner, its client, its policy.
 
-- :mod:`~kernelbridge.host.sandbox`: :class:`Sandbox`, one sandboxed kernel of the bridge, made of:
-- :mod:`~kernelbridge.host.owner`: :class:`TunnelOwner`, the one owner of a tunnel (container +
-  Tunnel + control channel; ready/exit, restart-then-wait, graceful stop), also used by the tunnel
-  process of :mod:`kernelbridge.jupyter`;
-- :mod:`~kernelbridge.host.state`: :class:`SandboxState` and its one transition function;
-- :mod:`~kernelbridge.host.client`: the bridge's own Jupyter client (requests, replies, execute);
-- :mod:`~kernelbridge.host.agent_calls`: rpc answers and file requests to the agent;
-- :mod:`~kernelbridge.host.commands`: the owner's non-blocking queue of commands;
-- :mod:`~kernelbridge.host.handlers`: what a sandbox's owner hears, passed to ``Sandbox.run``;
-- :mod:`~kernelbridge.host.container`: a container's spec from the settings, and how a sandbox
-  obtains its container and stream (created, or adopted);
-- :mod:`~kernelbridge.host.policy`: what a bridge may start (:class:`SandboxGate`, preflight);
-- :mod:`~kernelbridge.host.connection`: connection files;
-- :mod:`~kernelbridge.host.warm_pool`: sandboxes started ahead of need.
-
-It knows nothing of sessions, cells or MCP; everything here runs on the host.
+Everything here runs on the host and knows nothing of sessions, cells or MCP. Its
+:class:`TunnelOwner` also runs the sandbox of a plain Jupyter client's tunnel process
+(:mod:`kernelbridge.jupyter`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Cold starts admitted a few at a time, machine-wide: a start's bound runs from its turn.
 
-The problem: a sandbox's start is CPU bound (the container, the agent, ipykernel: about half a
-second of CPU here), and a machine starts many at once: one bridge's burst of new sessions and
-its warm pool, other clients' bridges, Jupyter kernels, a test suite beside them. Twenty started
-together on 2 cores take ~12 s until all are ready, each slowed down by all the others; on a
-machine busy with something else, fresh kernels missed their 60 s start bound
-(``KERNELBRIDGE_KERNEL_START_TIMEOUT``): the bound measured the crowd, not the sandbox. So starts
-take turns: at most :data:`SLOTS` start at once on this machine, the others wait, and a start's
-own bound runs from its turn. The wait is bounded too (:data:`QUEUE_TIMEOUT`, then
-SandboxStartTimeout saying so) and said (a wait past :data:`SAID_AFTER` is logged).
-
-A turn is an exclusive ``flock`` on one of :data:`SLOTS` files in a directory of this user's
-(:func:`slots_directory`), so every kernelbridge process of the user on this machine shares them,
-and a process that dies lets go of its turn with its descriptors. Within a process, waiters are
-served first come, first served; across processes, whoever finds a free slot first (polled every
-:data:`POLL` s). A directory that is not safely ours (another user made it) means turns within
-this process only, said once.
-
-Its limit: the slots count this machine's starts; an engine on another machine is not asked.
+``async with ADMISSION.turn(name): <create, attach, wait for ready>``. At most :data:`SLOTS` starts
+of this user's kernelbridge processes run at once on this machine (an exclusive ``flock`` on one of
+that many files in :func:`slots_directory`, let go with a dying process's descriptors); the wait is
+bounded (:data:`QUEUE_TIMEOUT`, then SandboxStartTimeout) and logged past :data:`SAID_AFTER`. A slots
+directory that is not privately ours limits the turns to this process (said once). Starts on another
+machine's engine are not counted. Design: docs/design/host.md.
 """
 
 from __future__ import annotations

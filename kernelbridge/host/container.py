@@ -1,22 +1,11 @@
 """A sandbox's container: its spec from the settings, and how a sandbox obtains it with its stream.
 
-What a :class:`~kernelbridge.host.owner.TunnelOwner` needs is an :class:`AttachedContainer`: a
-container id and its stdio stream. How it was obtained is a :class:`ContainerSource`'s business,
-kept apart from the life of the sandbox once it has a stream:
-
-- :class:`NewContainer` creates one from a spec and attaches before starting it;
-- :class:`AdoptedContainer` reaches one that already runs (a sandbox that outlived its bridge)
-  through an exec'd handover (:data:`HANDOVER_COMMAND`, as the relay uid, isolated from
-  everything kernel code can write).
-
-Either way, when the sandbox is done the stream is closed and the container removed (shielded,
-bounded), unless the sandbox was let go of (``keep_running``: a durable sandbox its bridge
-detached from, which runs on for a later bridge).
-
-A durable sandbox's container carries, beside the usual labels, ``kernelbridge.durable=1`` and
-the identity of the state directory that may adopt it (:data:`STATE_LABEL`: a hash, never the
-path), so that the orphan reaper can tell the sandboxes of this state directory that nobody can
-adopt any more from those of another.
+A :class:`ContainerSource` yields an :class:`AttachedContainer` (an id and its stdio stream): created
+(:class:`NewContainer`, attached before it starts) or adopted (:class:`AdoptedContainer`, through the
+exec'd :data:`HANDOVER_COMMAND`). When the sandbox is done the stream is closed and the container
+removed, shielded and bounded, unless it was let go of (``keep_running``: a detached durable
+sandbox). A durable container's labels name its state directory by a hash (:data:`STATE_LABEL`),
+never by its path. Design: docs/design/host.md.
 """
 
 from __future__ import annotations

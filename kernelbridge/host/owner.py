@@ -1,29 +1,12 @@
 """The one owner of a sandbox's tunnel: an attached container in, a ready kernel out, until it ends.
 
-The bridge's :class:`~kernelbridge.host.sandbox.Sandbox` and a plain Jupyter client's tunnel
-process (:mod:`kernelbridge.jupyter.tunnel_process`) both run their tunnel through a
-:class:`TunnelOwner`, so waiting for ``ready`` or ``exit``, restarting then waiting, stopping and
-telling a death from a close exist once; its state changes only through the table of
-:mod:`~kernelbridge.host.state`. It does not obtain the container (a
-:class:`~kernelbridge.host.container.ContainerSource` creates or adopts one) and knows nothing of
-Jupyter clients, sessions or MCP.
-
-Shutdown escalation
--------------------
-The problem: a sandbox holds a kernel with the user's state and a container the engine must remove;
-closing must be graceful when it can be (the kernel's ``shutdown`` hooks run, the agent leaves and
-the container stops by itself) and bounded when it cannot (a wedged agent, a paused container, a
-stopped engine), also while the owner is being cancelled. Killing at once would skip the graceful
-part; waiting for the agent alone would hang on a wedged one. So, shielded from cancellation:
-
-1. :meth:`TunnelOwner.close` (or the tunnel process's SIGTERM) asks for a ``Shutdown`` and waits for
-   the tunnel to end, at most :data:`SHUTDOWN_GRACE` seconds;
-2. whatever happened, the container source closes the stream (the agent exits on EOF) and removes
-   the container (``rm -f``), bounded by its ``REMOVE_TIMEOUT``; a container still there after that
-   carries its owner's pid and is reaped by the next bridge (logged).
-
-A durable sandbox may be let go of instead (:meth:`TunnelOwner.request_detach`): ``detach`` is
-written, bounded by :data:`DETACH_GRACE`, and the container is left running.
+The bridge's Sandbox and a plain Jupyter client's tunnel process both run their tunnel through it;
+its state changes only through the table of :mod:`~kernelbridge.host.state`. It neither obtains the
+container (a :class:`~kernelbridge.host.container.ContainerSource` does) nor knows Jupyter clients,
+sessions or MCP. Closing is shielded from cancellation: a ``Shutdown``, waited for at most
+:data:`SHUTDOWN_GRACE` s, then the stream closed and the container removed, bounded. A detach writes
+``detach`` within :data:`DETACH_GRACE` s and leaves the container running. Design: "Shutdown
+escalation" in docs/design/host.md.
 """
 
 from __future__ import annotations

@@ -3,21 +3,12 @@
 ::
 
     STARTING --ready--> READY --restart--> RESTARTING --ready--> READY
-        |                 |                     |
-        +--------+--------+---------------------+--end--> DEAD   (the container or kernel ended)
-                 |
-              close (from any live state) --> CLOSING --end--> CLOSED   (asked for: no death)
-              detach (READY, RESTARTING) --> DETACHING --end--> DETACHED  (it runs on: durable)
+    any live state --end--> DEAD       any live state --close--> CLOSING --end--> CLOSED
+    READY, RESTARTING --detach--> DETACHING --end--> DETACHED   (it runs on: durable)
 
-Every change goes through :func:`next_state`; a pair that is not in its table raises
-IllegalTransition (a bug). Some events are legal and change nothing, because a sandbox can cause
-them at any moment: a ``ready`` that arrives while the sandbox is closing (the answer to a restart
-sent just before the close) leaves it CLOSING, so the close is not undone and, when the tunnel
-ends, recorded as CLOSED, not as a death. Closing twice, or closing what already ended, is a no-op.
-A detach stands like a close: a close after it, a ready racing it, change nothing (the bridge let
-go of a sandbox that runs on; only a later bridge that adopts it can close it).
-
-Pure (no I/O, no event loop): tests drive it directly.
+Every change goes through :func:`next_state`; a pair not in its table raises IllegalTransition (a
+bug). A close or a detach stands against a ``ready`` racing it, so its end is never recorded as a
+death. Pure (no I/O, no event loop). Design: docs/design/host.md.
 """
 
 from __future__ import annotations

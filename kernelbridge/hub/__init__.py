@@ -1,22 +1,6 @@
 """kernelbridge.hub: the user's host MCP servers, for code running in sandboxes.
 
-General layout (each module depends only on those above it)::
-
-    jsonread.py    bounded JSON reading: small files, VS Code's JSONC, values picked from a big file
-    sources.py     where server definitions are found (MCP clients' files, ~/MCPs, ...), in precedence order
-    config.py      those files -> ServerCatalog (+ one line of problems per file); self-launch detection
-    aliases.py     Python names for servers and tools
-    policy.py      operator allow/deny of servers and tools (from Settings)
-    signatures.py  proxy signature strings, by the kernel's own rules (inside/pythonpath/mcp/_signature.py)
-    docs.py        ServerSummary/Server/Tool/ToolDoc records and ranked search
-    skills.py      the saved-tools stores, one per namespace (<ns state dir>/skills; also the CLI's API)
-    streams.py     a server's stderr as a bounded log; a transport whose end is observed
-    clients.py     ServerClient: one warm MCP client per server, restart, tool cache; ClientPool: one
-                   per configured server, their task group, bounded close
-    dispatch.py    Hub: owns the pool, applies grants and policy, answers every rpc method
-
-The call seam it answers (RpcCall, RpcHandler) is :mod:`kernelbridge.calls`; the wire contract
-docs/rpc.md. Typical use by the session layer::
+The session layer calls it through the seam of :mod:`kernelbridge.calls` (wire contract: docs/rpc.md)::
 
     async with Hub(settings) as hub:
         grants = frozenset(hub.validate_grants(servers))        # HubError -> ToolError

@@ -3,15 +3,11 @@
 ::
 
     IDLE --start--> STARTING --started--> READY --exit--> EXITED   (the next call starts a new one)
-                        |
-                        +--fail--> FAILED      (calls within START_RETRY_AFTER get its error)
-    any state --close--> CLOSED                (the pool is closing: no new connection starts)
+    STARTING --fail--> FAILED      (calls within START_RETRY_AFTER get its error)
+    any state --close--> CLOSED    (the pool is closing: no new connection starts)
 
-Every change goes through :func:`next_state`; a pair that is not in its table raises
-IllegalTransition (a bug). What a server or a closing pool can cause at any moment is legal and
-changes nothing: the transport ending while the start is still running (the start then fails or
-ends by itself), a second report of the same end, a start that settles after the pool closed it.
-Pure (no I/O, no event loop): tests drive it directly.
+Every change goes through :func:`next_state`; a pair not in its table raises IllegalTransition (a
+bug). Pure (no I/O, no event loop). Design: docs/design/host.md.
 """
 
 from __future__ import annotations

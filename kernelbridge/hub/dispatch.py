@@ -1,25 +1,11 @@
 """The Hub: host MCP servers for every session of a bridge, answering sandbox rpc requests.
 
-The session layer creates one Hub per bridge (``async with Hub(settings) as hub``), checks a
-session's ``servers=[...]`` with :meth:`Hub.validate_grants`, and hands each ``rpc_request`` from
-that session's sandbox to :meth:`Hub.dispatch`. The Hub owns:
-
-- the configuration (:mod:`.config`), read once when it is created; bad files are logged once
-  and listed by :meth:`Hub.problems`;
-- the operator's policy (:mod:`.policy`) and the session's grants, applied to every request; a
-  ``call_tool`` the policy wants approved waits for the call's approver first (:mod:`.approval`);
-- the client pool (:mod:`.clients`), its task group and the server processes;
-- the records and search of :mod:`.docs`, and the skills stores (:mod:`.skills`): one per
-  namespace, ``<namespace state dir>/skills``, so an HTTP token never lists, loads, replaces or
-  crowds another token's saved tools.
-
-One Hub serves every namespace of a bridge (the servers and their processes are shared); what it
-keeps per tenant is keyed by ``(RpcCall.namespace, RpcCall.session)``, never by a bare session name.
-
-Every request is validated (:mod:`.rpc`) before anything else happens, and ``dispatch`` raises
-nothing but RpcError: a bug becomes kind ``internal`` with a generic message, its traceback logged.
-Cancelling the task that called ``dispatch`` (the cell timed out, the session closed) cancels the
-in-flight MCP request; the session layer then answers ``cancelled`` itself.
+One Hub serves every namespace of a bridge; what it keeps per tenant is keyed by namespace (the
+skills stores) or ``(RpcCall.namespace, RpcCall.session)`` (calls in flight), never by a bare
+session name. The configuration is read once, when it is created (bad files: :meth:`Hub.problems`).
+:meth:`Hub.dispatch` validates every request first and raises nothing but RpcError (a bug: kind
+``internal``, a generic message, its traceback logged); cancelling its task cancels the MCP request
+in flight. Use: :mod:`kernelbridge.hub`.
 """
 
 from __future__ import annotations

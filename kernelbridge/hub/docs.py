@@ -1,27 +1,10 @@
 """The records sandboxed code reads about host servers and tools, and ranked search over them.
 
-Record shapes are those of docs/rpc.md (ServerSummary, Server, Tool, ToolDoc, SearchHit). Every
-record is built here from a :class:`~kernelbridge.hub.config.ServerConfig` and the server's own
-tool list, and **only** the fields named below leave the hub: never a command, argument,
-environment value, URL or header.
-
-Search
-------
-The problem: a model asks "what can convert a timezone?" across every tool of every server. A
-substring filter returns tools in listing order and misses ``convertTime`` for "convert time";
-the one it needs may be tenth. Instead each tool is scored against the query's words:
-
-- names are split into words (``get_current_time``, ``getCurrentTime``, ``get-current-time`` all
-  give ``get current time``), text is lowercased, a few stop words are dropped;
-- each query word takes its best match over the tool's fields, weighted by field: tool name or
-  alias 6, parameter name 2.5, server name or alias 2, description 1; a prefix match (``conv`` for
-  ``convert``) counts half, a near miss (one typo in a word of 5+ letters) a third;
-- the whole query equal to the tool's name or alias adds 10, and a name covering every query
-  word adds 3, so an exact tool-name match beats a description mention.
-
-Ties keep configuration and listing order. Tools scoring 0 are not returned. Limits: no stemming
-or synonyms ("time zone" finds ``timezone`` only through the description); good enough for the
-few hundred tools a host has.
+Records have the shapes of docs/rpc.md (ServerSummary, Server, Tool, ToolDoc, SearchHit), and only
+their fields leave the hub: never a command, argument, environment value, URL or header.
+:func:`search` scores each tool by the query's words, weighted by field (name 6, parameter 2.5,
+server 2, description 1), plus 10 for the whole name and 3 for a name holding every word; ties keep
+configuration and listing order, and a score of 0 is not returned. Design: docs/design/host.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Reading the JSON that MCP clients write, bounded: plain files, VS Code's JSONC, and one value
 picked out of a big document without parsing the rest. No policy here, only reading.
 
-Three readers, each raising :class:`JsonReadError` with a one-line reason:
-
-- :func:`read_json`: a small file (at most ``max_bytes``), parsed whole; errors give line and column.
-- :func:`read_jsonc`: the same with VS Code's JSONC rules (``//`` and ``/* */`` comments, trailing
-  commas). Comments and trailing commas are blanked, not removed, so positions in errors stay
-  those of the file.
-- :func:`pick`: the values at a few key paths (``("mcpServers",)``, ``("projects", "/home/me/p",
-  "mcpServers")``) of a big document, e.g. Claude Code's ``~/.claude.json``.
-
-Why :func:`pick` does not just ``json.loads`` the file: ``~/.claude.json`` keeps every project's
-history and grows to tens of MiB; parsing it whole would build hundreds of MiB of Python objects
-on every bridge start, for a few KiB of server entries. The file is mapped (``mmap``: the kernel
-pages it in, nothing is copied into the bridge's heap), the structure around the wanted keys is
-walked with regular expressions that jump over strings and scalars at C speed, and only the wanted
-values (each at most :data:`MAX_PICKED_BYTES`) are decoded. Measured on a 40 MiB file of project
-histories: well under a second, with the bridge's memory unchanged. The skipped parts are not
-validated (they are jumped over by their brackets and quotes), so a file broken only inside a
-project history still yields its servers; a file broken on the way to them is refused.
+Every reader raises :class:`JsonReadError` with a one-line reason. :func:`read_jsonc` blanks
+comments and trailing commas instead of removing them, so an error's line and column are the file's.
+:func:`pick` (e.g. ``("projects", "/home/me/p", "mcpServers")`` of ``~/.claude.json``) decodes only
+the wanted values, each at most :data:`MAX_PICKED_BYTES`; what it jumps over is not validated.
+Design: docs/design/host.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The operator's policy over host MCP servers and tools (settings, not sandbox input).
 
-Two layers decide what sandboxed code may do, and this module is the first:
-
-1. **operator policy** (here, from ``Settings``): ``allow_servers`` / ``deny_servers`` patterns over
-   server names and ``deny_tools`` patterns over ``server.tool``. A denied server is treated as
-   not configured (invisible to docs, refused as a grant); a denied tool is absent from every list
-   and its calls answer ``denied``.
-   ``approve_tools`` patterns (the same form; ``*`` alone is every tool) mark the calls a person
-   must approve first (:meth:`Policy.needs_approval`; the hub asks through the call's approver,
-   see :mod:`.approval`).
-2. **session grants** (``run_python(servers=[...])``, passed in every :class:`RpcCall`): which
-   allowed servers a session may *call*. Docs cost no grant.
-
-Patterns are ``fnmatch`` patterns matched case-sensitively against the real names (not aliases).
-A tool pattern is matched against the string ``"<server>.<tool>"``, so dots inside server or
-tool names need no escaping: ``github.*`` and ``*.delete_*`` mean what they say.
+``allow_servers``/``deny_servers`` match server names; ``deny_tools`` and ``approve_tools`` (``*``
+alone: every tool) match ``"<server>.<tool>"``, so ``github.*`` and ``*.delete_*`` mean what they
+say. All are ``fnmatch`` patterns, case-sensitive, over real names, never aliases. A denied server
+is as if not configured (invisible, refused as a grant); a denied tool is absent from every list and
+its calls answer ``denied``. A session's grants (:class:`RpcCall`) are the second layer, the hub's.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Saved tools ("skills"): Python source that sandboxed code stored for later sessions.
 
-``save_tool(func)`` in the sandbox sends a function's source; it is kept under
-``<state_dir>/skills/`` as ``<name>.py`` (the source, byte for byte) beside ``<name>.json``
-(description and time saved), both mode 0600 in a 0700 directory. The host **never executes or
-imports** a skill: it only parses it once so that a syntax error is reported at save time. A later
-session runs it inside its own sandbox only when its code asks (``from mcp.skills import name``).
-
-Each namespace has a store of its own: ``state_dir`` here is the namespace's state directory
-(``<state>/http/<namespace>/`` for an HTTP token, the bridge's own for the shared namespace; see
-:func:`kernelbridge.config.namespace_state_dir`), so one token's saved tools are invisible to
-every other token, and :data:`MAX_SKILLS` counts per namespace.
-
-This module is the store for both the rpc methods (``save_tool``, ``list_skills``,
-``load_skill``) and the CLI (``kernelbridge skills list|show|rm``), which sees every namespace's
-tools, an HTTP token's as ``namespace/tool`` (:func:`list_every_skill`, :func:`locate`). Nothing
-it returns names a host path. Every function raises :class:`~kernelbridge.errors.SkillError`
-with a one-line reason.
+A namespace's store is ``<namespace state dir>/skills/``: ``<name>.py`` (the source, byte for byte)
+beside ``<name>.json`` (description, time saved), mode 0600 in a 0700 directory, at most
+:data:`MAX_SKILLS`. The host **never executes or imports** a skill: it parses it once, to report a
+syntax error at save time. The rpc methods use one namespace's store, the CLI every namespace's (an
+HTTP token's tools as ``namespace/tool``). Nothing returned names a host path; every function
+raises :class:`~kernelbridge.errors.SkillError` with a one-line reason.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Building the sandbox image into the runtime's :class:`~kernelbridge.runtime.ImageStore`.
 
-The image goes where the bridge's sandboxes run: the store of the selected runtime, whatever it is
-(podman or docker, through its API or its CLI, local or remote, or every engine of a set). Two
-builders make the same layout:
-
-- the default needs **no container registry**: :func:`kernelbridge.image.rootfs.make_rootfs`
-  makes a root file system tarball (Debian from its mirror, wheels from PyPI), and the store
-  imports it with the Containerfile's ENV, WORKDIR and CMD lines and the labels
-  (:func:`kernelbridge.image.containerfile.import_changes`);
-- ``containerfile=True`` builds the recipe's Containerfile on the engine, for machines that can
-  pull ``debian:bookworm-slim``.
-
-After a build, the image of the default contents (the full profile, no extras) is also tagged
-``:latest`` and older images of other hashes are pruned (the newest few kept). One build at a
-time per user (a lock file).
+The image goes into the store of the selected runtime, whatever it is (podman or docker, through
+its API or its CLI, local or remote, or every engine of a set). The default builder needs no
+container registry (:mod:`kernelbridge.image.rootfs`); ``containerfile=True`` builds the recipe's
+Containerfile on the engine instead; both make the same layout. The image of the default contents
+(the full profile, no extras) is also tagged ``:latest``, and older images of other hashes are
+pruned (the newest :data:`KEEP_IMAGES` kept). One build at a time per user (a lock file).
+Design: docs/design/packages-and-images.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """What an image's labels say: whether it is a kernelbridge sandbox image carrying this
 kernelbridge's agent, whether it is current, and which packages it holds.
 
-Labels of every image the builder makes:
-
-=============================  =====================================================================
-``kernelbridge.agent-hash``    the agent hash; the agent also holds it in its ``AGENT_HASH`` file and
-                               refuses a host expecting another agent
-``kernelbridge.image-hash``    the image hash (agent + profile + extras): what :func:`image_status`
-                               compares
-``kernelbridge.profile``       the profile (``full``, ``minimal``; for messages: the hash covers it)
-``kernelbridge.packages``      the requested Python packages with their installed versions, read by
-                               the bridge for the capabilities the model reads
-``kernelbridge.version``       the kernelbridge version that built it (for messages only)
-=============================  =====================================================================
-
-An explicit ``KERNELBRIDGE_IMAGE`` is used as given; :func:`check_labels` checks it is a
-kernelbridge image carrying this kernelbridge's agent (a plain ``python:3.14-slim`` gets one line
-saying how to build one). The labels are read through the runtime's
-:class:`~kernelbridge.runtime.ImageStore`, whatever engine that is.
+The builder labels every image ``kernelbridge.agent-hash``, ``kernelbridge.image-hash`` (what
+:func:`image_status` compares), ``kernelbridge.profile``, ``kernelbridge.packages`` and
+``kernelbridge.version`` (what each holds: docs/design/packages-and-images.md). An explicit
+``KERNELBRIDGE_IMAGE`` is used as given; :func:`check_labels` checks it carries this kernelbridge's
+agent (a plain ``python:3.14-slim`` gets one line saying how to build one). The labels are read
+through the runtime's :class:`~kernelbridge.runtime.ImageStore`, whatever engine that is.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """What goes into the sandbox image, and what it is called: the recipe side of :mod:`kernelbridge.image`.
 
 The image is named after the **image hash**: a sha256 over every file that goes into the image from
-this kernelbridge (the code that runs inside the container, the frame codec it imports, and the
-recipe in ``sandbox_kernel_image/``) plus what the operator chose of its packages
-(:class:`ImageContents`): the **profile** (``KERNELBRIDGE_IMAGE_PROFILE``, ``--profile``: which of
-the recipe's requirement files are installed) and the **extra packages** (``--with``,
-``KERNELBRIDGE_IMAGE_PACKAGES``, ``KERNELBRIDGE_IMAGE_REQUIREMENTS``). For the default contents (the
-full profile, no extras) the image hash is the **agent hash** (files only), so the usual image keeps
-its usual name; any other choice is another image, and a bridge expects the image of its own settings.
-
-Where the files come from: this package's own directory, whatever installed it. The recipe is
-package data, ``kernelbridge/sandbox_kernel_image/``; in a checkout that is a symlink to the
-top-level ``sandbox_kernel_image/`` that people edit (a wheel or sdist copies the files, so an
-installed kernelbridge hashes and builds exactly what a checkout of the same version does). The
-hash names recipe files ``sandbox_kernel_image/<file>`` in either case. No I/O beyond reading (and,
-for :func:`stage_agent`, copying) those files; nothing here talks to a runtime.
+this kernelbridge (the code that runs inside the container, the frame codec, the recipe in
+``sandbox_kernel_image/``) plus the operator's choice of packages (:class:`ImageContents`: the
+profile and the extra packages). For the default contents (the full profile, no extras) it is the
+**agent hash** (files only). The files are this package's own, whatever installed it, so an
+installed kernelbridge hashes and builds what a checkout of the same version does. No I/O beyond
+reading (and, for :func:`stage_agent`, copying) those files; nothing here talks to a runtime.
+Design: docs/design/packages-and-images.md.
 """
 
 from __future__ import annotations

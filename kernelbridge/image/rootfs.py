@@ -5,13 +5,9 @@ container registry and no container runtime.
 manylinux wheels for CPython 3.11 into it (the requirement files of the image's profile and the
 operator's extras, resolved together); the code that runs inside is copied to ``/opt/kernelbridge``;
 ``customize.sh`` trims it and pre-compiles bytecode. The result is a tarball, which the builder
-imports through the runtime's ImageStore (:mod:`kernelbridge.image.build`).
-
-As root, mmdebstrap runs in its ``root`` mode. As anyone else it runs in ``unshare`` mode: inside
-a user namespace whose root is the first id of the user's ``/etc/subuid`` range, *not* the user,
-so everything it reads from our work directory must be readable by "others" (a 0700 temporary
-directory made ``customize.sh`` unreadable). What unshare mode needs is checked first
-(:func:`unshare_problem`), so a machine that cannot do it gets the real cause in one line.
+imports through the runtime's ImageStore (:mod:`kernelbridge.image.build`). As root, mmdebstrap runs
+in its ``root`` mode, as anyone else in ``unshare`` mode, whose needs :func:`unshare_problem` checks
+first (the real cause in one line). Design: docs/design/packages-and-images.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """``/usr/bin/python3 -I -S <image>/kernelbridge/inside/handover.py``: give the agent a new attachment.
 
-A bridge that adopts a sandbox runs this in the container (``exec``, as :data:`RELAY_UID`, with
-its stdin and stdout attached): the container's own stdin cannot be reached again (podman closes
-it for good when the first attached client goes). It connects to the agent's attach point, checks
-that the listener is the agent (PID 1), passes its stdin and stdout to it (``SCM_RIGHTS``), puts
-``/dev/null`` in their place, and waits until the agent closes the connection: the attachment
-lives as long as this process (the engine ends an exec session when its process exits). It reads
-and writes nothing on the pipes itself and never sees the sandbox's secret. Nothing the sandbox
-can write is read on its way here, and why it has a uid of its own: docs/architecture.md,
-"Adoption".
+Exec'd in the container by a bridge that adopts the sandbox, as :data:`RELAY_UID`, with its stdin and
+stdout attached: it checks that the listener of the agent's attach point is the agent (PID 1), passes
+it its stdin and stdout (``SCM_RIGHTS``) and waits until the agent closes the connection (the
+attachment lives as long as this process). It reads and writes nothing on the pipes and never sees
+the sandbox's secret. Design: docs/design/sandbox.md, "Adoption".
 
 Exit status: 0 when the agent ended the attachment, 3 when the listener is not the agent, 4 when
 no agent listens (one line on stderr says why). Standard library only; nothing else of

@@ -1,16 +1,8 @@
 """jupyter_client integration: sandboxed kernels that any Jupyter client can drive.
 
-- :mod:`~kernelbridge.jupyter.provisioner`: :class:`SandboxProvisioner`, the KernelProvisioner
-  (entry point ``kernelbridge-provisioner``) whose "kernel process" is a tunnel process;
-- :mod:`~kernelbridge.jupyter.tunnel_process`: that process (``python -m
-  kernelbridge.jupyter.tunnel_process``): one sandbox through the host's tunnel owner;
-- :mod:`~kernelbridge.jupyter.launch`: the ``Launch`` message between the two;
-- :mod:`~kernelbridge.jupyter.manager`: :class:`SandboxKernelManager` (needs no installed
-  kernelspec), :func:`connect_client` (a client that proved iopub delivers) and
-  :func:`stop_channels` (a client's channels stopped, however soon after they started);
-- :mod:`~kernelbridge.jupyter.kernelspec`: the ``kernelbridge`` kernelspec.
-
-The bridge's own sessions do not come through here: they use :class:`kernelbridge.host.Sandbox`.
+The provisioner's entry point is ``kernelbridge-provisioner``; :class:`SandboxKernelManager` needs no
+installed kernelspec. The bridge's own sessions do not come through here: they use
+:class:`kernelbridge.host.Sandbox`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """What a Jupyter client may tell its sandbox about itself: who the person is, how their terminal shows text.
 
-Two things reach a sandbox from a client, and nothing else of the host:
-
-- **The person** (:func:`real_username`): a cell an attached client sends is journalled with the
-  username of its Jupyter session (``Session.username``). jupyter_client fills that in from
-  ``$USER``, and where ``$USER`` is unset with the word ``username``, which names nobody; then the
-  person is the operating system user running the bridge (whoever can read the connection file,
-  mode 0600, is that user or root). ``kernelbridge attach`` passes the person's name itself
-  (:func:`os_username`).
-- **Display settings** (:func:`display_env`): the width and height of the client's terminal and
-  how it renders text (``COLUMNS``, ``LINES``, ``TERM``, the locale, colour preferences), so that
-  IPython formats tracebacks and pagers for the client's terminal as a local kernel would. Only
-  the names of :data:`DISPLAY_VARIABLES` (exactly), each whole value checked against its own
-  pattern and bounded: a secret in the host's environment never crosses, and no value can
-  smuggle one (a ``TERM`` of a megabyte, a ``LANG`` with a newline or an escape sequence, a
-  ``LANG`` that is a path); a value that does not pass is left out, as if unset. A local kernel
-  also sees a terminal that the client's process runs in (ipykernel inherits it): the
-  provisioner reads its size when ``COLUMNS`` and ``LINES`` are not set (:func:`terminal_size`).
-
-No I/O beyond asking a file descriptor for its terminal size; nothing here knows containers.
+Nothing else of the host crosses. The person (:func:`real_username`) is the Jupyter session's
+``username``, or the operating system user running the bridge where that is jupyter_client's
+placeholder ``username``. Display settings (:func:`display_env`) are only the names of
+:data:`DISPLAY_VARIABLES`, exactly, each whole value matched against its own pattern and bounded,
+else left out as if unset; :func:`terminal_size` stands in for an unset ``COLUMNS`` and ``LINES``.
+No I/O beyond that question to a file descriptor. Design: docs/design/host.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """A jupyter_client KernelProvisioner whose kernel runs in a sandbox container.
 
-For plain Jupyter clients (``jupyter console --kernel kernelbridge``, nbclient, jupyter_server):
-the "kernel process" jupyter_client manages is a tunnel process
-(:mod:`kernelbridge.jupyter.tunnel_process`), told what to do over one end of a ``socketpair`` it
-inherits (typed messages as frames, not signals or stdout lines); each Popen-style verb is one
-message or one process call (docs/architecture.md, "Processes"). Every wait happens inside the verb
+Its "kernel process" is a tunnel process (:mod:`kernelbridge.jupyter.tunnel_process`) driven over an
+inherited ``socketpair`` (docs/architecture.md, "Processes"). Every wait happens inside the verb
 that needs it, with no background task or thread: jupyter_client's synchronous managers run each
-call in an event loop of its own. Settings come from the parent manager's ``settings`` when it has
-them (SandboxKernelManager), else from the environment.
-
-A notebook's directory (the kernel's ``cwd``, as nbclient, nbconvert and jupyter_server start it)
-is bound read-only on /workspace under ``KERNELBRIDGE_MOUNTS``' rules (:func:`notebook_mount`): a
-directory that is, holds or lies inside the state directory is not, and the kernel starts in an
-empty /workspace, said in Jupyter's log.
+call in an event loop of its own. Settings are the parent manager's ``settings`` when it has them,
+else the environment's. The kernel's ``cwd`` (a notebook's directory) is bound read-only on
+/workspace under ``KERNELBRIDGE_MOUNTS``' rules (:func:`notebook_mount`); one that is refused leaves
+/workspace empty, said in Jupyter's log.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """JupyterLab as ``kernelbridge lab`` starts it, and the server extension that keeps it current.
 
-:func:`run_lab` starts jupyterlab's own ``LabApp`` with a command line that puts this package's
-managers in place (:mod:`.kernels`, :mod:`.contents`, :mod:`.channels`), binds 127.0.0.1 only
-(given last, it wins over any Jupyter config file), leaves jupyter_server's token authentication
-as it is (``JUPYTER_TOKEN``, or a token it makes and prints in the URL), turns terminals off, and
-gives the lab a directory of its own below the namespace's state directory (``lab/``): its
-workspaces (not the person's usual layout, whose files are not here), an empty kernelspec
-resource directory, the Jupyter config that enables this module as a server extension, and the
-``overrides.json`` (JupyterLab's extension point for default settings; the installation's own
-overrides are kept) that makes every console show all of its kernel's activity, the agent's
-cells and plots included. A person's own user settings still win over these defaults.
-
-The extension (``_load_jupyter_server_extension``) refreshes the kernels from the session store
-every :data:`REFRESH_SECONDS`.
+:func:`run_lab` starts jupyterlab's own ``LabApp`` with this package's managers, bound to 127.0.0.1
+only (given last, it wins over any Jupyter config file), jupyter_server's token authentication as it
+is (``JUPYTER_TOKEN``, or one printed in the URL), terminals off, and a directory of its own below
+the namespace's state directory (``lab/``). The extension refreshes the kernels from the session
+store every :data:`REFRESH_SECONDS`. Design: docs/design/server.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The lab's kernels: one per live session of one namespace, connected, never owned.
 
-``SessionKernels`` is jupyter_server's ``AsyncMappingKernelManager`` whose kernels are not started
-but found: :meth:`SessionKernels.refresh` (every second, :mod:`.app`) reads the session store and
-connects a :class:`SessionKernel` (jupyter_client's manager with ``owns_kernel=False``) to each new
-live session's connection file, with a console session and a notebook session (``<name>.ipynb``)
-on it, so that JupyterLab's Running panel lists them and opening either joins the agent's kernel.
-A session that left (closed, detached, its bridge gone) keeps its kernel, marked gone and
-``dead``, while a page is connected to it: its cells get one line saying why (:mod:`.channels`);
-then it is forgotten.
-
-The session belongs to the agent: starting a kernel, shutting one down or restarting it from the
-page is refused with one line (HTTP 403, which JupyterLab shows in its dialog); an interrupt is
-passed on as an ``interrupt_request`` (the kernel stops the running cell, as Ctrl-C would). When
-the lab stops it only closes its own sockets.
+Kernels are found, not started: :meth:`SessionKernels.refresh` connects a :class:`SessionKernel`
+(``owns_kernel=False``) to each new live session's connection file, with a console and a notebook
+(``<name>.ipynb``) session on it. A session that left keeps its kernel, marked gone and ``dead``,
+while a page is connected to it; then it is forgotten. Starting, shutting down or restarting a kernel
+from the page is refused with one line (HTTP 403); an interrupt is passed on as an
+``interrupt_request``. When the lab stops it only closes its own sockets.
 """
 
 from __future__ import annotations

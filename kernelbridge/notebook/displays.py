@@ -1,23 +1,12 @@
 """Display updates across cells: what each output with a display id shows at the end of a journal.
 
-In Jupyter, ``display(obj, display_id=True)`` in one cell and ``handle.update(new)`` in a later one
-change the *earlier* cell's output (nbclient's ``_update_display_id`` updates every output with
-that id in the whole notebook; so does a new ``display_data`` with the same id). The journal is
-append-only: the earlier cell's line is never rewritten. Instead each cell line says which of its
-outputs carry which display id (``display_ids``), and an update that reaches cells already
-journalled is a ``display`` record of its own (:class:`~kernelbridge.notebook.journal.JournalDisplay`).
+Every output with display id ``D`` ends up showing the data of the *last* display event of ``D`` in
+the journal (a ``display`` record, or an output with ``D`` in a later cell). :class:`FinalDisplays`
+finds those events in a first pass, keeping byte offsets, not data, and applies them in a second, as
+the cells are written one at a time. An update whose id no cell shows changes nothing and is said in
+one line; so is a journal with more display ids than :data:`MAX_DISPLAY_IDS`.
 
-The rule that makes this cheap: every output with display id ``D`` ends up showing the data of the
-*last* display event of ``D`` in the journal (a ``display`` record, or an output with ``D`` in a
-later cell, which was itself updated by every event until its cell ended). So a notebook is made
-in two passes (:class:`FinalDisplays`): the first notes, per display id, where its last event is
-(a byte offset, not the data: memory stays small whatever the journal holds); the second, writing
-the cells one at a time, gives each output with an id the data of that last event, read back from
-the journal when it lies further on.
-
-An update whose id no cell of the journal shows (the cell that showed it was lost, or the line was
-edited by hand) changes nothing and is said in one line; so is a journal with more display ids
-than :data:`MAX_DISPLAY_IDS`.
+Design: docs/design/sessions.md.
 """
 
 from __future__ import annotations

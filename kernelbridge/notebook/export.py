@@ -1,23 +1,13 @@
-"""Notebooks from journals in bounded memory and off the bridge's interpreter.
+"""Notebooks from journals in bounded memory, for a worker process off the bridge's interpreter.
 
-Exporting a journal (``export_notebook``, the notebook resource, ``kernelbridge export``), finding
-an image output in it (the outputs resource) and loading it for a restore are CPU work on up to
-``KERNELBRIDGE_JOURNAL_BUDGET`` bytes of another tenant's data. Done in the bridge, even in a
-worker thread, it would hold the interpreter lock for tens of milliseconds at a time (json.loads
-and json.dumps of a 16 MiB line do not let go of it), and every other session's messages would
-wait. So the bridge runs these functions in a worker process (``anyio.to_process``, one at a time
-per namespace; see :mod:`kernelbridge.server.exports`); they are plain functions of paths and
-numbers that return small values (text of at most :data:`MAX_INLINE_CHARS`, one image, a notebook
-without its images' bytes, a notebook's :class:`NotebookFacts`), or write a file. A worker ends
-with the bridge that started it (``PR_SET_PDEATHSIG``): a SIGKILLed bridge leaves no export running.
+Plain functions of paths and numbers that return small values (text of at most
+:data:`MAX_INLINE_CHARS`, one image, a notebook without its images' bytes, its
+:class:`NotebookFacts`) or write a file; :mod:`kernelbridge.server.exports` runs them with
+``anyio.to_process``. A journal is read one line at a time and a notebook written one cell at a
+time: the work costs its biggest line a few times over. The text is what ``nbformat.writes`` makes
+of the same notebook, except that past :data:`MAX_SPLIT_LINES` a field stays one string.
 
-Memory: a journal is read one line at a time (twice: display updates of earlier cells are applied
-as the cells are written, :func:`~kernelbridge.notebook.displays.journal_entries`) and a notebook
-written one cell at a time (:func:`write_notebook`), so the work costs its biggest line
-a few times over (a line is bounded by the recorder's caps: ~17 MiB), plus the text when it is
-returned whole. The text is what ``nbformat.writes`` makes of the same notebook (1-space indent,
-sorted keys, text split in lines), except that past :data:`MAX_SPLIT_LINES` a field stays one
-string (valid too).
+Design: docs/design/sessions.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Wheels fetched by the host for the sandbox: streamed into a file, bounded in bytes, hashed.
 
 The URLs are the ones the host's pip resolved from the host's index (:mod:`.pip`), never one the
-sandbox sent. pip does not download them: it would fetch a whole file before anyone could look at
-its size (and keep a copy in its HTTP cache, outside any budget). Here every wheel is
-
-- asked for its size first (:func:`declared_size`, a ``HEAD``): the caller refuses one larger
-  than its budget before any byte of it leaves the index, and makes room for it in the cache;
-- then streamed (:func:`fetch`, ``Accept-Encoding: identity``) into the caller's file, stopping
-  at the caller's ``limit`` (the declared size, when the index gave one: an index that says one
-  size and sends more is cut there);
-- hashed as it arrives (the cache checks the sha256 against the resolution's).
-
-``file:`` URLs (the operator's ``--find-links`` directories) are copied the same way. Proxies and
-certificates come from the environment as pip would take them (``HTTPS_PROXY``/``NO_PROXY``,
-``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE``). Credentials in pip's own configuration
-files or keyring are not used: an index that needs them for its files is not supported.
+sandbox sent; ``file:`` URLs (the operator's ``--find-links`` directories) are copied the same way.
+Each wheel's size is asked first (:func:`declared_size`), then it is streamed (:func:`fetch`) to at
+most the caller's ``limit``: an index that declares one size and sends more is cut there. Proxies
+and certificates come from the environment as pip would take them (``HTTPS_PROXY``/``NO_PROXY``,
+``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE``); credentials in pip's own configuration
+files or keyring are not used. Why not pip's download: docs/design/packages-and-images.md.
 """
 
 from __future__ import annotations

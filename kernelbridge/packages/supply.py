@@ -1,18 +1,14 @@
 """The wheels of one install brought onto the host, within its budgets: resolved, then fetched.
 
-:class:`WheelSupply` is the package service's way to the host's index. For one install it finds
-the wheels (a notebook's record, a stored resolution, or the host's pip now: :mod:`.pip`), then
-each missing wheel is fetched (:mod:`.fetch`) into the wheel cache (:mod:`.cache`), one by one,
-each only when what the install takes so far leaves room for it: no download, pip's during a
-resolution included, may take more than what the session may still install (``left``), nor more
-than the cache's budget has room for once least recently used wheels are pruned. Every pip run
-and fetch works in a work directory of the cache (:meth:`WheelSupply._work`), and one runs at a
-time per bridge (pip is CPU-heavy and the machine has few cores).
-
-Failures are :class:`~kernelbridge.errors.RpcError`, one line each, quoting the sandbox's own
-requirement: ``too_large`` (a cap, saying which), ``package_error`` (no such package, no wheel
-for the sandbox, a version conflict, the index unreachable), ``invalid_params`` (a record whose
-wheel cannot be named to pip).
+For one install :class:`WheelSupply` finds the wheels (a notebook's record, a stored resolution, or
+the host's pip now: :mod:`.pip`), then fetches each missing one (:mod:`.fetch`) into the wheel cache
+(:mod:`.cache`) only when it fits: no download, pip's during a resolution included, may take more
+than the session may still install (``left``), nor more than the cache's budget has room for once
+least recently used wheels are pruned. One pip run or fetch at a time per bridge, each in a work
+directory of the cache. Failures are :class:`~kernelbridge.errors.RpcError`, one line each quoting
+the sandbox's own requirement: ``too_large`` (a cap, saying which), ``package_error`` (no such
+package, no wheel for the sandbox, a version conflict, the index unreachable), ``invalid_params``
+(a record whose wheel cannot be named to pip).
 """
 
 from __future__ import annotations

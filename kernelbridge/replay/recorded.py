@@ -1,21 +1,11 @@
-"""Host tool calls answered from a notebook's recording: offline, deterministic replay.
+"""Host tool calls answered from a notebook's recording (``kernelbridge.tool_calls``): offline replay.
 
-A session that called host MCP servers records every ``call_tool`` in its cells' metadata
-(``kernelbridge.tool_calls``: server, tool, arguments, result or error; see
-:mod:`kernelbridge.session.broker`). :class:`RecordedTools` is an :class:`~kernelbridge.hub.RpcHandler`
-that answers a replay's rpc requests from that recording instead of starting the servers:
-
-- ``call_tool`` is answered with the recorded result (or the recorded error) of the first unused
-  call *of the current cell* with the same server, tool and arguments. Matching by content, not
-  only by position, keeps calls made concurrently (``asyncio.gather``) deterministic. A call the
-  recording does not have fails with ``server_error`` saying so: the replay never guesses.
-- ``manifest``, ``list_tools``, the docs and search describe the servers and tools that appear in
-  the recording, with input schemas inferred from the recorded arguments (every parameter
-  optional), so ``mcp_<alias>.<tool>(...)`` proxies exist as they did.
-- skills are not part of a recording: those methods answer ``unavailable``.
-
-The replay runner calls :meth:`RecordedTools.begin` before each cell and skips cells whose calls
-were not recorded in full (:func:`recorded_in_full`).
+:class:`RecordedTools` answers ``call_tool`` with the first unused recorded call *of the current
+cell* (:meth:`RecordedTools.begin`) with the same server, tool and arguments; a call the recording
+lacks fails with ``server_error``: the replay never guesses. The docs methods describe the recorded
+servers and tools (input schemas inferred from the arguments, every parameter optional); skills
+answer ``unavailable``. The runner skips cells whose calls were not recorded in full
+(:func:`recorded_in_full`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""Running a notebook's code cells through the bridge's own machinery, judging each one.
-
-Cells run in a session of a :class:`~kernelbridge.session.registry.SessionRegistry` (``Sandbox``
-and all), exactly as ``run_python`` calls would: the servers recorded in each cell are granted,
-host tool calls go to whatever rpc handler the registry was given (the live hub for a restore;
-:class:`~kernelbridge.replay.tools.ReplayTools` for ``kernelbridge replay``), and a cell
-that fails does not stop the replay: a reader wants to see every divergence. Notebook files are
-read by :mod:`kernelbridge.notebook.convert`.
-
-Bounded in time, since a notebook may come from anywhere and its metadata says anything: each cell
-gets the timeout it was recorded with (at most the bridge's maximum) or, with none recorded, the
-bridge's default timeout (30 s), never the maximum; a restore has a total budget too (the calling
-``run_python``'s timeout), and the cells left when it runs out are ``skipped``, saying why.
+"""A notebook's code cells run through a session registry, as ``run_python`` calls would, each judged.
 
 Two callers: ``kernelbridge replay`` (:func:`replay_notebook`, a registry of its own in a fresh
-sandbox) and the MCP server's restore (:func:`replay_cells` into the bridge's registry).
+sandbox) and the MCP server's restore (:func:`replay_cells` into the bridge's registry). A cell that
+fails does not stop the replay. Each cell gets its recorded timeout (at most the maximum) or the
+default one, never the maximum; a restore's cells left when its budget runs out are ``skipped``.
+
+Design: docs/design/sessions.md.
 """
 
 from __future__ import annotations

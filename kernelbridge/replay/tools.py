@@ -1,20 +1,11 @@
-"""The rpc handler of ``kernelbridge replay``: host calls answered from the recording, live only
-for the servers the person names, and the saved tools never written.
+"""The rpc handler of ``kernelbridge replay``: recorded answers, live servers only where granted.
 
-A notebook may come from anywhere, and its metadata names whatever servers it likes: replaying it
-must not make the bridge's host servers do anything the person did not ask for. So
-:class:`ReplayTools` answers:
-
-- ``call_tool`` from the notebook's recording (:class:`~kernelbridge.replay.recorded.RecordedTools`),
-  except calls to a server named with ``--grant SERVER``, which go to the live hub; the hub of a
-  replay is made to see only those servers (an allow list of exactly them, on top of the operator's
-  policy, which still applies), so its docs and search start no other server either;
-- the docs methods from both, each server where its answers come from;
-- ``list_skills`` and ``load_skill`` from the shared store, read only; ``save_tool`` is refused
-  (``denied``): a replayed cell never writes the user's saved tools.
-
-A cell whose calls to a server answered from the recording were not recorded in full cannot be
-replayed faithfully: the runner skips it (:meth:`ReplayTools.unrecorded` names those servers).
+:class:`ReplayTools` answers ``call_tool`` from the recording
+(:class:`~kernelbridge.replay.recorded.RecordedTools`), except calls to a server named with
+``--grant``, which go to a hub that sees only those servers (on top of the operator's policy); the
+docs methods from both; skills read only, ``save_tool`` refused (``denied``). A replay never makes
+a host server do what the person did not ask for. Cells with unrecorded calls are skipped
+(:meth:`ReplayTools.unrecorded`).
 """
 
 from __future__ import annotations

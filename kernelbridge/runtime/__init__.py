@@ -1,20 +1,7 @@
-"""Container runtimes behind one small seam (see :mod:`kernelbridge.runtime.base`).
+"""Container runtimes behind one small seam (:mod:`kernelbridge.runtime.base`).
 
-General layout::
-
-    base.py         the seam: RuntimeBackend (create, attach, remove, inspect, list, info, aclose),
-                    ImageStore (labels, import_rootfs, tag, list, remove, build) and their records
-    flags.py        the sandbox's flags decided once, rendered by the CLI, the engine API and the Pod
-    select.py       open_runtime / open_selection: which backend, and why (the only place that
-                    branches on runtime names)
-    reaper.py       orphan reaping (containers of bridges that are gone)
-    engine/         the Docker Engine API backend (dockerd, podman's service; local, remote, several)
-    cli/            the podman / docker command-line backend (the fallback), facts about podman
-    kube/           the Kubernetes Pod manifest, beside its design (docs/kubernetes.md)
-    unavailable.py  the "no runtime" backend the server serves with
-
-The test double (a local process per "container") lives outside the product package, in
-:mod:`kernelbridge.testing`. Everything a caller above this package needs is importable from here.
+Everything a caller above this package needs is importable from here; the test double (a local
+process per "container") is :mod:`kernelbridge.testing`'s. Design: docs/design/runtime.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,12 @@
 """The container runtime seam: what a sandbox needs from a container engine, as streams and records.
 
-Two Protocols on one engine connection:
-
-- :class:`RuntimeBackend`, the containers: ``create`` one from a :class:`ContainerSpec`, ``attach``
-  to its stdio as one duplex byte stream (:class:`ContainerStream`: the frame tunnel runs over it),
-  ``attach_exec`` (a command run in a running container, its stdio as such a stream: how a bridge
-  reaches a sandbox that outlived the bridge that made it), ``remove``, ``inspect`` and ``list``
-  them, ``ended`` (how a container that is gone ended, from the engine's event log: a durable
-  sandbox is removed by the engine itself once it ends), ``info`` about the engine, ``aclose``.
-  Nothing else: these are the verbs the product calls.
-- :class:`ImageStore` (``backend.images``), the images on the same engine: their labels (None: no
-  such image), importing a root file system tarball, tagging, listing, removing, building from a
-  Containerfile, saving one to a docker-archive tarball and loading one. The image builder,
-  ``doctor``, ``setup`` and ``kernelbridge image`` use it, so a remote engine or several engines
-  build and check their image like a local one.
-
-Nothing above this package spawns a runtime CLI or speaks an engine API: everything talks to these
-two, and only ``runtime/select.py`` branches on runtime names. Backends implement them explicitly
-(``class EngineRuntime(RuntimeBackend)``), so a missing or misspelt verb fails at the definition:
-
-- ``engine.EngineRuntime``: the Docker Engine API (dockerd, or ``podman system service``), local
-  or remote, over one shared async connection pool; attaching hijacks the HTTP connection, so no
-  client process runs per sandbox; ``engine.EngineSet`` puts several engines behind one backend;
-- ``cli.CliRuntime``: the ``podman`` / ``docker`` command line (the fallback): one ``start -ai``
-  client process per sandbox carries its stdio;
-- ``unavailable.UnavailableRuntime``: what the server serves with when no engine can be used;
-- ``kernelbridge.testing.LocalProcessRuntime``: a TEST DOUBLE outside the product package that runs
-  the agent as a plain local subprocess; it can never be selected by a user setting.
-
-Errors (all in :mod:`kernelbridge.errors`, translated from engine and CLI errors inside
-``runtime/`` only): RuntimeUnavailable when the engine cannot be reached or refuses (its own
-message in one line; EngineRefused, a subclass, when the engine API answered with an error
-status), ImageError when an image is missing or an image chore fails. A container that does not
-exist is never an error for ``remove`` (idempotent) and is ``None`` for ``inspect``; nor is one
-that another client of the engine removes at that moment, for any verb (``list`` leaves it out or
-shows it; see :mod:`kernelbridge.runtime.races`).
+Nothing above this package spawns a runtime CLI or speaks an engine API: everything talks to
+:class:`RuntimeBackend` (the containers) and its ``images``, an :class:`ImageStore` on the same
+connection; only ``runtime/select.py`` branches on runtime names. Backends subclass them explicitly,
+so a missing or misspelt verb fails at the definition. Errors (:mod:`kernelbridge.errors`, translated
+inside ``runtime/`` only): RuntimeUnavailable, one line (EngineRefused when the engine API answered
+with an error status); ImageError for a missing image or a failed image chore. Design:
+docs/design/runtime.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The sandbox's flags, decided once: a :class:`ContainerSpec` as a neutral :class:`SandboxFlags`.
 
-Every hardening and resource decision of DESIGN.md ("Sandbox container") is made here, in no
-engine's words: the network, the dropped capabilities, no new privileges, the user, the memory
-(and swap) limit, pids, cpus, the sized tmpfs mounts (/tmp, /workspace, /packages), the read-only
-root and what covers podman's extra unsized tmpfs, the operator's read-only host directories
-(:class:`BindMount`), the ulimits, no log driver, no init process, no auto-removal, no pulls, and
-stdin open for one attachment. Three renderers spell it mechanically and decide
-nothing of their own:
-
-- ``cli.backend.create_argv``: ``podman/docker create`` flags;
-- ``engine.body.create_body``: the engine API's ``POST /containers/create`` body;
-- ``kube.manifest.pod_manifest``: a Kubernetes Pod (what has no Pod field is listed there).
-
-So a new flag is one field here and one line in each renderer. Where an engine cannot spell a
-decision, the renderer does not approximate it: :func:`unsupported` says why, and the backend
-refuses the sandbox with that line (docker cannot mount a directory ``nosuid,nodev,noexec``).
-No I/O.
+Every hardening and resource decision is made here, in no engine's words; the renderers
+(``cli.backend.create_argv``, ``engine.body.create_body``, ``kube.manifest.pod_manifest``) spell it
+mechanically and decide nothing. What an engine cannot spell is not approximated: :func:`unsupported`
+says why, and the backend refuses the sandbox with that line. No I/O. Design: docs/design/runtime.md.
 """
 
 from __future__ import annotations

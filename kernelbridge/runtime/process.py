@@ -1,16 +1,10 @@
 """Ending a child process the runtime owns, written once: ask it to go, wait a grace period, then
 SIGKILL it and reap it.
 
-The children are a runtime's own helpers (``podman system service``, an ssh forward), CLI attach
-clients (``podman start --attach``, whose sandbox's agent leaves when its stdin closes) and, in
-the test double, the agent itself. Each is asked in its own way (a signal, or its stdin closed),
-and each may have to be killed: a helper that ignores SIGTERM, an attach client that hangs. The
-kill goes to the whole process group for a child that started its own session
-(``start_new_session``, ``setsid``), so what it started goes with it.
-
-Shielded from cancellation and bounded by ``grace`` up to the kill: this runs while its owner is
-being cancelled (teardown). The wait after SIGKILL is not bounded: SIGKILL cannot be refused, and
-an unreaped child would be a zombie.
+The kill goes to the whole process group of a child that started its own session
+(``start_new_session``, ``setsid``). Shielded from cancellation (it runs during teardown) and bounded
+by ``grace`` up to the kill; the wait after SIGKILL is not bounded (SIGKILL cannot be refused, and an
+unreaped child would be a zombie).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """What an engine says when another of its clients removes a container while it looks, and the
 bounded retry of a call that met that.
 
-The problem: one engine serves many clients at once (several clients' bridges, a test suite, the
-engine's own clean-up of a container that just exited), so a container may go between two steps
-of one call. podman 4.3 then fails a whole listing, though the other containers are all there:
-its ``/containers/json`` inspects every container it found, and one removed meanwhile answers
-``getting container from store "<id>": container not known`` (its storage went before its record),
-``read /proc/<pid>/cgroup: no such process`` (its process ended), or ``no such container``
-(podman issues 418, 10120, 11810, 15526). Such a failure says nothing about the containers still
-there, and asking again a moment later answers: :func:`retrying` does, a bounded number of times.
-
-The backends read these words here and nowhere else. A container that another client removed is
-no failure of ours: ``remove`` counts it as removed, ``inspect`` as gone (None). An image listing
-meets the same with an image (``image not known``): both backends retry it with
-``when=image_vanished``.
+The backends read these words here and nowhere else. A container another client removed is no
+failure of ours: ``remove`` counts it as removed, ``inspect`` as gone (None); a listing that met the
+race is asked again by :func:`retrying` (``when=image_vanished`` for an image listing). Why:
+docs/design/runtime.md.
 """
 
 from __future__ import annotations

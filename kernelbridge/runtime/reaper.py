@@ -1,22 +1,11 @@
 """Orphan reaping: removing the sandbox containers of bridges that are gone.
 
-A bridge labels each container with its pid, its process's start time and its host name
-(``OWNER_LABEL``, ``OWNER_START_LABEL``, ``HOST_LABEL``); a container whose bridge process no
-longer exists on this host (it was SIGKILLed, say; a later process given its pid is not it) is an
-orphan, and the next bridge removes it at start. Containers of live bridges, and of other hosts
-sharing the engine, are left alone.
-
-A sandbox that outlives its bridge (``DURABLE_LABEL``) is no orphan while it runs: a later bridge
-may adopt it, and it ends itself after its idle timeout. Once it has exited it is reaped only by a
-bridge of its own state directory (``STATE_LABEL`` is ``state``), and not while that directory's
-records name it (``spare``: the adopter inspects it first, to tell the session truthfully how its
-sandbox ended, then removes it). An exited sandbox holds no process; another installation's is
-that installation's to explain and remove. (Durable sandboxes are removed by the engine once they
-end, ``ContainerSpec.durable``; what is left here is one an older kernelbridge made.)
-
-Other bridges use the engine at the same moment: the listing survives a container removed while
-it runs (:mod:`kernelbridge.runtime.races`), and a container the reaper cannot remove is said in
-the log while the others still go (the next bridge's reaper tries it again).
+An orphan is a container whose bridge (``OWNER_LABEL`` pid, ``OWNER_START_LABEL``, ``HOST_LABEL``)
+no longer runs on this host; containers of live bridges and of other hosts are left alone. A durable
+sandbox (``DURABLE_LABEL``) is no orphan while it runs; once exited it is reaped only by a bridge of
+its own state directory (``STATE_LABEL``), and not while that directory's records name it
+(``spare``). A container that cannot be removed is logged while the others still go. Design:
+docs/design/runtime.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Which runtime serves this bridge, and why: the only place that branches on runtime names.
 
-:func:`open_runtime` picks the engine API (``engine.api.EngineRuntime``: dockerd or ``podman
-system service``, local or remote, or several engines with least-loaded placement,
-``engine.placement.EngineSet``) when an engine answers, else the command line
-(``cli.CliRuntime``, the fallback), and records why in one line (:func:`open_selection` hands out
-the reason, for ``doctor``). ``KERNELBRIDGE_RUNTIME``:
-
-==============  ==================================================================================
-(unset)         an engine API that answers: ``CONTAINER_HOST``, ``DOCKER_HOST``, podman's system
-                socket, a podman service of our own, docker's socket; else the podman CLI, else
-                the docker CLI
-``podman``      podman: its API (``CONTAINER_HOST``, its system socket, or a service of our own),
-                else its CLI
-``docker``      docker: its API (``DOCKER_HOST`` or ``/var/run/docker.sock``), else its CLI
-``podman-api``  podman's API only; ``docker-api`` likewise (an error when no engine answers)
-``podman-cli``  the podman command line only; ``docker-cli`` likewise
-``kube``        pods on a Kubernetes cluster (``kube.api.KubeRuntime``: ``KUBECONFIG`` or the
-                in-cluster service account, ``KERNELBRIDGE_KUBE_NAMESPACE``); no fallback
-==============  ==================================================================================
-
-``KERNELBRIDGE_ENGINES`` (URLs) puts several engines behind one backend. The engine modules are
-imported only when an engine is tried, so a CLI-only path never loads the HTTP stack.
+``KERNELBRIDGE_RUNTIME`` unset: the first engine API that answers (``CONTAINER_HOST``, ``DOCKER_HOST``,
+podman's system socket, a podman service of our own, docker's socket), else the podman CLI, else the
+docker CLI; ``podman`` / ``docker``: that engine's API, else its CLI; ``podman-api`` / ``docker-api``:
+the API only; ``podman-cli`` / ``docker-cli``: the CLI only; ``kube``: pods, no fallback.
+``KERNELBRIDGE_ENGINES`` (URLs) puts several engines behind one backend. The reason is one line
+(:func:`open_selection`, for ``doctor``). Engine modules are imported only when an engine is tried.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """Asking the MCP client's user about a host tool call, by elicitation, while the cell runs.
 
-A ``run_python`` call's cell may make host calls that need a person's approval
-(``KERNELBRIDGE_APPROVE_TOOLS``; :mod:`kernelbridge.calls.approval`). The session layer asks the
-:class:`CallRun`'s approver of the call running the cell; this module turns that into an MCP
-elicitation to the very client waiting on that ``run_python``, in whichever way its protocol has:
-
-- **handshake-era clients** (2025-11-25 and older: Claude Desktop, Claude Code, ``mode="legacy"``):
-  a server-to-client ``elicitation/create`` request, related to the ``run_python`` request, sent
-  while the call waits; the answer resolves the approval and the call goes on waiting for its cell;
-- **2026-07-28 clients** (the SDK's default): the protocol has no server-to-client requests; the
-  ``run_python`` call instead *returns* an ``InputRequiredResult`` carrying the elicitation(s) and
-  an opaque ``request_state``, and the client retries ``run_python`` with the answers. So the cell
-  must outlive the MCP request that started it: it runs as a task of the bridge (:class:`RunTable`),
-  and the retry finds it by its state, feeds it the answers and waits for its end (or for its next
-  question) as the first request did.
-
-Either way the wait is the cell's: nothing here has a clock of its own. The cell's timeout ends the
-cell, which cancels its host calls, which withdraws their questions (an elicitation request in
-flight is cancelled; a question in an ``InputRequiredResult`` nobody answered is answered
-``unanswered`` by the cell's end); a client that cannot elicit (no ``elicitation`` capability, a
-transport without a back channel) gets ``unsupported`` at once, and any answer that is not an
-answer to the question asked counts as ``malformed``: refused. A call whose MCP request is
-cancelled cancels its cell, as before; only a call waiting for an ``InputRequiredResult``'s retry
-runs on without a request, and what it produced is kept for :data:`KEEP_FINISHED` seconds.
+Handshake-era clients (2025-11-25 and older) get an ``elicitation/create`` request while
+``run_python`` waits; 2026-07-28 clients get an ``InputRequiredResult`` and retry ``run_python`` with
+the answers, the cell running meanwhile as a :class:`RunTable` task. Nothing here has a clock: the
+wait is the cell's, and the cell's end withdraws its questions. A client that cannot elicit gets
+``unsupported`` at once; an answer to anything but the question asked is ``malformed``, refused. Only
+a call waiting for its retry runs on without a request; its result is kept :data:`KEEP_FINISHED`
+seconds. Design: docs/design/server.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,13 @@
 """Notebook exports requested by a model: what may be read, where a file may be written, and
 what the model is told.
 
-A notebook never enters the model's context: an export of hundreds of cells with their images
-is megabytes, far past any output limit. ``export_notebook`` without a path measures the notebook
-(:func:`notebook_summary`) and answers where it is, the session's notebook resource, which an MCP
-client reads (:func:`notebook_for_resource`, whole, bounded); with a path it writes the file and
-says where it went.
-
-``export_notebook(path=...)`` takes its path from the model, which may be prompt-injected: the
-path must never become a way to write arbitrary host files. So a model's export is confined:
-
-- to one directory: ``<state_dir>/exports``, or ``KERNELBRIDGE_EXPORT_DIR`` when the operator set
-  one (the human's own CLI, ``kernelbridge export -o``, is not confined: it writes where asked);
-- the path is relative to that directory (an absolute path is accepted only if it names a place
-  inside it), ends in ``.ipynb``, and has no ``..`` or empty component;
-- no symlink is followed below the directory: each component is opened with ``O_NOFOLLOW``
-  relative to its parent's descriptor (``openat``), so a link planted anywhere on the way (even
-  one created after a check) cannot redirect the write; missing directories are created 0700;
-- the notebook is written to a fresh 0600 file next to the target, flushed to disk, and renamed
-  over it, so an existing link or hard link at the target is replaced, never written through, and
-  the target is the old file or the whole new one, never a part. The fresh file has no name until
-  it is complete (``O_TMPFILE``, linked under a temporary name just before the rename) where the
-  file system allows, so a bridge SIGKILLed mid-export leaves nothing behind in the directory.
-
-A session's notebook is its current generation's (:meth:`~kernelbridge.session.store.SessionStore.journal`).
-And what an export costs is bounded, whoever asks and however big the journal: the work (reading
-at most ``journal_read_limit`` bytes of the journal one line at a time, writing the notebook one
-cell at a time) runs in a worker process (:func:`in_worker`, see :mod:`kernelbridge.notebook.export`
-for why not a thread), one at a time per namespace (:class:`ExportLimiters`): a tenant exporting
-in a loop holds one worker and queues behind herself only, and the event loop every session's
-messages go through never waits for it. The resource returns a notebook of at most
-``notebook_export.MAX_INLINE_CHARS``; a file export is written by the worker to a private scratch
-file in the namespace's ``run/exports/`` (named by the bridge's pid: the next export removes those
-of dead bridges), then copied into place as above.
+The notebook never enters the model's context: it gets a summary and the resource's URI (the
+resource: at most ``notebook_export.MAX_INLINE_CHARS``). ``export_notebook(path=...)`` writes only
+below ``<state_dir>/exports`` (or ``KERNELBRIDGE_EXPORT_DIR``): a relative ``.ipynb`` path without
+``..`` or empty components, no symlink followed below the directory (each component opened
+``O_NOFOLLOW`` from its parent's descriptor), a fresh 0600 file flushed and renamed over the target,
+never written through. The journal is read in a worker process, one per namespace at a time
+(:class:`ExportLimiters`). Design: docs/design/server.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Files in and out of a session's /workspace, for the MCP client.
 
-Out: resources, read through the tunnel by the sandbox's agent (``Sandbox.files``; no volume
-crosses the sandbox wall):
-
-- ``kernelbridge://sessions/{session}/files``: the listing (JSON: path, type, size, mtime and the
-  URI to read each file by), recursive, at most ``sandbox.files.MAX_ENTRIES`` entries;
-- ``kernelbridge://sessions/{session}/files/{+path}``: a text file (UTF-8), as text;
-- ``kernelbridge://sessions/{session}/blobs/{+path}``: any file, as a binary blob.
-
-Two templates rather than one because a resource template has one MIME type: text comes back as
-text a model can read, everything else honestly as ``application/octet-stream``.
-
-In: ``run_python(files={path: content})`` places files before its code runs; a value starting
-with ``base64:`` is binary. Paths are relative to /workspace; absolute paths, ``..`` and NUL are
-refused here and again by the agent, which also refuses to follow any symlink the sandbox's code
-may have planted.
-
-Sizes are bounded: :data:`MAX_RESOURCE_BYTES` per file read, :data:`MAX_PLACED_BYTES` and
-:data:`MAX_PLACED_FILES` per call. Reading needs a live session (files live only as long as their
-sandbox); it never starts one.
+Out: resources read through the tunnel by the sandbox's agent, ``.../files`` (the listing, at most
+``sandbox.files.MAX_ENTRIES`` entries), ``.../files/{+path}`` (UTF-8 text) and ``.../blobs/{+path}``
+(any file, binary). In: ``run_python(files={path: content})``, a ``base64:`` value being binary.
+Paths are relative to /workspace; absolute paths, ``..`` and NUL are refused here and again by the
+agent, which follows no symlink. Bounded by :data:`MAX_RESOURCE_BYTES` per file read,
+:data:`MAX_PLACED_BYTES` and :data:`MAX_PLACED_FILES` per call. Reading needs a live session; it
+never starts one.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """``kernelbridge serve --http``: who may connect, as whom, and on which address.
 
-Every request passes :class:`HttpGuard` before the MCP SDK sees it:
-
-1. **Host and Origin** (DNS rebinding): the ``Host`` header must name an allowed host
-   (``KERNELBRIDGE_HTTP_ALLOWED_HOSTS`` / ``--allowed-host``; the loopback names for a loopback
-   bind), and an ``Origin`` header, when a browser sends one, must be ``http(s)://`` one of them.
-   A page on ``evil.example`` whose name resolves to 127.0.0.1 therefore gets 421/403, whatever
-   the bind. Checked on every bind, before the token, so a browser cannot even probe tokens.
-2. **Bearer token**: ``Authorization: Bearer <token>``, compared in constant time (the sha256 of
-   what is presented against the sha256 of each configured token, every one of them, with
-   :func:`hmac.compare_digest`). Tokens come from ``KERNELBRIDGE_HTTP_TOKENS`` and
-   ``KERNELBRIDGE_HTTP_TOKENS_FILE`` (``name:token`` or a bare token per entry); with neither, one
-   is generated at the first start, kept in ``<state dir>/http-token`` (0600) and printed once.
-3. **Namespace**: the token's name (or ``t<hash>`` of a bare token) goes into the ASGI scope; the
-   tools read it (:func:`namespace_of`) and use that namespace's sessions only
-   (:mod:`kernelbridge.server.namespaces`). It is also the SDK's principal, so an MCP session id
-   created with one token answers 404 to any other.
-
-A non-loopback bind is refused without tokens, and without an explicit allowed-hosts list (the
-names clients use are not knowable from ``0.0.0.0``). Tokens travel in clear text over plain
-HTTP: off loopback use ``--tls-cert``/``--tls-key`` or a TLS reverse proxy (README).
-
+Every request passes :class:`HttpGuard` before the MCP SDK sees it: first ``Host`` and ``Origin``
+against the allowed hosts (421/403, on every bind, before the token, so a browser cannot even probe
+tokens), then the bearer token, compared in constant time with every configured one. The token's
+name goes into the ASGI scope as the request's namespace (:func:`namespace_of`) and the SDK's
+principal. A non-loopback bind is refused without tokens and without an explicit allowed-hosts list.
 This module knows nothing about sessions or sandboxes.
 """
 

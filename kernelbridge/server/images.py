@@ -1,25 +1,11 @@
 """Images that fit a model's context: downscaled past a budget, the original kept as a resource.
 
-A matplotlib figure is typically 70-100k characters of base64, which some clients cut or refuse
-and every client pays for in context. Each image of a result is handled so:
-
-- identical images are sent once (a figure shown by ``display`` and again as the cell's last
-  expression has the same bytes);
-- an image within ``Settings.image_budget`` base64 characters is sent as it is;
-- a bigger one is re-encoded smaller (aspect kept) until it fits, and sent with a
-  ``ResourceLink`` to its full-size original, the resource
-  ``kernelbridge://sessions/<session>/outputs/<digest>.png``; the result's text says so. The
-  original needs no second copy: the session's journal holds every output (see
-  :func:`kernelbridge.notebook.export.find_png`), so the link works as long as the journal does,
-  across bridge restarts (it reads the session's current generation).
-
-Where the downscaling happens: on the host, with Pillow, in a worker thread. Not in the sandbox
-(which has Pillow too), because an image must still be rendered when the kernel is busy with the
-next cell, timed out, or dead, and a request of the bridge's own would appear in the kernel's
-history. The image data comes from sandboxed code, so the host decodes only PNG (one decoder),
-only within :data:`MAX_PIXELS` (checked from the header before any pixel is decoded) and
-``session.cell.MAX_IMAGE_BYTES`` of input. What the result says about its images are
-:mod:`kernelbridge.server.notes` values.
+Identical images of a result are sent once; one within ``Settings.image_budget`` base64 characters
+is sent as it is; a bigger one is re-encoded smaller (aspect kept) until it fits, and sent with a
+``ResourceLink`` to ``kernelbridge://sessions/<session>/outputs/<digest>.png``, read from the
+session's journal. The image data comes from sandboxed code: the host decodes only PNG, within
+:data:`MAX_PIXELS` (checked from the header) and ``session.cell.MAX_IMAGE_BYTES`` of input.
+Design: docs/design/server.md.
 """
 
 from __future__ import annotations

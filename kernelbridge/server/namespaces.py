@@ -1,19 +1,10 @@
 """Sessions by namespace: one :class:`~kernelbridge.session.registry.SessionRegistry` per HTTP token.
 
 Over stdio (and HTTP without authentication) there is one namespace, ``""``, with the bridge's own
-settings. With bearer tokens each token's namespace gets a registry of its own, with its own
-state directory ``<state dir>/http/<namespace>/`` (:func:`kernelbridge.config.namespace_state_dir`;
-its sessions' records and journals, :class:`kernelbridge.session.store.SessionStore`, connection
-files, exports; ``KERNELBRIDGE_EXPORT_DIR/<namespace>`` when the operator set an export directory),
-container names ``kernelbridge-<namespace>-<session>-<random>``, the session label
-``<namespace>/<session>`` and the label ``kernelbridge.namespace``. A client therefore never sees,
-lists, closes, exports or attaches to another's sessions: there is no lookup across namespaces to
-get wrong, and two clients may both use a session called ``default``.
-
-Limits per token: ``KERNELBRIDGE_HTTP_MAX_SESSIONS`` sessions (and the bridge's
-``KERNELBRIDGE_MAX_SESSIONS`` over all of them), ``KERNELBRIDGE_HTTP_MAX_CALLS`` ``run_python``
-calls in flight. The registries are created when the bridge starts (tokens are known then) and
-closed together, in parallel, when it stops.
+settings; each token's namespace has its own registry and state directory
+(:func:`kernelbridge.config.namespace_state_dir`). There is no lookup across namespaces: a client
+never sees, lists, closes, exports or attaches to another's sessions. The registries are created
+when the bridge starts and closed together, in parallel, when it stops.
 """
 
 from __future__ import annotations

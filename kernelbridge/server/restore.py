@@ -1,35 +1,13 @@
 """``run_python(restore=...)``: rebuild a session from a notebook, cell by cell, with the replay's
 report (per cell: same / different / error / skipped) as the result.
 
-Where the notebook may come from (the argument is chosen by a model, so it must not become a
-way to read host files):
-
-- ``kernelbridge://sessions/<name>/notebook``: the journal of a session of this state directory
-  (its current generation), open or closed, of this bridge or another one using the same state
-  directory;
-- a relative path ending in ``.ipynb``, resolved under ``<state_dir>/exports/``: where
-  ``export_notebook(path=...)`` writes, and where a person can drop a notebook to be restored.
-  Absolute paths, ``..`` and symlinks leading out of that directory are refused.
-
-The cells run through the bridge's own session registry (the servers recorded in each cell are
-granted, host tools are called live), so the restored session is an ordinary session whose own
-journal records the rebuild. Bounded in time: the whole restore by the calling ``run_python``'s
-timeout (each cell by its recorded timeout or the bridge's default, within what is left; a cell
-that overran still gets its interrupt and restart grace, ``session.runner.TIMEOUT_GRACE``), the cells
-left when it runs out skipped, and the result says so. The notebook is read in a worker process
-(a journal bounded by ``notebook.journal.journal_read_limit``), and comes back without its images'
-bytes. What the restore says is rendered by :func:`kernelbridge.server.render.restore_text`.
-
-A session that is open and has run cells is not overwritten: the model closes it first or picks
-another name.
-
-An automatic restore (``KERNELBRIDGE_AUTO_RESTORE``: the sandbox of a session with a journal was
-lost) answers the cells' host tool calls from the journal's recording instead (:class:`SessionCalls`
-routes that session's calls to a :class:`~kernelbridge.replay.tools.ReplayTools` while it
-runs): nobody asked for those calls again, and the rebuilt state is the one the recording made.
-
-An option of ``run_python`` rather than a tool of its own: every tool costs ``tools/list`` bytes
-in every conversation, an argument far fewer.
+The notebook is chosen by a model, so only two kinds are read: ``kernelbridge://sessions/<name>/notebook``
+(a session's current journal in this state directory, open or closed, of any bridge) or a relative
+``.ipynb`` path under ``<state_dir>/exports/`` (absolute paths, ``..`` and symlinks out refused).
+The cells run through the bridge's own registry, so the restored session is an ordinary one whose
+journal records the rebuild; the whole restore is bounded by the calling ``run_python``'s timeout
+(the cells left then are skipped). An open session that has run cells is never overwritten.
+Design: docs/design/server.md.
 """
 
 from __future__ import annotations

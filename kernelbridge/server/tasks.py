@@ -1,31 +1,13 @@
 """``run_python`` as an MCP task (2025-11-25 task-augmented ``tools/call``), for jobs longer than a call.
 
-A client that declares nothing sees no change. A client that sends ``tools/call`` with a ``task``
-field (``params.task = {"ttl": ms}``) for ``run_python`` gets a ``CreateTaskResult`` at once; the
-call itself (the ordinary ``tools/call`` chain, so its result is the ordinary ``run_python`` result)
-runs as a task of the bridge (:class:`~kernelbridge.server.approval.RunTable`), its cell allowed up
-to ``KERNELBRIDGE_MAX_TASK_TIME``. Then, as the spec defines them:
-
-- ``tasks/get``: the task, its ``statusMessage`` the cell's elapsed time and latest output line;
-- ``tasks/result``: waits for the end, then the ``CallToolResult`` (``isError``: the task ``failed``);
-  a cancelled task's result is one line of error;
-- ``tasks/cancel``: interrupts the cell (its state kept, as a timeout does), the task ``cancelled``;
-- ``tasks/list``: this token's tasks, newest first.
-
-How it fits the SDK: the methods are an :class:`mcp.server.extension.Extension`'s
-``MethodBinding``s (the SDK has no task server of its own). The task-augmented ``tools/call``
-itself, the ``tasks`` capability in ``initialize`` and ``execution.taskSupport`` in ``tools/list``
-are a server middleware (:func:`TaskExtension.middleware`): the SDK sieves a ``tools/call``
-handler's result on a 2025-11-25 wire as a ``CallToolResult``, which a ``CreateTaskResult`` is
-not, and the SDK's middleware is where its docs put wire-level shapes.
-
-Tasks are records of a namespace (an HTTP token's, or the shared one) in its state directory
-(``tasks/<id>.json``): a task id of another token is unknown here, said in the same line as a
-task that never existed. A new client of the same bridge (HTTP) follows a running task to its end;
-a new bridge process (a restarted stdio client) answers a task that ended before the old bridge
-left with its stored result, and takes over one that was still running then (its ``cell`` msg_id
-names the cell the durable sandbox ran on, which that bridge inherits with the session); one it
-cannot follow is ``failed`` with a line saying where its outcome is (the session's journal).
+A client that declares nothing sees no change. A task-augmented ``run_python`` gets a
+``CreateTaskResult`` at once; the ordinary call runs as a :class:`~kernelbridge.server.approval.RunTable`
+task, its cell allowed up to ``KERNELBRIDGE_MAX_TASK_TIME``, served by ``tasks/get|result|cancel|list``.
+Tasks are records of a namespace in its state directory (``tasks/<id>.json``): another token's task
+id is unknown, in the same line as one that never existed. A new bridge answers a task that ended
+with its stored result and takes over one still running in a session it inherits; one it cannot
+follow is ``failed``, with a line naming the session whose journal has its outcome.
+Design: docs/design/server.md.
 """
 
 from __future__ import annotations

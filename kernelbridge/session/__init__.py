@@ -1,19 +1,5 @@
 """The session layer: named, stateful sandboxes of one bridge, and what they record.
 
-- :mod:`~kernelbridge.session.registry`: :class:`SessionRegistry`, the session map and its limits
-  (create, reuse, close, idle reaping, the warm pool's seats), one call at a time per session;
-- :mod:`~kernelbridge.session.state`: :class:`SessionState`, a session's life, and its one
-  transition function;
-- :mod:`~kernelbridge.session.runner`: one cell's run and the timeout policy (deadlines,
-  interrupt, grace, restart, discard), on an injected clock;
-- :mod:`~kernelbridge.session.store`: :class:`SessionStore`, the on-disk records and journals of a
-  namespace, one per generation of a session name;
-- :mod:`~kernelbridge.session.recording`: a generation's journal as the session writes it;
-- :mod:`~kernelbridge.session.recorder`: every iopub message of a session's kernel -> cells;
-- :mod:`~kernelbridge.session.cell`: one cell's bounded outputs, :class:`CellResult`;
-- :mod:`~kernelbridge.session.broker`: one session's host MCP calls and their records;
-- :mod:`~kernelbridge.session.outcome`: statuses and notes as values (the server words them).
-
 It knows nothing about MCP; everything here runs on the host.
 """
 

@@ -1,31 +1,14 @@
 """Sessions whose sandbox outlived its bridge, on the registry's side: checked, inherited, said.
 
-The problem: a sandbox that outlived its bridge (a client that exited, a SIGKILLed bridge, an
-HTTP server restarted) holds a session's variables, and the next bridge on the same state
-directory must take it over, or, when that cannot be done, say so and lose nothing more. The
-record of the session's generation (:mod:`.records`) names the container and its secret; but a
-record is only a claim: the container may be gone (the machine restarted), have ended (it idled
-out, its kernel died), belong to another state directory (a record copied or edited by hand), or
-not be the sandbox the secret opens (a stale secret). So before a bridge trusts a sandbox,
-:func:`check_container` asks the engine (running, and labelled for this state directory,
-namespace and session), and the sandbox itself must prove it knows the secret
-(``tunnel/durable.py``), while the bridge proves the same to it. Anything short of that is a
-:class:`Loss`: the generation is ended ``lost`` with the reason (:meth:`.store.SessionStore.lose`),
-a container of ours that nobody can use any more is removed (never another's), and the session's
-next call says what was lost (a :class:`~.outcome.SandboxLost` note, with the ``restore=`` that
-rebuilds it from its journal).
-
-What an adopted sandbox says about the time without a bridge (how long, how its bridge left,
-what it dropped past its buffer, the cells the bridge before sent whose end that bridge may not
-have heard) is folded into one :class:`~.outcome.Adopted` note for the session's first result
-(:func:`adopted_note`), built when that call ends, so a cell that was still running when this
-bridge arrived is reported as it ended.
-
-A durable sandbox that ended while no bridge was attached (its idle timeout, its kernel died) is
-removed by the engine at once, so that nothing is left behind without a bridge; how it ended is
-then the engine's event log's word (``RuntimeBackend.ended``), so the session is still told why.
-
+A record is only a claim: before a bridge trusts a sandbox, the engine must say it is running and
+labelled for this state directory, namespace and session (:func:`check_container`), and the sandbox
+must prove it knows the secret (``tunnel/durable.py``). Anything short of that is a :class:`Loss`:
+the generation ends ``lost``, a container of ours nobody can use is removed (never another's), and
+the next call says so (:class:`~.outcome.SandboxLost`, with ``restore=``). :func:`adopted_note` is
+built when the session's first call ends, so an inherited cell is reported as it ended.
 No I/O of its own but the engine's ``inspect``/``ended``/``remove`` and the journal's line count.
+
+Design: docs/design/sessions.md.
 """
 
 from __future__ import annotations

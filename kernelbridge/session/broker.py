@@ -1,49 +1,12 @@
 """One session's host MCP calls in flight: admission, dispatch to the hub, cancellation, records.
 
-Sandbox code sends ``rpc_request`` frames (docs/rpc.md); the sandbox hands each, decoded once as
-an :class:`~kernelbridge.tunnel.RpcRequest`, to :meth:`RpcBroker.on_request`, which must return
-at once (it runs on the sandbox's event pump):
-
-- a malformed request (no integer id) is dropped; a request beyond ``MAX_RPC_IN_FLIGHT`` calls in
-  flight is answered ``busy`` at once, so a burst of thousands is answered or refused, never a hang;
-- a call belongs to a running cell (see "Which cell a call belongs to" below), or it is refused;
-- each admitted call runs as its own task (calls are answered in parallel, in any order) under a
-  cancel scope, so a call still running when its cell times out or the session closes is
-  cancelled on the host and answered ``cancelled``;
-- every ``call_tool`` is recorded as a :class:`ToolCallRecord` (server, tool, duration, ok/error,
-  arguments and result within :data:`MAX_RECORDED_BYTES`) under the cell that made it, for the
-  journal and for replaying a notebook offline with the recorded results; every finished
-  ``%pip install`` (the package service's answer to ``packages_done``) as an
-  :class:`~kernelbridge.packages.record.InstallRecord`, so that a restore installs the same wheels.
-
-Which cell a call belongs to
-----------------------------
-A request names its ``cell`` (the msg_id of the execute request running when it was made), but
-that is the sandbox's word: kernel code can write any id, or none, and calls whose cell never
-ends are never cancelled. So the session tells the broker which cells really run
-(:meth:`RpcBroker.open_cell` / :meth:`RpcBroker.close_cell`: the bridge's own cells, its silent
-requests, cells that Jupyter clients really sent), and each request is admitted so:
-
-- it claims a running cell: it is that cell's call;
-- it claims a cell that ended at most :data:`LATE_CALL_GRACE` seconds ago: still that cell's (a
-  task created by the cell's last line sends its request after the kernel said idle);
-- otherwise, while some cell runs, it is attributed to the cell that began last: recorded under
-  it and cancelled with it, like its own calls (a thread or task of an earlier cell may call
-  host tools while a later cell runs);
-- with no cell running, it is refused at once (``cancelled``, one line saying why).
-
-So no call escapes the cancellation of a cell, and none outlives every cell by more than the grace.
-
-Approval: a call the operator wants approved (``KERNELBRIDGE_APPROVE_TOOLS``) is asked about
-through the approver of the cell it belongs to (:meth:`RpcBroker.approving`: the session sets
-the one of the ``run_python`` call running that cell; other cells have none, and such calls are
-refused). The broker hands the hub a wrapper that records the decision in the call's
-:class:`ToolCallRecord` (``approval``), also when the wait ends with the cell (``unanswered``).
-
-It knows nothing of MCP clients or policy: the handler (the hub, or a replay's recording) does
-that, and refuses with :class:`~kernelbridge.errors.RpcError`, whose kind and message go back to
-the sandbox as they are. Anything else a handler raises is a bug: logged at ERROR with its
-traceback, answered ``internal`` with a generic message.
+:meth:`RpcBroker.on_request` returns at once (it runs on the sandbox's event pump): a request with
+no integer id is dropped, one past ``MAX_RPC_IN_FLIGHT`` answered ``busy``, one that belongs to no
+running cell refused (which cell a call belongs to: docs/rpc.md, ``cell``); the others run as tasks
+of their own, cancelled with their cell and answered ``cancelled``. Each ``call_tool`` is recorded
+as a :class:`ToolCallRecord` (within :data:`MAX_RECORDED_BYTES`), each finished ``%pip install`` as
+an ``InstallRecord``, under the cell. A handler's :class:`~kernelbridge.errors.RpcError` goes back
+to the sandbox as it is; anything else it raises is a bug: logged at ERROR, answered ``internal``.
 """
 
 from __future__ import annotations

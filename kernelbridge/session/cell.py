@@ -1,20 +1,8 @@
-"""One cell as a kernel's messages make it, and its result.
+"""One cell as a kernel's messages make it (:class:`Cell`), and its result (:class:`CellResult`).
 
-This module owns what one ``execute_request`` produced: a :class:`Cell` gathers the iopub
-messages whose parent is that request (fed by :mod:`kernelbridge.session.recorder`, which reads
-every message of a session) into its outputs (:class:`~kernelbridge.session.outputs.CellOutputs`:
-Jupyter's output rules, bounded) and keeps its shell reply. It knows nothing about sessions, timeout policy,
-interrupts or MCP; :mod:`kernelbridge.session.runner` waits on a :class:`Cell` in slices and
-decides what to do when a deadline passes, and :mod:`kernelbridge.server.render` turns a
-:class:`CellResult` into MCP content.
-
-Completion follows nbclient: a cell is done only when BOTH the iopub ``status: idle`` for its
-request and its shell ``execute_reply`` have arrived. Either alone is not enough: the reply can
-overtake the last outputs, and ``idle`` can arrive before the reply is read.
-
-What the model reads of its own cell (:func:`finish_cell`) follows from the outputs a notebook
-shows: stdout and stderr are its stream outputs joined (after every clear, progress bars at their
-last state), its result the ``execute_result``, its images the PNGs displayed.
+A cell is done only when BOTH the iopub ``status: idle`` for its request and its shell
+``execute_reply`` have arrived, as in nbclient: the reply can overtake the last outputs, and
+``idle`` can arrive before the reply is read. It knows nothing of sessions, timeouts or MCP.
 """
 
 from __future__ import annotations

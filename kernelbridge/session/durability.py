@@ -1,18 +1,8 @@
 """Sessions that outlive their bridge: the service a durable registry asks (``settings.durable``).
 
-It takes what it needs (settings, the store, the runtime, the task group sandboxes run in) and
-answers with sandboxes or losses; it holds no session map and never calls back into the registry.
-The decisions are :mod:`.adoption`'s (is this container ours, alive, what was lost, what the
-first result says). Its verbs:
-
-- :meth:`Durability.hold` a name before it gets a sandbox (its ownership lock, :mod:`.ownership`);
-  a name another live bridge holds is refused with one line;
-- :meth:`Durability.adopt` the sandbox a record names, if it outlived its bridge and proves it
-  knows the secret; else the :class:`~.adoption.Loss`, which :meth:`Durability.lose` ends;
-- :meth:`Durability.detach` every sandbox when the bridge leaves (they run on), the warm pool's too
-  (:class:`WarmSandbox`: records in the store's ``warm`` directory, adopted into the next
-  bridge's pool by :meth:`Durability.adopt_warm` before it starts any);
-- list this namespace's sessions that run without this bridge, and end a detached one.
+It answers with sandboxes or losses (:class:`~.adoption.Loss`); it holds no session map and never
+calls back into the registry. The decisions (is this container ours, alive, what was lost) are
+:mod:`.adoption`'s, the name's lock :mod:`.ownership`'s.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""Every generation of every session name, old ones included: naming one, listing them, pruning.
+"""Every generation of every session name, old ones included: naming one (``NAME@N``), listing, pruning.
 
-A session name's generations (:mod:`kernelbridge.session.store`) are never overwritten, so the
-state directory keeps every session's record: what ``kernelbridge sessions --all`` lists
-(:func:`list_generations`), what ``kernelbridge export NAME@3`` and ``export_notebook("NAME@3")``
-name (:func:`parse_ref`, :func:`journal_of`; a bare name is the current generation, as before).
-
-Old generations (every one whose session is not live) take disk, and nothing removes them on its
-own: ``KERNELBRIDGE_HISTORY_BUDGET`` says how much they may take (:func:`history_over_budget`, said
-at every bridge start and by ``kernelbridge sessions --all`` when it is passed), and ``kernelbridge
-prune`` removes the oldest of them until they fit (:func:`prune`), saying each one it removes. A
-live generation is never removed, nor one whose bridge might still be writing it (its owner
-process is alive).
-
-Blocking file I/O, bounded: a state directory's namespaces and session names are listed once,
+A bare name is the current generation. :func:`prune` removes the oldest old generations until they
+fit ``KERNELBRIDGE_HISTORY_BUDGET``, never a live one nor one whose bridge might still write it.
+Blocking file I/O, bounded: a state directory's namespaces and session names are listed once, and
 each generation costs a few ``stat`` calls and one small record read.
 """
 

@@ -1,35 +1,13 @@
 """One cell's outputs as Jupyter keeps them, in bounded memory.
 
-:class:`CellOutputs` folds the iopub messages of one ``execute_request`` into the list of outputs a
-notebook front end would show and save, by the rules of nbclient's output handling
-(``NotebookClient.process_message`` / ``output`` / ``clear_output``, the reference) and of the
-front ends and nbconvert where nbclient leaves a choice:
+:class:`CellOutputs` folds one ``execute_request``'s iopub messages into the outputs a notebook
+saves, by nbclient's rules: streams coalesce with carriage returns applied, a waiting clear clears
+at the next output, a display id updates every output that shows it (this cell's here, the others'
+through the :class:`DisplayEvent` returned), ``transient`` is never stored. However much a cell
+prints, each stream output keeps a head and a tail, rich outputs are capped by :data:`MAX_DISPLAYS`
+and :data:`MAX_RICH_CHARS`, outputs in all by :data:`MAX_OUTPUTS`. It knows no sessions or MCP.
 
-- ``stream``: consecutive writes to the same stream are one output (what JupyterLab shows and
-  saves, and nbconvert's ``CoalesceStreamsPreprocessor``); a display or the other stream in between
-  starts a new one. Inside each, a carriage return not followed by a newline erases its line so
-  far (nbclient's ``_RGX_CARRIAGERETURN``, nbconvert's ``CR_PAT``): a progress bar keeps its last
-  state, not every redraw.
-- ``display_data`` and ``execute_result`` are outputs of their own kind (an ``execute_result`` keeps
-  its ``execution_count``); ``transient`` is never stored.
-- ``clear_output``: without ``wait``, the outputs go at once; with ``wait=True`` they go when the
-  next output (stream, display, result or error) arrives, so a cell whose last act is a waiting
-  clear keeps what it showed. A display update is no output and does not trigger it.
-- display ids (``transient.display_id``): a ``display_data``, ``execute_result`` or
-  ``update_display_data`` with one replaces the data and metadata of every earlier output with
-  that id, then (except an update) adds its own. The outputs of this cell are updated here; the
-  :class:`DisplayEvent` that :meth:`CellOutputs.handle` returns lets the session update the other
-  cells (earlier cells of the journal included: :mod:`kernelbridge.session.recording`).
-- ``error`` is an output in its place; the exception is also kept for the result (:class:`CellError`).
-
-What the model reads of its own cell (:func:`kernelbridge.session.cell.finish_cell`) follows from
-the same list: stdout and stderr are the cell's stream outputs joined, the result is its
-``execute_result``, the images its PNGs.
-
-Why the bounds: a cell may print gigabytes or display thousands of images, and the bridge must not
-hold them. Each stream output keeps a head and a tail (:class:`StreamText`); rich outputs are
-capped in number (:data:`MAX_DISPLAYS`) and in characters (:data:`MAX_RICH_CHARS`), outputs in all
-in number (:data:`MAX_OUTPUTS`). Nothing here knows sessions, journals or MCP.
+Design: docs/design/sessions.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Who holds a session: an ownership lock per session name, and the secret of a durable sandbox.
 
-**The lock.** A bridge holds a session name of its namespace (and each warm sandbox it pools)
-with an exclusive ``flock`` on a lock file of the state directory, from the moment it creates
-or adopts the session until it closes or detaches it. The kernel releases it when the process
-ends, however (SIGKILL included), so "is another bridge holding this session?" has a truthful
-answer with no pid guessing (pids are reused), and two bridges on one state directory can never
-both take a session: the second one's :func:`claim` fails and it refuses that session (the
-sandbox's agent refuses a second host too; this lock means the second bridge never even tries).
-A probe (``kernelbridge sessions``) takes the lock and drops it at once; a bridge whose claim
-meets such a probe tries again for a moment before it believes another bridge holds it.
+The lock is an exclusive ``flock`` held from creating or adopting the session until closing or
+detaching it; the kernel drops it when the process ends (SIGKILL included), so a second bridge on
+the state directory cannot :func:`claim` it. A secret file is mode 0600, created exclusively, never
+followed through a symlink, and read only if it is a private regular file of this user
+(:func:`read_secret`). Blocking file I/O (small files).
 
-**The secret.** Each durable sandbox gets 32 random bytes (hex) when it is made: the bridge sends
-them in the sandbox's first ``hello`` (never argv or the environment; the kernel never sees
-them) and keeps them in a file of the state directory, mode 0600, created exclusively and never
-followed through a symlink (:func:`write_secret`). A later bridge proves it is the same
-installation by answering the agent's challenge with them (``frames.adoption_proof``). A secret
-file that is not a private regular file of this user, or does not hold a secret, is not used
-(:func:`read_secret` answers None, and the session starts afresh, saying why).
-
-Blocking file I/O (small files): callers on the event loop use worker threads where it matters.
+Design: docs/design/sessions.md.
 """
 
 from __future__ import annotations

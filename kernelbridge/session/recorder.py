@@ -1,33 +1,10 @@
-"""The session recorder: reads every iopub message of a session's kernel and builds its cells.
+"""The session recorder: every iopub message of a session's kernel folded into cells as it arrives.
 
-One recorder per session listens to the kernel's whole iopub stream (it is the sandbox's
-listener), whichever client sent the code: the bridge's own ``run_python`` cells, a person typing
-in an attached ``jupyter console``, any other Jupyter client. Each cell is built from its
-``status: busy``, ``execute_input``, outputs and ``status: idle`` (the parent header's msg_id ties
-them together). Cells of other clients are journalled by the recorder itself as soon as they end,
-so the notebook is a record of everything that ran; the bridge's own cells are finished and
-journalled by the session layer, which knows their status, timeouts and tool calls.
-
-The record holds only what happened. iopub comes from the kernel, and kernel code can publish
-anything there, under any parent it makes up (a background thread sending ``status: busy`` for an
-invented ``execute_request``). So another client's cell exists only when the tunnel saw that
-client's signed ``execute_request`` arrive (``client_execute``, see
-:meth:`kernelbridge.tunnel.core.Tunnel.take_client_execute`); its username, session and code come
-from that request, never from the iopub messages. iopub under a parent nobody sent is no cell:
-its outputs are background output like any other.
-
-Display ids cross cells, as in Jupyter: a ``display_data`` or ``update_display_data`` with a
-``transient.display_id`` updates every output that shows that id, in the cells still open here
-(:meth:`CellOutputs.update_display <kernelbridge.session.outputs.CellOutputs.update_display>`) and,
-through ``on_display``, in the cells already journalled (the session's journal writes an update
-record that export applies to them).
-
-Bounded: every cell keeps bounded outputs (:class:`~kernelbridge.session.cell.CellOutputs`); at
-most :data:`MAX_OPEN_CELLS` other clients' cells are tracked at once (the oldest is dropped; the
-bridge's own cells never are); output whose parent is no known cell (a background thread printing
-after its cell ended, a forged parent) goes into one bounded buffer, reported once with the next
-result. Nothing is queued: each message is folded into this state as it arrives, so the host
-never holds more than these bounds, however fast or long the kernel writes.
+Another Jupyter client's cell exists only when the tunnel saw its signed ``execute_request``
+(:meth:`kernelbridge.tunnel.core.Tunnel.take_client_execute`), and is journalled here when it ends;
+the bridge's own cells are finished by the session. Nothing is queued, and it is bounded: at most
+:data:`MAX_OPEN_CELLS` other clients' cells at once (the oldest dropped, never the bridge's), and
+output under no known cell in one bounded buffer, reported once with the next result.
 """
 
 from __future__ import annotations

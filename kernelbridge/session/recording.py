@@ -1,22 +1,10 @@
 """What a session writes down as it runs: its generation's journal, and what it says about it.
 
-:class:`SessionJournal` turns the session's cells into journal records
-(:class:`~kernelbridge.notebook.journal.JournalCell`: the bridge's own from their
-:class:`~kernelbridge.session.cell.CellResult`, another client's from its
-:class:`~kernelbridge.session.cell.Cell`) and writes them in a worker thread, one line each as
-the cell ends. Its budget is ``KERNELBRIDGE_JOURNAL_BUDGET``, or what is left of an HTTP token's
-disk quota when that is less (:func:`journal_budget`, computed before the session's sandbox is
-taken, so that nothing needs undoing if it fails). Writing never stops a call: a failed write (the
-state directory is full, or went away) is logged and said once (:class:`JournalFailed`, with the
-next result), and the journal reaching its budget is said once (:class:`JournalFull`, with the
-result of the cell that did not fit, or the next one for another client's cell).
-
-Display updates that reach cells already journalled (``h.update(...)`` in a later cell, see
-:mod:`kernelbridge.notebook.displays`) are kept here, the latest per display id, and written as
-``display`` records just before the next cell's line (or when the session ends, or when they pass
-:data:`MAX_PENDING_CHARS`): only the last update of an id matters to the notebook, so a progress
-display redrawn thousands of times costs the journal one record per cell, not one per redraw. An
-update for an id that no cell ever showed is logged once and dropped.
+Each cell is one line, written in a worker thread when it ends, within :func:`journal_budget`.
+Writing never stops a call: a failed write is logged and said once (:class:`JournalFailed`), a full
+journal said once (:class:`JournalFull`). Updates of displays that journalled cells show are held,
+the latest per id, and written as ``display`` records before the next cell's line, when the session
+ends, or past :data:`MAX_PENDING_CHARS`; an update for an id no cell showed is logged once, dropped.
 """
 
 from __future__ import annotations

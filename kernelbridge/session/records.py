@@ -2,15 +2,7 @@
 
 Both are small JSON objects, rewritten whole, and read back as untrusted input: :meth:`decode`
 returns None for anything that is not a valid record of this format (a hand edit, a torn write,
-another program's file). Where they live and how they are written is :mod:`.store`'s business.
-
-What a record says for a sandbox that outlives its bridge (issue 15): ``durable``; ``container``
-and ``container_id``; ``secret``, the file (mode 0600, beside the record) holding the secret the
-sandbox checks a new bridge against; ``servers``, the grants its kernel's proxies are bound to;
-``detached``, when its bridge let go of it on purpose (None while one holds it, or if that
-bridge died); ``owner_pid`` and ``owner_host``, the last bridge that held it (whether one holds
-it *now* is its ownership lock's answer, :mod:`.ownership`); ``lost``, why the generation ended
-without a close (its sandbox was gone when a bridge came back for it).
+another program's file).
 """
 
 from __future__ import annotations

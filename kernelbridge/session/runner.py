@@ -1,31 +1,12 @@
-"""One cell's run on a session's sandbox, and the timeout policy.
+"""One cell's run on a session's sandbox, and the timeout policy (docs/architecture.md, "Timeouts").
 
-The registry hands the runner a :class:`CellTarget` (the session's sandbox, its recorder and its
-rpc broker, seen through the few verbs the policy needs) and a :class:`~kernelbridge.session.cell.Cell`
-the recorder is filling; the runner sends the cell, follows it until it is done or its deadline
-passes, and returns a :class:`Run`: the result's status, whether the variables survived, and the
-notes to tell. It knows nothing of sessions' names, journals, grants or MCP.
+:class:`CellRunner` sends a :class:`~kernelbridge.session.cell.Cell` through a :class:`CellTarget`,
+follows it to its end or its deadline and returns a :class:`Run`; every wait is bounded by the
+deadline plus :data:`TIMEOUT_GRACE`. A cancelled call stops its cell first, except when the bridge
+is ``leaving`` a durable sandbox behind: the cell runs on. All time comes from a :class:`Clock`
+(virtual in tests/unit/test_session_runner.py). It knows nothing of session names, journals or MCP.
 
-Timeouts (every wait on this path is bounded by the call's deadline plus :data:`TIMEOUT_GRACE`):
-
-- The clock starts when the kernel begins the cell (``status: busy``), not while it waits behind
-  another client's cell; such a wait lasts at most the bridge's maximum timeout. A cell that has
-  not begun within ``timeout`` while nothing else ran means the sandbox is not responding
-  (paused, stopped, wedged): it is treated as overrun, so the call still answers in time.
-- A cell that overran is interrupted (its host calls cancelled, SIGINT to the kernel's process
-  group, through the agent); most code stops within :data:`INTERRUPT_GRACE`, and the variables
-  are kept. Code that swallows KeyboardInterrupt, or is stuck in C, does not; the only honest way
-  to free the session is to restart the kernel inside its container (files stay) and say
-  ``state: lost``. If even that does not finish within the grace, the sandbox is discarded (files
-  gone, said so) and the next call starts a fresh one.
-- A call that is cancelled (the client gave up) stops its cell the same way before the
-  cancellation goes on, so the next call never queues silently behind it. Not when the whole
-  bridge is leaving a durable sandbox behind (``leaving``): the cell runs on, and the bridge that
-  adopts the sandbox is told how it ended.
-
-All time comes from a :class:`Clock`: the system's monotonic clock in the product, a fake one in
-the tests (tests/unit/test_session_runner.py drives the whole policy with a scripted sandbox and
-virtual time: no kernel, no sleeping).
+Design: docs/design/sessions.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
-"""The life of one session as a state machine: its states, what changes them, and the one table.
+"""The life of one session as a state machine (docs/architecture.md, "A session's life").
 
-::
-
-    NEW --take--> STARTING --started--> BUSY --release--> IDLE --take--> BUSY
-                     |                   |                  |
-                     |                 lose               lose (its sandbox died while idle)
-                     |                   v                  v
-                     +------lose------> DEAD --take--> STARTING (a fresh sandbox)
-                                         |
-    any state --close--> CLOSED          +--release--> DEAD (the call that lost it ends)
-
-A call *takes* the session (it holds the session's lock from here on) and *releases* it when it
-returns. A session without a live sandbox (NEW, DEAD) gets one while STARTING; a failed first
-start closes the session, a failed replacement leaves it DEAD. *lose* is the sandbox dying
-(noticed during a call, or reported by the sandbox's end while idle) or being discarded (a
-timeout it did not survive, a cell it could not take); what was lost and why travels with the
-change (:class:`Loss`) and is said by the next call, which starts a fresh sandbox.
-
-Every change goes through :func:`next_state`; a pair that is not in its table raises
-IllegalTransition (a bug: e.g. releasing a session nobody took). Events a sandbox or a closing
-registry can cause at any moment are legal and change nothing: a sandbox ending after its session
-was closed, a call returning after ``close_session`` ended its session.
-
-The public names (``list_sessions``' ``state``) are :attr:`SessionState.listed`. Pure (no I/O,
-no event loop): tests drive it directly.
+Every change goes through :func:`next_state`; a pair not in its table raises IllegalTransition (a
+bug: e.g. releasing a session nobody took). Events a sandbox or a closing registry can cause at any
+moment are legal and change nothing (a sandbox ending after its session was closed). What
+``list_sessions`` shows is :attr:`SessionState.listed`. Pure (no I/O, no event loop).
 """
 
 from __future__ import annotations

@@ -1,49 +1,12 @@
 """The session store: one namespace's session records and journals on disk, by generation.
 
-A *generation* is one life of a session name: it begins when a registry first gives the name a
-sandbox (the first call after a bridge starts, after ``close_session``, after idle closing) and
-ends when the session is closed. A sandbox replaced within it (a death, a discard) does not start
-a new one: the journal goes on. Every generation is its own record and its own journal; nothing is
-ever overwritten, so a name used again (``default`` above all) loses no earlier work.
+Nothing is ever overwritten: each generation (one life of a session name) has its own record and
+journal, and is claimed by creating its record with ``O_EXCL``, so two bridges on one state
+directory never share one. The *current* generation of a name is the newest one with a journal.
+Records are read as untrusted input: what does not decode is skipped. Blocking file I/O: the
+registry calls the writing methods in worker threads.
 
-Layout, below a namespace's state directory (``KERNELBRIDGE_STATE_DIR`` itself for stdio, and
-``<state dir>/http/<namespace>/`` for an HTTP token: :func:`kernelbridge.config.namespace_state_dir`)::
-
-    sessions/
-      <name>/                        one directory per session name
-        <generation>.json            its record (SessionRecord), rewritten whole as it changes
-        <generation>.journal.jsonl   its journal (kernelbridge.notebook.journal), append-only
-        <generation>.secret          its durable sandbox's secret (0600; ``ownership.py``)
-        owner.lock                   held (flock) by the bridge that holds the session name
-      <name>.journal.jsonl           a journal written before generations: read as generation 0
-    warm/
-      <container>.json               a durable warm sandbox of the pool (WarmRecord) ...
-      <container>.secret             ... its secret, moved to the session that takes it ...
-      <container>.lock               ... and its ownership lock
-    connections/                     the live sandboxes' connection files (host.connection)
-
-Generations are numbered from 1 in each session's directory. A new one is claimed by creating its
-record file exclusively (``O_EXCL``), so two bridges on one state directory never share a number.
-The *current* generation of a name, the one ``export_notebook(session)``, the notebook resource,
-``restore="kernelbridge://sessions/<s>/notebook"`` and ``kernelbridge export`` mean, is the newest
-one that has a journal.
-
-What a record says is :mod:`.records`' docstring. A bridge holds a session name with its
-ownership lock (:meth:`SessionStore.claim`) from the moment it creates or adopts the session
-until it closes or detaches it. Sandboxes that outlive their bridge (issue 15): a durable
-generation's record names its container and secret; a later bridge finds the adoptable ones
-(:meth:`SessionStore.adoptable`: not ended, durable, their lock free), proves itself to the
-sandbox with the secret (:meth:`SessionStore.secret`), and takes the generation over with
-:meth:`update` (its own ``owner_pid``, the new connection file): the journal goes on. A
-generation whose sandbox was gone when a bridge came back is ended ``lost``
-(:meth:`SessionStore.lose`); the next use of the name is a new generation. The warm pool's
-durable sandboxes have records of their own (:class:`~.records.WarmRecord`, ``warm/``), and a
-session that takes one takes its secret (:meth:`SessionStore.take_warm`). Listing and exporting
-older generations (issue 17) is :meth:`generations`, :meth:`record` and :meth:`journal_path`;
-their budget and pruning come with it.
-
-Records are small JSON objects read as untrusted input: anything that does not decode is skipped.
-Blocking file I/O: the registry calls the writing methods in worker threads.
+Layout and adoption: docs/design/sessions.md.
 """
 
 from __future__ import annotations

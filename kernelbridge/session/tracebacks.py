@@ -1,35 +1,12 @@
-"""Tracebacks for the model: the user's frames and the frame that raised, the library frames
-between them left out with one line saying how many. Pure functions, no I/O.
+"""Tracebacks for the model: the user's frames and the one that raised, the library frames between left out.
 
-The problem: an error inside a library returns every frame of the library, each with its
-context lines and its whole signature (IPython prints ``in read_csv(filepath_or_buffer, sep,
-delimiter, header, ...)`` with all 49 parameters): ~3.5 KB for a ``FileNotFoundError`` in the
-user's own ``pd.read_csv("nope.csv")``. That costs the model context in every error, and the
-model needs none of it: it can fix only its own lines, and the frame that raised says what went
-wrong there.
+Each exception of IPython's structured traceback (ANSI codes removed) keeps its user frames (a cell,
+a file outside the installed packages and the standard library) and its last frame, its signature
+shortened to ``name(...)``; one line says how many library frames, compiled ones too, were left
+out. Frames of kernelbridge's own sandbox code are always left out. A part it does not recognise is
+kept as it is: an unknown format is never shortened wrongly. Pure functions, no I/O.
 
-The approach works on IPython's structured traceback (the list of parts ipykernel sends: a rule,
-a header, one part per frame, the exception line; chained exceptions repeat header and frames
-after a "During handling..." part), ANSI codes already removed:
-
-- a frame is the **user's** when it is a cell (``Cell In[3], line 2``, ``Input In [3]``,
-  ``<ipython-input-...>``) or a file outside the installed packages and the standard library
-  (a module the user wrote in /workspace, ``<string>``); a frame of **kernelbridge's own** sandbox
-  code (the ``mcp`` package, the kernel's extensions: ``.../kernelbridge/inside/...``) is neither:
-  the model did not write it and cannot change it, the exception line says what it refused, so
-  it is always left out, and so is IPython's ``[... skipping hidden N frame]`` line about such
-  frames; every other frame is a **library** frame, compiled ones too (a Cython frame,
-  ``File pandas/_libs/parsers.pyx:1041, in ...``, whose source IPython "could not get");
-- in each exception of a chain, every user frame is kept, and so is the last frame (where it was
-  raised, library or not, its signature shortened to ``name(...)``, IPython's "Could not get
-  source" line dropped); library frames before it are left out;
-- one line, before the last frame kept, says how many library frames were left out, of which
-  packages, and that the full traceback is in the session's notebook (the journal keeps every
-  part as the kernel sent it).
-
-Limits: the classification reads IPython's frame headers (``File <path>:<line>, in <name>(...)``,
-``Cell In[...]``); a part it does not recognise is kept as it is, so an unknown format is never
-shortened wrongly, only not shortened.
+Design: docs/design/sessions.md.
 """
 
 from __future__ import annotations

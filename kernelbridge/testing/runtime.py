@@ -1,18 +1,12 @@
 """TEST DOUBLE: a "runtime" that runs the sandbox agent as a plain local subprocess.
 
-No container, no isolation, no limits: it exists so that the tunnel, the sessions and the server
-can be tested fast and without podman, through exactly the code paths the real backends use
-(create, attach a stdio stream, inspect, remove). It is never selected by a user setting; tests
-and benches construct it directly.
-
-Each "container" gets its own temporary directory (``workspace/`` is its /workspace, beside
-its Jupyter runtime and IPython directories), removed with it. The agent is started with the
-interpreter running the tests, so the kernel is this environment's ipykernel. Its images are a
-:class:`~kernelbridge.testing.images.MemoryImages` (containers ignore them: any image name runs
-the agent). A durable spec works as with the engine API: the agent runs on when its stream is
-closed, and ``attach_exec`` runs the handover as another local process (the "container"'s attach
-point is an abstract socket named after it; the relay uid is this user's, the agent pid the
-local process's: no uid separates kernel code from the handover here, as nothing isolates it).
+No container, no isolation, no limits: the tunnel, the sessions and the server are tested fast and
+without podman through exactly the code paths the real backends use (create, attach a stdio
+stream, inspect, remove). It is never selected by a user setting; tests and benches construct it
+directly. Each "container" is a temporary directory (``workspace/`` is its /workspace), removed
+with it; the agent runs on the tests' interpreter, and any image name runs it. A durable spec works
+as with the engine API, but nothing separates kernel code from the handover: see
+docs/design/packages-and-images.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The host end of the tunnel: frames on a sandbox's stdio stream <-> Jupyter clients and its owner.
 
-- :mod:`~kernelbridge.tunnel.core`: :class:`Tunnel`, the relay and router;
-- :mod:`~kernelbridge.tunnel.sockets`: the five kernel sockets for Jupyter clients, bounded in bytes;
-- :mod:`~kernelbridge.tunnel.events`: the control channel's typed messages (``Ready``, ``Exited``,
-  ``RpcRequest``, ... ), decoded once from frames;
-- :mod:`~kernelbridge.tunnel.channel`: the control channel to the tunnel's owner (memory or socket);
-- :mod:`~kernelbridge.tunnel.durable`: the host's end of a durable link (sequence numbers and acks,
-  the adoption handshake, what an adopted sandbox says).
-
-A tunnel is run by its owner, :class:`kernelbridge.host.owner.TunnelOwner`: inside the bridge's
-process for the bridge's own sessions, or in a small process of its own
-(``python -m kernelbridge.jupyter.tunnel_process``) for a sandbox a plain Jupyter client started.
-It knows nothing of runtimes, sessions, Jupyter clients' kernels or MCP.
+A tunnel is run by its owner, :class:`kernelbridge.host.owner.TunnelOwner` (in the bridge's process,
+or in a tunnel process for a plain Jupyter client's sandbox), and talks to it only over its control
+channel (:mod:`~kernelbridge.tunnel.channel`). It knows nothing of runtimes, sessions, Jupyter
+clients' kernels or MCP.
 """
 
 from __future__ import annotations

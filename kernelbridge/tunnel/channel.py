@@ -1,21 +1,10 @@
 """The control channel between a tunnel and its owner: typed messages both ways, over memory or a socket.
 
-The owner (the bridge for its own sandboxes, the tunnel process of a plain Jupyter client) talks to
-the tunnel only through this channel, in the messages of :mod:`~kernelbridge.tunnel.events`:
-``Ready``/``Exited`` events with a structured kind, ``RpcRequest``s for the owner's hub, and the
-owner's ``Interrupt``/``Restart``/``Shutdown`` and ``RpcResponse``s. Two implementations, one
-protocol:
-
-- :func:`memory_channel_pair`: a tunnel running inside the owner's process (the bridge); the
-  messages travel as the objects they are;
-- :class:`SocketControlChannel`: the same messages as frames (the frame codec) over a socket,
-  between a tunnel process and its provisioner; the socket is a ``socketpair`` end inherited by
-  that process, so nobody else can connect to it (authenticated by construction: no port, no
-  path, no token to steal). A frame becomes a typed message here, once; what is not one is
-  dropped and counted.
-
-Both are bounded: a memory channel holds at most :data:`MEMORY_CHANNEL_FRAMES` messages per
-direction (senders wait), and a socket channel decodes with the frame cap.
+The messages are those of :mod:`~kernelbridge.tunnel.events`. :func:`memory_channel_pair` passes them
+as objects within one process (the bridge), at most :data:`MEMORY_CHANNEL_FRAMES` per direction
+(senders wait); :class:`SocketControlChannel` as frames over an inherited ``socketpair`` end (no
+port, path or token: nobody else can connect), decoded once with the frame cap, what is no message
+dropped and counted. Design: docs/architecture.md, "The tunnel and its channels".
 """
 
 from __future__ import annotations

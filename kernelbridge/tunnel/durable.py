@@ -1,19 +1,12 @@
-"""The host's end of a durable link: a sandbox that outlives its bridge (``frames``, "Durable links").
+"""The host's end of a durable link: a sandbox that outlives its bridge (docs/design/frames.md,
+"Durable links").
 
-- :class:`Durability`: what the tunnel of a durable sandbox knows (its secret, the idle timeout
-  and buffer it asks of a new sandbox), and whether it *adopts* one that already runs (a
-  challenge first, no ``hello`` of its own) rather than starting one.
-- :class:`Acker`: the host's side of the sequence numbers. Every line the sandbox writes after
-  the handshake is one frame; the acker counts those the tunnel has handled and says when to
-  ``ack`` (every :data:`ACK_FRAMES` frames or :data:`ACK_BYTES` bytes at once, else after
-  :data:`ACK_DELAY`, and at least every ``frames.HEARTBEAT`` seconds: the sandbox takes silence
-  for a host that has gone).
-- :class:`Adoption`: what an adopted sandbox said about the time without a bridge (the
-  ``adopted`` frame, decoded once and bounded: it comes from the sandbox).
-- :func:`adoption_hello` and :func:`check_adopted`: the handshake. Each proof is
-  ``frames.adoption_proof``, a MAC under the secret over both nonces and its frame's every other
-  field: an ``adopted`` frame whose facts were changed on the way (by anything relaying the
-  handover's pipes) fails like one from a sandbox without the secret, in one line.
+The host acks the frames the tunnel has handled every :data:`ACK_FRAMES` frames or :data:`ACK_BYTES`
+bytes at once, else after :data:`ACK_DELAY`, and at least every ``frames.HEARTBEAT`` seconds (the
+sandbox takes silence for a host that has gone). An ``adopted`` frame comes from the sandbox:
+:class:`Adoption` decodes it once, bounded, and :func:`check_adopted` refuses it in one line unless
+its proof (``frames.adoption_proof``, a MAC under the secret over both nonces and every other field)
+holds. The handshake: docs/architecture.md, "Sessions that outlive their bridge".
 """
 
 from __future__ import annotations

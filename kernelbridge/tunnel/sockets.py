@@ -1,17 +1,10 @@
 """The Jupyter side of a tunnel: the five kernel sockets any Jupyter client connects to.
 
-Binds shell/control/stdin (ROUTER), iopub (XPUB: a PUB that hears subscriptions, so that iopub
-is not serialized and signed for nobody, the usual case of an MCP-only session) and heartbeat
-(ROUTER echo) on the connection file's ports, on 127.0.0.1. Incoming messages must carry a valid
-HMAC with the connection file's key (the *host* key: the kernel in the sandbox has another one).
-Outgoing messages are signed with that key.
-
-Bounded in bytes: ZMQ queues per peer are bounded in *messages* only, and a message may be tens of
-MiB, so a client that stops reading (a suspended ``jupyter console``) could make this process hold
-gigabytes. Large messages are sent zero-copy with a tracker; while more than
-:data:`MAX_QUEUED_BYTES` of them are still queued in ZMQ, further outgoing messages to clients are
-dropped and counted (iopub is lossy by nature; a client whose replies are dropped is stuck anyway).
-Small messages are bounded by the high-water mark: ``SNDHWM`` x ``TRACK_BYTES``.
+Bound on 127.0.0.1 at the connection file's ports. A message in must carry a valid HMAC under the
+connection file's key (the host's; the kernel in the sandbox has another), and every message out is
+signed with it. Bounded in bytes: a message of :data:`TRACK_BYTES` or more that would take what ZMQ
+still holds past :data:`MAX_QUEUED_BYTES`, or any past a client's high-water mark, is dropped and
+counted. Design: docs/design/host.md.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from structure_checks import (
     import_cycles,
     imports_of_testing,
     layer_violations,
+    long_module_docstrings,
     long_modules,
     made_up,
     package_modules,
@@ -107,6 +108,22 @@ def test_no_import_cycles(modules: list[Module]) -> None:
 def test_long_modules_are_pointed_out(modules: list[Module]) -> None:
     for line in long_modules(modules):
         warnings.warn(line, LongModule, stacklevel=1)
+
+
+def test_module_docstrings_are_a_few_lines(modules: list[Module]) -> None:
+    found = long_module_docstrings(modules)
+    assert not found, "\n".join(found)
+
+
+def test_a_long_module_docstring_is_found() -> None:
+    def module(name: str, lines: int) -> Module:
+        docstring = "\n".join(["One line."] * lines)
+        return parse(name, f'"""{docstring}"""\n', path=name.replace(".", "/") + ".py")
+
+    assert long_module_docstrings([module("kernelbridge.wordy", 13)]) == [
+        "kernelbridge/wordy.py: a module docstring of 13 lines (> 12)"
+    ]
+    assert long_module_docstrings([module("kernelbridge.brief", 12), module("kernelbridge.errors", 30)]) == []
 
 
 def test_only_the_runtime_runs_a_container_cli(modules: list[Module]) -> None:

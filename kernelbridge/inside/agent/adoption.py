@@ -1,28 +1,14 @@
 """A new host for a sandbox that outlived its old one: the attach point, the handover, the challenge.
 
-The agent of a durable sandbox binds an abstract unix socket (:class:`AttachPoint`) before the
-kernel exists, so no kernel code can take the name first, and keeps it for its life. A bridge that
-adopts the sandbox execs ``kernelbridge/inside/handover.py`` in the container as the relay uid
-(``handover.RELAY_UID``, isolated from everything kernel code can write), which connects and
-passes the stdin and stdout of its exec session (``SCM_RIGHTS``): a :class:`Handover`. What may
-connect:
-
-- only a peer of the relay uid (``SO_PEERCRED``, which the peer cannot forge): kernel code, uid
-  65534, is hung up on before a byte is read from it, so it can neither pass pipes nor make the
-  agent hold anything;
-- one candidate at a time (a newer handover replaces one that has not sent a byte since its
-  challenge: a live bridge answers at once, a dead one's exec session may stay open), which must
-  prove within :data:`CANDIDATE_TIMEOUT` that it knows the
-  sandbox's secret (:class:`Candidate`): the agent sends ``challenge`` with a fresh nonce; the
-  first frame back must be a ``hello`` whose ``proof`` is ``adoption_proof(secret, HOST_ROLE,
-  nonce, host nonce, hello)`` (a MAC over the hello's every field); anything else (garbage,
-  another frame, a wrong or replayed proof, more than :data:`MAX_CANDIDATE_BYTES` before the
-  hello) is answered ``refused`` and hung up on. A candidate that proves itself while another
-  host is attached and alive is refused too: at most one host at a time.
-
-The verdict is a value (:class:`Accepted` or :class:`Rejected`); what happens next (the link's
-new host, the ``adopted`` frame) is the host link's and the relay's business. Standard library
-and ``kernelbridge.frames`` only.
+The agent binds its abstract socket (:class:`AttachPoint`) before the kernel exists and keeps it for
+its life. A :class:`Handover` (an exec session's stdin and stdout) is taken only from the relay uid
+(``SO_PEERCRED``): any other peer, kernel code included, is hung up on before a byte is read. One
+:class:`Candidate` at a time (a newer one replaces one silent since its challenge) must answer the
+``challenge`` within :data:`CANDIDATE_TIMEOUT` with a ``hello`` whose ``proof`` is
+``adoption_proof(secret, HOST_ROLE, nonce, host nonce, hello)``; anything else (garbage, another
+frame, a wrong or replayed proof, :data:`MAX_CANDIDATE_BYTES` without a hello) is ``refused``, and so
+is a proven candidate while a live host is attached. The verdict is a value (:class:`Accepted` or
+:class:`Rejected`). Standard library and ``kernelbridge.frames`` only.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """Files in and out of the sandbox's /workspace, done by the agent for the host (``fs_request``).
 
-No volume crosses the sandbox wall: a file travels as a frame through the tunnel, read or written
-by the agent, not by the kernel (so it works while a cell runs, and kernel code cannot fake it).
-The agent shares the kernel's uid, and kernel code controls what is in /workspace, so every path
-is walked one component at a time with ``O_NOFOLLOW``: a symlink planted by the kernel (say to
-``/proc/1/fd/1``, the frame stream) is refused, never followed. Only regular files are read or
-written (a FIFO would block the agent), and sizes are bounded.
+Paths are relative to /workspace and walked one component at a time with ``O_NOFOLLOW``: a symlink
+planted by kernel code (say to ``/proc/1/fd/1``, the frame stream) is refused, never followed. Only
+regular files are read or written (a FIFO would block the agent). Operations (``op``):
 
-Operations (``op``), paths relative to /workspace:
-
-- ``list``: ``{"path": dir}`` -> ``{"entries": [{"path", "type": "file"|"dir", "size", "mtime"}]}``,
-  recursive, at most :data:`MAX_ENTRIES` entries (``truncated`` says so);
-- ``read``: ``{"path": file}`` -> ``{"data": base64, "size"}``, at most :data:`MAX_FILE_BYTES`;
-- ``write``: ``{"path": file, "data": base64}`` -> ``{"size"}``; parent directories are created.
-
-Errors come back as ``{"kind", "message"}`` with kinds ``not_found``, ``invalid_path``,
-``too_large``, ``not_a_file``, ``io_error``. :func:`respond` turns an ``fs_request`` frame into its
-``fs_response``.
+- ``list`` ``{"path": dir}`` -> ``{"entries": [{"path", "type": "file"|"dir", "size", "mtime"}]}``,
+  recursive, at most :data:`MAX_ENTRIES` (``truncated`` says so);
+- ``read`` ``{"path": file}`` -> ``{"data": base64, "size"}``, at most :data:`MAX_FILE_BYTES`;
+- ``write`` ``{"path": file, "data": base64}`` -> ``{"size"}``; parent directories are created;
+- an error -> ``{"kind", "message"}``, kind ``not_found``, ``invalid_path``, ``too_large``,
+  ``not_a_file`` or ``io_error``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """The agent's link to its host: frames in on stdin, frames out on stdout, and whether a host is there.
 
-Everything the agent hears from or says to the host passes through :class:`HostLink`; nothing else
-in the agent touches the container's stdio. The first frame must be the host's ``hello`` (the
-kernel's key travels there, never in argv or the environment); a malformed host frame is logged
-and dropped; a kernel frame over the frame cap is sent clipped, log frames are rate-limited. A
-host leaving (stdin at EOF, a broken stdout, a ``detach``, silence) reaches one method,
-:meth:`HostLink._host_left`: a plain link ends, a durable one detaches and keeps its frames for
-the next host (docs/architecture.md, "Durable link"). Its state is a :class:`LinkState` (``state.py``).
-
-**Why writes never block.** The host reads the agent's stdout and writes its stdin, and both
-directions have bounded buffers. An agent blocked writing stdout no longer reads stdin; if the host
-is at that moment blocked writing stdin (answering a burst of the kernel's host calls, say),
-neither side moves again: a deadlock. So writes are non-blocking into a queue, stdin is always
-read, and while the queue holds more than :data:`HIGH_WATER` bytes the link is
-:attr:`~HostLink.backlogged`: the relay stops reading from the kernel until the host has taken the
-backlog. Backpressure reaches the kernel, never the host's own frames. Outside the relay loop
-(start-up, exit) nothing polls stdout, so there :meth:`~HostLink.send` waits, bounded by
-:data:`OUTPUT_DRAIN_TIMEOUT`, until its frame is written.
+Nothing else in the agent touches the container's stdio. The first frame must be the host's
+``hello`` (the kernel's key travels there, never in argv or the environment); a malformed host frame
+is logged and dropped; a kernel frame over the frame cap is sent clipped; log frames are
+rate-limited. Writes never block: past :data:`HIGH_WATER` queued bytes the link is
+:attr:`~HostLink.backlogged` and the relay stops reading the kernel; outside the relay loop
+:meth:`~HostLink.send` waits, bounded by :data:`OUTPUT_DRAIN_TIMEOUT`. A host leaving ends a plain
+link; a durable one detaches and keeps its frames for the next host. Its state is a
+:class:`LinkState` (``state.py``). Why: docs/design/sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""The agent's duties as the container's PID 1.
+"""The agent's duties as the container's PID 1: non-dumpable, reaping orphans, handling SIGTERM/SIGHUP.
 
-The agent runs as PID 1 itself, without an init process in front of it: an init holds the
-container's stdio (the frame pipes) and is an ordinary dumpable process of the sandbox's uid,
-so kernel code could open ``/proc/1/fd/0`` and read or forge the host's frames through it. The
-agent makes itself non-dumpable, which gives its ``/proc`` entries to root and forbids ptrace.
-
-Being PID 1 means two jobs an init did for us:
-
-- **reaping** (:class:`Reaper`): processes orphaned by the kernel's children are re-parented to
-  PID 1 and stay zombies (each holding a pid of the container's small pid budget) until PID 1
-  waits for them;
-- **signals**: PID 1 gets no default signal actions, so SIGTERM (``stop``) needs a handler.
+The agent is PID 1 with no init in front of it and makes itself non-dumpable (its ``/proc`` entries
+become root's, ptrace is refused), so kernel code cannot reach the frame pipes through it. Orphans
+of the kernel's children are re-parented to PID 1 and stay zombies until it waits for them
+(:class:`Reaper`); PID 1 has no default signal actions, so SIGTERM needs a handler.
 """
 
 from __future__ import annotations

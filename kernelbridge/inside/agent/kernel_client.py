@@ -1,25 +1,11 @@
 """The agent's client of one kernel: ZMQ sockets on the container's loopback, and the proof that
 iopub delivers.
 
-**Sockets.** DEALER sockets for shell, control and stdin share one identity: ipykernel sends an
-``input_request`` to the identity that sent the ``execute_request`` on shell, through its stdin
-ROUTER. A SUB socket subscribed to everything reads iopub. Every socket has LINGER 0, so a restart
-closes them at once. Heartbeats are the host tunnel's business (it answers its clients itself).
-
-**Keys.** Messages to the kernel are signed with its key (:func:`kernelbridge.frames.to_wire`);
-messages from it are not verified: the agent and the kernel share one trust domain (the user's code
-could read the key anyway), and the host verifies nothing from here either, it treats every frame
-as untrusted data.
-
-**The slow-joiner proof** (:meth:`KernelClient.wait_until_iopub_delivers`). A ZMQ SUB that connects
-while the kernel's PUB is already sending misses whatever was published before the subscription
-took effect, and nothing says when that is. If the agent reported ``ready`` at the kernel_info
-reply, the first cell's outputs could be lost. So the agent sends ``kernel_info_request`` every
-:data:`KERNEL_INFO_RETRY` seconds until an iopub message answering one of them *and* a reply have
-arrived: from then on iopub delivers. The remaining answers are read and discarded, so the host
-never sees the handshake.
-
-Depends on pyzmq and ``kernelbridge.frames`` only.
+DEALER sockets for shell, control and stdin share one identity, a SUB reads iopub, every socket has
+LINGER 0. Messages to the kernel are signed with its key; messages from it are not verified (one
+trust domain). :meth:`KernelClient.wait_until_iopub_delivers` returns once iopub is known to deliver
+(the slow-joiner proof); the host never sees its handshake. Depends on pyzmq and
+``kernelbridge.frames`` only. Why: docs/design/sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The kernel process: the agent's ipykernel subprocess, started, signalled, stopped and described.
 
 :meth:`KernelProcess.start` runs ipykernel with kernelbridge's kernel pieces loaded
-(:func:`kernel_argv`), the rpc socket as its only inherited fd, stdin from /dev/null and one pipe
-for its output (only the agent speaks frames), in its own process group (ipykernel's interrupts
-reach the user's subprocesses, not the agent), dying with the agent and the out-of-memory killer's
-first choice.
-
-**Stop escalation** (:meth:`KernelProcess.stop`). The problem: the agent must end its kernel on
-``shutdown``, on SIGTERM and when the host leaves, and the host waits for the container to end.
-Killing at once is abrupt for an ordinary stop (ipykernel's and the user's exit handlers never
-run); a plain terminate-and-wait never returns for a kernel stuck in C code or one whose code
-installed a SIGTERM handler. So: SIGTERM, wait up to :data:`SHUTDOWN_GRACE`, then SIGKILL (which
-cannot be caught or ignored) and wait for it. Limits: only the kernel process is signalled, not
-its group; its children die with the container (the agent is PID 1, and when it exits the kernel
-reaps them all), or with their own parent. A process in uninterruptible sleep outlasts even
-SIGKILL's wait; the host bounds the container's end with its own deadline.
-
-A restart (:meth:`KernelProcess.kill_group`) has no grace: the host restarts a kernel because it
-is stuck, so its whole process group gets SIGKILL at once. Standard library only (and
-``init.py``'s prctl helpers).
+(:func:`kernel_argv`), the rpc socket as its only inherited fd, stdin from /dev/null and one pipe for
+its output, in its own process group, dying with the agent and the out-of-memory killer's first
+choice. :meth:`KernelProcess.stop`: SIGTERM, up to :data:`SHUTDOWN_GRACE`, then SIGKILL and wait; only
+the kernel process is signalled. :meth:`KernelProcess.kill_group` (a restart): SIGKILL to its whole
+group at once. Standard library only (and ``init.py``'s prctl helpers). Why: docs/design/sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """The agent's frames for its host: in order, written as the host's stdout takes them, and, for a
 sandbox that outlives its host, kept until the host acknowledges them.
 
-Every frame the agent sends has a sequence number: the first is 1, and frame ``i`` of the queue
-is ``acked + 1 + i``. A durable link (``retain``) keeps each frame after writing it, until an
-``ack`` covers it; a plain one forgets it once written (what :class:`~.write_queue.WriteQueue`
-does for the rpc socket). When the host goes, :meth:`Outbox.rewind` makes every frame it did not
-acknowledge unwritten again, so the next host gets it: nothing written into a dead attachment
-(a bridge SIGKILLed mid-cell, whose last frames were still in a pipe) is lost.
-
-While no host is attached the queue is the sandbox's memory of what happened, and it is bounded
-in bytes (:meth:`Outbox.trim`): past the budget the oldest kernel output (streams, displays, the
-kernel's log lines) goes first, then the oldest of anything; every frame dropped is counted, and
-the next host is told how many. Frames that only the host that left could use (its rpc
-requests, which the agent answers itself, and its file answers) are dropped on
-:meth:`Outbox.forget`. A frame of an ``execute_reply`` carries the request's id (``tag``), so
-that acknowledging it also says which of the host's cells it has fully heard.
-
-A *preface* is written before any queued frame and has no number: the handshake frames of a new
-attachment (``adopted``).
-
-Pure bookkeeping: the writes go through the function given to :meth:`Outbox.flush`.
+Frame ``i`` of the queue is number ``acked + 1 + i`` (the first frame sent is 1). With ``retain`` (a
+durable link) a frame is kept after it is written until an ``ack`` covers it, and
+:meth:`Outbox.rewind` makes every unacknowledged frame unwritten again for the next host; without,
+it is forgotten once written. :meth:`Outbox.trim` bounds the queue in bytes, oldest kernel output
+first, counting every frame dropped; :meth:`Outbox.forget` drops what only the departed host could
+use. A *preface* (``adopted``) is written before any queued frame and has no number. Pure
+bookkeeping: the writes go through the function given to :meth:`Outbox.flush`. Why:
+docs/design/sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The agent's end of the kernel's host MCP calls (docs/rpc.md): a socketpair per kernel.
 
-The kernel inherits one end (its fd number in ``KERNELBRIDGE_RPC_FD``); the ``mcp`` package in
-the kernel writes ``rpc_request`` lines on it and reads ``rpc_response`` lines. The agent relays
-requests to the host as frames and responses back, checking only what it must to stay safe:
-
-- a request line is decoded with a bounded decoder (``frames.MAX_RPC_BYTES``); a longer line is
-  dropped and answered ``too_large`` (its id read from its first bytes); anything that is
-  not an ``rpc_request`` with an integer id is dropped, so kernel code cannot use this socket to
-  inject other frame types (``ready``, ``exit``, ``kernel``...) into the host's stream;
-- responses wait in an outgoing buffer bounded in bytes: a kernel that stops reading its socket
-  loses its own answers (logged), it cannot make the agent hold unbounded memory or block.
-
-The relay remembers which requests are waiting for the host (:attr:`RpcRelay.waiting`): when a
-durable sandbox's host goes away, each of them is answered ``unavailable`` at once
-(:meth:`RpcRelay.fail_waiting`), so no kernel code waits for an answer that nobody will send;
-while no host is attached, new requests are answered so too. At most :data:`MAX_WAITING` wait
-(the host refuses past ``frames.MAX_RPC_IN_FLIGHT`` in flight anyway): a request past them is
-refused ``busy`` here, and one whose id is still waiting ``invalid_params``, so a burst of any
-size puts at most that many requests (and their answers) on the host's link at a time: the
-kernel's output and its cells' results are not queued behind a flood of refusals.
-
-Everything else (methods, params, grants) is the host's business.
+The kernel inherits one end (its fd number in ``KERNELBRIDGE_RPC_FD``). Only an ``rpc_request`` line
+with an integer id reaches the host, so kernel code cannot inject other frame types; a line over
+``frames.MAX_RPC_BYTES`` is dropped and answered ``too_large``. Answers wait in a buffer bounded in
+bytes: a kernel that stops reading loses its own answers, it cannot make the agent block or grow.
+At most :data:`MAX_WAITING` requests wait for the host (past them ``busy``, a duplicate id
+``invalid_params``); when a durable sandbox's host goes, each is answered ``unavailable``
+(:meth:`RpcRelay.fail_waiting`), and so is every new one until a host attaches. Methods, params and
+grants are the host's business.
 """
 
 from __future__ import annotations

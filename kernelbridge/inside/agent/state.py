@@ -1,17 +1,14 @@
 """The agent's two state machines, each behind one table: the host link's and the poll loop's.
 
-::
+Every change goes through :func:`next_link_state` or :func:`next_phase`; a pair their table does not
+have raises :class:`IllegalTransition` (a bug). Leaving a link that is no longer attached (an EOF,
+then a queued ``detach``) is legal and changes nothing. Pure: tests drive it directly::
 
     link:  AWAITING_HELLO --hello--> ATTACHED --leave--> ENDED          (a plain link)
                                      ATTACHED --detach--> DETACHED --expire--> ENDED  (durable)
                                      DETACHED --adopt--> ATTACHED
     loop:  STARTING --booted--> RELAYING --shutdown_reply--> SHUTTING_DOWN
            RELAYING or SHUTTING_DOWN --restart--> STARTING;  any but FINISHED --finish--> FINISHED
-
-Every change goes through :func:`next_link_state` or :func:`next_phase`; a pair their table does
-not have raises :class:`IllegalTransition` (a bug). A host can leave at any moment, more than once
-in effect (an EOF, then a queued ``detach``): leaving a link that is no longer attached is legal
-and changes nothing. Pure: tests drive it directly.
 """
 
 from __future__ import annotations

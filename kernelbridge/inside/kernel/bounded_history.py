@@ -1,19 +1,9 @@
-"""IPython extension loaded into every sandbox kernel (``--IPKernelApp.extensions``).
+"""IPython extension loaded into every sandbox kernel (``--IPKernelApp.extensions``): bounded history.
 
-Two things about IPython's history, whose defaults do not fit a 512 MiB sandbox:
-
-- **Outputs.** IPython 9 copies every byte a cell writes to stdout/stderr into
-  ``history_manager.outputs`` and keeps it for the life of the kernel (``InteractiveShell._tee``).
-  That turns printing into a slow leak, and one cell printing a gigabyte into an OOM kill, even
-  though the output itself is capped (see ``capped_outstream.py``). The host journals every cell's
-  outputs already, so the kernel keeps none of them (:class:`DiscardedOutputs`).
-- **Inputs.** ``history_request`` (``%history``, a console's up-arrow, jupyter_kernel_test) needs
-  the inputs. The agent starts the kernel with the history database in memory
-  (``--HistoryManager.hist_file=:memory:``: the root filesystem is read-only and a file would
-  outlive nothing anyway) and without output logging. Left alone, IPython keeps every input four
-  times (two lists, the database, the ``_i<n>`` variables) for the kernel's life;
-  :class:`BoundedHistory` forgets the oldest inputs past :data:`HISTORY_CHARS` characters or
-  :data:`HISTORY_CELLS` cells, after each cell.
+The kernel keeps no cell outputs in its history (:class:`DiscardedOutputs`: the host journals them),
+and :class:`BoundedHistory` forgets the oldest inputs past :data:`HISTORY_CHARS` characters or
+:data:`HISTORY_CELLS` cells after each cell, so ``history_request`` still works. Expects the agent's
+flags: the history database in memory, no output logging. Why: docs/design/sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The kernel's stdout/stderr inside the sandbox: ipykernel's OutStream with bounded messages.
 
-Problem: ipykernel batches everything a cell writes in 0.2 s into one iopub message. A loop that
-prints 200 MB produces messages of a hundred megabytes, each copied several times on its way out
-(buffer, JSON, ZMQ, the agent's frame), and the 512 MiB sandbox is OOM-killed: the user loses
-every variable for printing too much. Nobody can read that much output anyway; the bridge shows
-a model 20,000 characters of it.
-
-Approach, installed with ``--IPKernelApp.outstream_class`` (a documented ipykernel setting):
-
-- once ``MESSAGE_CHARS`` are buffered, flush and wait for the send: messages stay small and the
-  writing cell is slowed to the speed at which output leaves the kernel;
-- past ``CELL_CAP_CHARS`` of one request's output, the rest is discarded, with one notice.
-
-The cap is per request (the parent msg_id), per stream. 32 MiB of output (the tunnel's contract)
-passes whole.
+Installed with ``--IPKernelApp.outstream_class``. Once :data:`MESSAGE_CHARS` are buffered it flushes
+and waits for the send, so messages stay small and a printing cell is slowed to the speed output
+leaves the kernel; past :data:`CELL_CAP_CHARS` of one request's output (per parent msg_id, per
+stream) the rest is discarded, with one notice. 32 MiB of output (the tunnel's contract) passes
+whole. Why: docs/design/sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """The sandbox's kernel class: ipykernel's IPythonKernel with protocol-exact history replies and
 the sandbox's shell (``shell.py``: exceptions of the sandbox API shown at the user's line).
 
-Started by the agent with ``--IPKernelApp.kernel_class=kernelbridge.inside.kernel.kernel_class.SandboxKernel``
-(a configurable class: no monkeypatching). Runs inside the container, in the kernel process.
-
-IPython numbers the *current* session 0 in what ``get_range`` returns (so ``%history -n`` can
-print bare line numbers), and ipykernel passes that through to ``history_reply``. The messaging
-protocol's entries are ``(session, line, input)`` with real session numbers: a client that asks
-for a range of the session a ``tail`` reply named (jupyter_kernel_test does, so does a console
-restoring its history) must get that session back, not 0. ``%history`` is unaffected: only the
-reply is renumbered.
-
-No pause before the host's replies: ipykernel sleeps 0.5 ms (``Kernel._execute_sleep``) before
-every ``execute_reply``, so that a client which takes the reply for the end of a cell has seen the
-cell's last outputs. The bridge's own client ends a cell at the reply *and* iopub's idle, which
-follows every output, and marks its requests (``HOST_CELL``); those are answered at once.
-Any other client's requests keep ipykernel's pause.
-
-No debugger: kernelbridge offers none (its kernelspec says ``"debugger": false``), yet creating an
-IPythonKernel imports debugpy and pydevd for one, about 0.1 s of CPU of a kernel's ~0.4 s start.
-:func:`debugger_left_out` imports ipykernel's debugger module with debugpy marked absent, as
-ipykernel does where debugpy is not installed; cells may still import debugpy.
+Started with ``--IPKernelApp.kernel_class=kernelbridge.inside.kernel.kernel_class.SandboxKernel``, in
+the kernel process. ``history_reply`` names the current session by its real number (``%history`` is
+unaffected); requests marked ``HOST_CELL`` are answered without ipykernel's pause before the
+``execute_reply`` (other clients' keep it); no debugger is created (:func:`debugger_left_out`), though
+cells may still import debugpy. Why: docs/design/sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """``%pip`` in the sandbox kernel: install through the host, list and show locally.
 
-IPython extension (``--IPKernelApp.extensions``, loaded by the agent's kernel flags). It
-
-- puts the session's packages directory on ``sys.path`` before any cell runs
-  (``mcp._packages.activate``: packages installed before a kernel restart import again);
-- registers the line magic ``%pip`` (replacing IPython's, which would run a pip the image does
-  not have): ``install [-U] [-q] [-r FILE]... REQUIREMENT...``, ``list``, ``freeze``, ``show NAME...``;
-- rewrites ``!pip ...``, ``!pip3 ...`` and ``!python -m pip ...`` lines into ``%pip ...``
-  (an input transformer), since a pip in a subprocess could not reach the host.
-
-``install`` sends the requirements as typed; the host parses and refuses what is not a plain
-requirement (options, URLs, paths). The options the magic itself knows are read here and never
-forwarded: ``-U/--upgrade``, ``-q/--quiet``, ``-r/--requirement FILE`` (read inside the sandbox,
-relative to the working directory). Any other option is refused before anything is asked of the
-host. A failure is one line (IPython's ``UsageError``: no traceback), the cell's status ``error``,
-nothing installed, every variable kept.
+IPython extension (``--IPKernelApp.extensions``). At load it puts the session's packages directory on
+``sys.path`` (``mcp._packages.activate``: installs survive a kernel restart), registers ``%pip``
+(``install [-U] [-q] [-r FILE]... REQUIREMENT...``, ``list``, ``freeze``, ``show NAME...``) and
+rewrites ``!pip``, ``!pip3`` and ``!python -m pip`` lines into ``%pip``. ``install`` sends the
+requirements as typed (the host refuses what is not a plain requirement); ``-U``, ``-q`` and ``-r
+FILE`` (read in the sandbox) are the magic's own, any other option is refused before the host is
+asked. A failure is one line (``UsageError``), the cell's status ``error``, nothing installed, every
+variable kept.
 """
 
 from __future__ import annotations

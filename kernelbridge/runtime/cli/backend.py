@@ -1,16 +1,9 @@
 """The command-line backend: ``podman`` or ``docker`` driven through their CLI (the fallback).
 
-Every operation is one bounded CLI call (``command.Cli``), except ``attach``: it starts ``<cli>
-start --attach --interactive <id>``, a client process that lives as long as the sandbox and carries
-its stdio (the engine-API backend needs no such process). The container's flags are rendered from
-:mod:`kernelbridge.runtime.flags`; the two CLIs agree on them except podman's ``--runtime``. The
-images of the same CLI are :class:`~kernelbridge.runtime.cli.images.CliImages`.
-
-What the CLI does not do: sandboxes that outlive their bridge (``RuntimeInfo.reattach`` is
-False, a durable spec is refused, ``attach_exec`` too). Its attachment is a client process of the
-bridge's (``start -ai``), which a SIGKILLed bridge leaves behind holding the sandbox's stdin, and
-an exec'd one would be another per sandbox: the engine API does this without either. A bridge on
-the CLI keeps sessions that end with it, and ``doctor`` says so.
+Every operation is one bounded CLI call, except ``attach``: ``<cli> start --attach --interactive
+<id>``, a client process that lives as long as the sandbox and carries its stdio. No sandbox
+outlives its bridge here: ``RuntimeInfo.reattach`` is False, a durable spec and ``attach_exec`` are
+refused (why: docs/design/runtime.md).
 """
 
 from __future__ import annotations

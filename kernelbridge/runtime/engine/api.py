@@ -1,22 +1,10 @@
 """The Docker Engine API backend's containers: dockerd or ``podman system service``, local or remote.
 
-One :class:`EngineRuntime` per engine holds ONE connection pool (``transport``) that every
-sandbox's calls share, and its images (``images.EngineImages``) use the same pool; attaching to a
-sandbox's stdio hijacks one HTTP connection of that pool (``stream``), so no client process runs
-per sandbox. Both engines are spoken to through the compat API at a pinned version
-(``transport.API_VERSION``); the few places where podman and docker answer differently are
-commented where they are handled.
-
-Errors are translated here: a missing image becomes ImageError, everything else the engine
-refuses or cannot do in time becomes RuntimeUnavailable (EngineRefused when the engine answered
-with an error status) with one line that names the engine and its endpoint. ``remove`` ignores
-containers that are gone (also those another client removed meanwhile), tries every container
-it is given and then says which it could not remove; ``inspect`` returns None.
-
-Listing on podman asks libpod's own ``/libpod/containers/json`` (what ``podman ps`` runs), not
-the compat ``/containers/json``: the compat listing inspects every container it found and fails
-as a whole when one of them is being removed by another client at that moment
-(:mod:`kernelbridge.runtime.races`), which libpod's listing skips. Both are retried on that race.
+One :class:`EngineRuntime` per engine holds ONE connection pool (``transport``) that every sandbox's
+calls and its images share; attaching hijacks a connection of that pool, so no client process runs
+per sandbox. Both engines are spoken to through the compat API at ``transport.API_VERSION``. Errors
+are translated here: a missing image is ImageError, anything else RuntimeUnavailable in one line
+naming the engine and its endpoint. Design: docs/design/runtime.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Where a container engine's API is, and how to speak to it: URLs, TLS material, default sockets.
 
-This module owns the parsing of engine URLs the way the docker and podman clients read them
-(``DOCKER_HOST``, ``CONTAINER_HOST``, ``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``) into an
-:class:`Endpoint`, and the :class:`ssl.SSLContext` of a TLS endpoint. It does no I/O beyond reading
-certificate files: connecting is ``transport``'s job, ssh forwarding ``service``'s.
-
-Accepted URLs::
+Engine URLs are read as the docker and podman clients read them (``DOCKER_HOST``, ``CONTAINER_HOST``,
+``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``). No I/O beyond reading certificate files::
 
     unix:///run/podman/podman.sock      a local socket
     tcp://host:2375                     plain HTTP (TLS when DOCKER_TLS_VERIFY / DOCKER_TLS is set)

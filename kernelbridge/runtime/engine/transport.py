@@ -1,17 +1,9 @@
 """HTTP to one container engine: a shared connection pool, bounded calls, errors in one line.
 
-This module owns the wire below the Docker Engine API: one ``httpcore2`` connection pool per
-engine (every request of every sandbox shares it), the time bound of each call, the translation
-of connection failures and engine refusals into ``kernelbridge.errors`` (EngineRefused), and the
-hijacked connections that carry a container's stdio (``Connection: Upgrade`` -> 101, then raw
-bytes). It knows HTTP, not containers: which paths to call and what their answers mean is the job
-of ``api`` (containers) and ``images``.
-
-Why httpcore2 and not httpx2 on top of it: the engine API needs no cookies, redirects or auth
-flows, and httpcore's pool takes a ``network_backend``: ours hands out streams that can
-half-close (``send_eof``), which is how a container's stdin is closed on a hijacked connection
-(the 101 response gives us httpcore's network stream, and neither library can shut down only
-its write side).
+One ``httpcore2`` pool per engine, shared by every request of every sandbox; each call is bounded;
+connection failures and refusals become ``kernelbridge.errors`` (EngineRefused); a hijacked
+connection (``Connection: Upgrade`` -> 101) carries a container's stdio and can half-close. It knows
+HTTP, not containers. Why httpcore2: docs/design/runtime.md.
 """
 
 from __future__ import annotations

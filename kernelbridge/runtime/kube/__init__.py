@@ -1,17 +1,6 @@
-"""Kubernetes: a sandbox as a Pod (``KERNELBRIDGE_RUNTIME=kube``; the design is
-``docs/kubernetes.md``).
+"""Kubernetes: a sandbox as a Pod (``KERNELBRIDGE_RUNTIME=kube``).
 
-General layout::
-
-    manifest.py  the Pod (and its handover container when durable) and the deny-all
-                 NetworkPolicy, rendered from ``runtime.flags``; no I/O
-    connect.py   the credentials (KUBECONFIG, the in-cluster service account) and the clients:
-                 lightkube for the REST resources, one httpx2 transport under it and the streams
-    api.py       KubeRuntime, the RuntimeBackend of pods (and raw JSON calls, ``Api``)
-    stream.py    pods/attach and pods/exec over WebSocket (v5.channel.k8s.io, wsproto)
-    lease.py     a Lease per durable pod: which bridge is attached to it
-    images.py    KubeImages, the ImageStore: the nodes' images, their labels' records, a loader
-    errors.py    the cluster's failures as kernelbridge's errors, one line each
+Design: ``docs/kubernetes.md``; notes moved out of these modules: ``docs/design/runtime.md``.
 """
 
 from __future__ import annotations

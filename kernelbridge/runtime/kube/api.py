@@ -1,30 +1,9 @@
 """The Kubernetes backend: one sandbox = one Pod, on the same seam as the container engines.
 
-=================  ===============================================================================
-``create``         ``POST pods`` of ``manifest.pod_manifest`` (the image checked on the nodes
-                   first, where nodes may be read); a durable pod gets its Lease (``lease``)
-``attach``         waits (bounded) for the sandbox container to run, then ``pods/attach`` over
-                   a WebSocket (``stream``); a pod whose container ended before is not run again:
-                   its stream is at its end and its tail is the container's log
-``attach_exec``    ``pods/exec`` in the pod's ``handover`` container (the uid the agent accepts;
-                   pods/exec cannot pick a user or a working directory: see :meth:`attach_exec`),
-                   after taking the pod's Lease
-``remove``         ``DELETE`` (1 s grace) and a bounded wait until the pod is gone, so that the
-                   node's room is free again for the next pod (the kubelet refuses a pod, for
-                   good, while a deleted one still holds the cpu it needs)
-``inspect``        ``GET pod``: the sandbox container's state, exit code, ``OOMKilled``, and why
-                   the pod ended when the cluster ended it (evicted, deleted)
-``list``           ``GET pods?labelSelector=`` (label values are sanitised; the exact ones are
-                   the pod's annotations, which ``ContainerInfo.labels`` reports)
-=================  ===============================================================================
-
-Attach-before-start does not exist in Kubernetes: a pod's process starts when it is scheduled.
-The agent writes nothing before the host's ``hello`` arrives on stdin, so no frame is lost; what
-a command writes before the attachment is (the conformance suite's commands read stdin first).
-
-Errors are translated here (``errors.translated``): a missing image is ImageError; a namespace
-that does not exist, credentials without a right, a cluster that does not answer are
-RuntimeUnavailable with one line naming the API server.
+How each verb maps to the API is ``docs/kubernetes.md`` ("Sessions as pods"). Errors are translated
+here (``errors.translated``): a missing image is ImageError; a namespace that does not exist,
+credentials without a right, a cluster that does not answer are RuntimeUnavailable with one line
+naming the API server.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """The sandbox images of a cluster: what its nodes hold, and the labels each was built with.
 
-The Kubernetes API can neither import an image into a node nor read an image's labels. So:
-
-- **presence** is the nodes' own report (``Node.status.images``: the names of the largest 50
-  images of each node, which the 0.9 GB sandbox image is among), where the bridge may read nodes
-  (a ClusterRole: ``nodes`` get/list): a sandbox whose image is neither there nor recorded is
-  refused before its pod is made; otherwise the pod's ``ErrImageNeverPull`` says it;
-- **labels** are a record in the ConfigMap :data:`RECORDS` of the sandbox namespace, one entry
-  per image (``{"image": ref, "labels": {...}}``), written by whoever loaded the image onto the
-  nodes: ``scripts/kube-cluster.sh import`` (and its ``up``) for the development cluster, and this
-  store's own writes;
-- **writes** (``import_rootfs``, ``tag``, ``build``) happen in a local engine's store (the podman
-  CLI's: the image builder needs one anyway), then the image is loaded onto the nodes by the
-  command ``KERNELBRIDGE_KUBE_IMAGE_LOADER`` (the image reference appended: e.g.
-  ``scripts/kube-cluster.sh import``, ``kind load docker-image``) and recorded. Without a loader
-  they raise ImageError saying how to load an image.
-
-``remove`` forgets the record (and removes the local image); a node's images are the kubelet's
-to collect (the development cluster keeps them).
+Presence is the nodes' report (``Node.status.images``, where the bridge may read nodes); labels are
+a record per image in the ConfigMap :data:`RECORDS`; writes (``import_rootfs``, ``tag``, ``build``)
+happen in a local engine's store, then ``KERNELBRIDGE_KUBE_IMAGE_LOADER`` loads the image onto the
+nodes (without one they raise ImageError) and it is recorded. ``remove`` forgets the record and the
+local image. Design: ``docs/kubernetes.md`` ("The image"), docs/design/runtime.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Who is attached to a durable sandbox pod: a ``coordination.k8s.io/v1`` Lease per pod.
 
-On one machine the state directory's ``flock`` keeps two bridges off one session; bridges on
-different machines (replicas sharing their session records on a volume) have no common lock, so
-the cluster holds one: a Lease named after the pod, owned by it (the garbage collector deletes
-it with the pod), whose holder is the bridge attached to the pod (``host/pid``: the pod name and
-pid of a bridge in the cluster). The flock stays the first line, the agent's "one host at a
-time" and its challenge the last.
-
-- :meth:`Leases.hold` at a durable pod's creation and before each adoption (``attach_exec``):
-  a Lease that is free, this bridge's, expired (not renewed for its duration), or held by a
-  bridge of this host whose process is gone (its flock proves the same) is taken at once; one
-  held by a bridge elsewhere is waited for, bounded by its duration: if it is not renewed
-  meanwhile its holder is dead and it is taken over (said in one line), else the pod is
-  refused (:class:`SandboxHeld`).
-- renewed every :data:`RENEW_EVERY` while held (:meth:`Leases.keep`, a task of the runtime);
-- released (holder cleared) when the bridge lets go of the pod, so the next bridge needs no wait.
-
-Renewal times are the holders' clocks, as in Kubernetes' own node leases: the cluster's
-machines are assumed to keep time. Every write is conditional on the ``resourceVersion`` read,
-so two bridges taking one Lease at once cannot both win.
+The Lease is named after the pod and owned by it; its holder is the attached bridge (``host/pid``).
+:meth:`Leases.hold` takes a Lease at once when it is free, this bridge's, expired, or held by a gone
+bridge of this host; one held elsewhere is waited for, bounded by its duration, then taken over if
+not renewed meanwhile, else the pod is refused (:class:`SandboxHeld`). Held Leases are renewed every
+:data:`RENEW_EVERY` (:meth:`Leases.keep`) and released when the bridge lets go. Every write is
+conditional on the ``resourceVersion`` read. Design: docs/design/runtime.md.
 """
 
 from __future__ import annotations

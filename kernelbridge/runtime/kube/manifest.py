@@ -1,30 +1,9 @@
-"""A sandbox as a Kubernetes Pod: the manifest, rendered from the same sandbox flags as the
-container-create body and the CLI argv (:mod:`kernelbridge.runtime.flags`), and the deny-all
-NetworkPolicy that goes with it. No I/O, no client.
+"""A sandbox as a Kubernetes Pod: the manifest, rendered from the sandbox flags
+(:mod:`kernelbridge.runtime.flags`), and the deny-all NetworkPolicy that goes with it. No I/O, no client.
 
-The backend that creates these pods is ``kube.api.KubeRuntime`` (``docs/kubernetes.md``);
-``podman kube play`` runs them too, which is how the manifest is proven without a cluster.
-
-What maps one to one: user 65534, no privilege escalation, all capabilities dropped, read-only
-root, memory (requests = limits) and cpu limits, memory-backed and sized /tmp and /workspace,
-workdir, stdin open once (a durable sandbox is reached again through ``pods/exec``), no network (the
-NetworkPolicy), no registry pulls (``imagePullPolicy: Never``). What has no Pod field: the pids
-limit (the kubelet's ``podPidsLimit``), the nofile/nproc ulimits (the container runtime's
-defaults): node settings, listed in the doc; the read-only tmpfs that only cover podman's own
-extra mounts (a Pod gets none); and ``nosuid,nodev,noexec`` on the operator's read-only host
-directories (a ``hostPath`` volume has no mount options: the node's own flags of that directory
-apply, so keep such data on a ``nosuid,nodev,noexec`` file system of the node; the mounts are
-read-only; Kubernetes 1.30's ``recursiveReadOnly`` is left out, as ``podman kube play`` 4.3 cannot
-read it).
-
-A durable sandbox (one that outlives its bridge) has a second container, ``handover``: idle
-(while the agent's socket exists), of the same image, as another non-root uid (:data:`RELAY_UID`), with no
-volume of the sandbox's. A later bridge reaches the sandbox by ``pods/exec`` of the handover
-there; it shares the pod's network namespace (so the agent's abstract socket), not its pid or
-mount namespace, and kernel code (uid 65534, in the sandbox container) can neither see, signal
-nor ptrace it. The agent accepts only that uid (``KERNELBRIDGE_RELAY_UID``). Its memory and cpu
-come out of the pod's own budget (pod-level ``resources``, Kubernetes >= 1.34): the pod's cpu is
-the sandbox's, its memory the sandbox's and :data:`HANDOVER_MEMORY`, requests = limits.
+A durable sandbox's pod has a second container, ``handover`` (uid :data:`RELAY_UID`, no volume of the
+sandbox's), that a later bridge reaches with ``pods/exec``. The field mapping and what has no Pod
+field: ``docs/kubernetes.md`` ("The Pod spec"), docs/design/runtime.md.
 """
 
 from __future__ import annotations

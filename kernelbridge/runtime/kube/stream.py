@@ -1,16 +1,8 @@
 """A pod's stdio over ``pods/attach`` or ``pods/exec``, as a :class:`ContainerStream`.
 
-The stream protocol is ``v5.channel.k8s.io`` over one WebSocket (Kubernetes >= 1.30): binary
-messages whose first byte is the channel, ``0`` stdin, ``1`` stdout, ``2`` stderr, ``3`` the
-exec's or attach's final status (a JSON ``Status``), and ``255`` a half-close (``[255, 0]``
-closes stdin; only v5 has it, which is why no older subprotocol is offered). A message may
-arrive in several WebSocket frames; the channel byte is only at the start of its first one.
-
-:class:`ChannelCodec` is the codec (wsproto's post-handshake ``Connection`` under it: bytes in,
-channel pieces out, no I/O); :class:`KubeStream` feeds it from the upgraded connection of the
-runtime's pool, as ``EngineStream`` does for the engine API, and keeps the last stderr lines.
-The API server reads at most 32 MiB per message (golang.org/x/net/websocket), so stdin goes out
-in pieces of :data:`STDIN_CHUNK`.
+The protocol is ``v5.channel.k8s.io`` over one WebSocket (Kubernetes >= 1.30; no older subprotocol is
+offered). :class:`ChannelCodec` does no I/O; :class:`KubeStream` feeds it from the runtime's pool and
+sends stdin in pieces of :data:`STDIN_CHUNK`. Design: ``docs/kubernetes.md`` ("stdio over pods/attach").
 """
 
 from __future__ import annotations

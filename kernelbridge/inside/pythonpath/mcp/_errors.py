@@ -1,23 +1,10 @@
 """The exceptions of the sandbox ``mcp`` package, and the map from rpc error kinds to them.
 
-Every error the host can answer (docs/rpc.md, "Error kinds") becomes one class here, so sandboxed
-code can catch exactly what it expects::
-
-    McpError                       base of everything below; .kind and .message
-     +-- McpServerNotAvailable     not_available: server not granted to this session (also a KeyError,
-     |                             so that ``mcp_servers["x"]`` behaves like a dict lookup)
-     +-- McpToolDenied             denied: the operator's policy forbids the tool
-     +-- McpUnknownTool            unknown_tool: the server has no such tool
-     +-- McpInvalidParams          invalid_params: bad arguments (also a TypeError)
-     +-- McpTooLarge               too_large: request or result over the rpc size cap
-     +-- McpBusy                   busy: too many calls in flight in this session
-     +-- McpCancelled              cancelled: the cell timed out or the session closed
-     +-- McpServerError            server_error: the host MCP server failed; message is the server's
-     +-- PackageError              package_error: an install through the host failed (one line)
-     +-- McpUnavailable            unavailable: no host connection (not started by kernelbridge, or
-                                   the connection closed)
-
-A tool that answers ``isError: true`` is not an exception: its result dict says so.
+One class per error kind the host can answer (docs/rpc.md, "Error kinds"), each under
+:class:`McpError` (``.kind``, ``.message``), so sandboxed code can catch exactly what it expects.
+:class:`McpServerNotAvailable` is also a KeyError (``mcp_servers["x"]`` behaves like a dict lookup),
+:class:`McpInvalidParams` also a TypeError. A tool that answers ``isError: true`` is not an
+exception: its result dict says so.
 """
 
 from __future__ import annotations

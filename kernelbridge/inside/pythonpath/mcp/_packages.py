@@ -1,25 +1,12 @@
 """Packages through the host, the kernel's side: ``%pip install`` without a network.
 
-The sandbox has no network, so the host resolves and downloads wheels (``kernelbridge/packages/``,
-docs/rpc.md "Packages") and this module brings them in over the rpc channel and installs them:
-
-1. ``packages_install``: the requirements as typed, and what this kernel has installed
-   (``name==version`` of every distribution on ``sys.path``: the host resolves against it, so no
-   second numpy comes unless asked); the host answers a plan (wheels, sha256, sizes) or one line
-   saying why not;
-2. ``packages_fetch``: each wheel in chunks, one at a time, into a staging directory on the
-   packages tmpfs, its sha256 checked, unpacked with ``installer`` (baked into the image) into the
-   staging tree, and removed;
-3. the staged tree moved into :func:`site_dir` (on ``sys.path`` from the kernel's start, ahead of
-   the image's own packages), so it imports in the next line without a restart; on any failure
-   before that move, the staging directory is removed and nothing is installed; a failing move is
-   undone;
-4. ``packages_done``: the host records the install (the session's journal keeps it, so a restore
-   reinstalls exactly these wheels).
-
-The packages live in :data:`ROOT` (``/packages``, a tmpfs of the sandbox: a kernel restart keeps
-them, a new sandbox starts without them), ``site/`` for modules, ``bin/`` for scripts (on
-``PATH``). Standard library plus ``installer``.
+The host resolves and downloads the wheels (docs/rpc.md, "Packages"); this module fetches them over
+rpc (``packages_install``, ``packages_fetch``, ``packages_done``), checks each sha256, unpacks them
+with ``installer`` into a staging directory and moves the tree into :func:`site_dir`, on ``sys.path``
+ahead of the image's packages: it imports in the next line. A failure before that move removes the
+staging directory and installs nothing; a failing move is undone. Packages live in :data:`ROOT`
+(``/packages``, a tmpfs: a kernel restart keeps them, a new sandbox starts without them), ``site/``
+and ``bin/`` (on ``PATH``). Standard library plus ``installer``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Tool proxies (real functions), server proxies (``mcp_<alias>``) and server modules, from manifest records.
 
-Everything here is built from one ``Server`` record of the host's ``manifest`` (docs/rpc.md). The same
-function object is a server proxy's attribute and the module's attribute, so
-``mcp_time.get_current_time``, ``mcp_servers["time"].get_current_time`` and
-``from mcp.servers.time import get_current_time`` are one thing.
-
-A tool proxy ``f``:
-
-- ``await f(**arguments)`` calls the tool and returns ``{"content", "structuredContent", "isError"}``;
-  a tool's own error comes back with ``isError`` true, a failure to call it raises an McpError;
-- ``f.sync(**arguments)`` does the same and blocks (plain code, no event loop needed);
-- ``f.server``, ``f.tool`` (real names), ``f.input_schema``; ``inspect.signature(f)`` and ``help(f)``
-  show the parameters (see ``_signature``).
-
-Records come from the host and, through it, from third-party servers: a tool whose record is
-malformed is skipped, never an exception that would leave the namespace half updated.
+One function object per tool, shared by the server proxy and the module: ``mcp_time.get_current_time``,
+``mcp_servers["time"].get_current_time`` and ``from mcp.servers.time import get_current_time`` are one
+thing. A tool proxy ``f``: ``await f(**arguments)`` returns ``{"content", "structuredContent",
+"isError"}`` (a tool's own error is ``isError`` true; a failure to call it raises an McpError),
+``f.sync(**arguments)`` blocks; ``f.server``, ``f.tool`` (real names) and ``f.input_schema``;
+``help(f)`` shows the parameters. A malformed record (from the host, and through it from third-party
+servers) is skipped, never an exception that would leave the namespace half updated.
 """
 
 from __future__ import annotations

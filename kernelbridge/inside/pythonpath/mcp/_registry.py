@@ -1,21 +1,11 @@
 """The servers granted to this kernel's session, and where they appear: namespace, ``mcp_servers``, modules.
 
-The host sends ``import mcp; mcp._kernelbridge_refresh()`` as a silent execute request whenever the
-session's grants change or its kernel restarted. :func:`refresh` fetches the ``manifest`` and makes
-the kernel agree with it, idempotently:
-
-- ``mcp_<alias>`` in the user namespace for every granted server (a revoked server's proxy is
-  removed, but only if the name still holds our proxy: a user's own variable is never deleted);
-- ``mcp_servers``: one dict object for the kernel's life, keyed by real server name, updated in place
-  (so a reference kept by user code or a skill module stays current);
-- ``mcp.servers.<alias>`` modules in ``sys.modules``; importing a server that is not granted raises
-  ModuleNotFoundError saying so (:class:`ServerModuleFinder`).
-
-In a kernel no host serves (a plain Jupyter client's), nothing is ever granted: a server looked up
-in ``mcp_servers`` or imported from ``mcp.servers`` raises ``McpUnavailable`` with the host's reason,
-as every call does there, instead of saying it is not granted.
-
-Proxies keep no secret and grant nothing: every call is checked by the host again.
+:func:`refresh` (the host's silent ``mcp._kernelbridge_refresh()``) makes the kernel agree with the
+``manifest``, idempotently: ``mcp_<alias>`` in the user namespace (a revoked one removed only if the
+name still holds our proxy), ``mcp_servers`` (one dict for the kernel's life, updated in place) and
+``mcp.servers.<alias>`` modules; importing one not granted raises ModuleNotFoundError saying so. In a
+kernel no host serves, a lookup in ``mcp_servers`` or ``mcp.servers`` raises ``McpUnavailable`` with
+the host's reason instead. Proxies keep no secret and grant nothing: the host checks every call.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Python signatures from MCP tool input schemas (JSON Schema), and argument checking against them.
 
-A tool proxy is a real function whose ``inspect.signature`` reads like hand-written code, so that
-``help()``, tab completion and a model reading the signature all see the tool's parameters:
-
-- every parameter is keyword-only, in the schema's property order;
-- a required property has no default; an optional one defaults to the schema's ``default`` or to
-  None, and an argument left out is not sent (the server applies its own default);
-- annotations come from JSON Schema: string/integer/number/boolean/array/object/null ->
-  str/int/float/bool/list (list[T] for simple items)/dict/None; a list of types or ``anyOf``/``oneOf``
-  -> Union; ``enum``/``const`` -> Literal; an optional parameter defaulting to None -> Optional;
-  anything else -> Any;
-- a property whose name is a Python keyword gets ``_`` appended (``from`` -> ``from_``), other names
-  that are not identifiers get the alias rules (runs of other characters -> ``_``, leading digit ->
-  ``_`` prefix); the real name is always accepted too (``**{"user-id": 1}``), and one that cannot
-  become a parameter (a clash) is reachable only that way, announced by ``**kwargs`` in the signature;
-- ``additionalProperties`` true (or a schema) adds ``**kwargs``: unknown names are then sent as is.
-
-Unknown keyword arguments, positional arguments and missing required ones raise TypeError before
-anything is sent. Input comes from third-party servers: nothing here raises on a strange schema, it
-just describes less (Any, no parameters).
-
-Standard library only, and no imports from the package: the host may load this file by path to
-render the very same signatures in its tool docs (docs/rpc.md, "Tool proxies").
+The rules are docs/rpc.md's "Tool proxies": keyword-only parameters in the schema's order, JSON types
+as annotations, keywords and other names made identifiers (the real name always accepted too).
+Unknown, positional and missing required arguments raise TypeError before anything is sent. Schemas
+come from third-party servers: nothing here raises on a strange one, it just describes less. Standard
+library only, and no imports from the package: the host loads this file by path to render the same
+signatures in its tool docs.
 """
 
 from __future__ import annotations

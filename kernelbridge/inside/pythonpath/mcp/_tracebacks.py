@@ -1,23 +1,12 @@
 """What an exception of the sandbox API shows: the user's line and the reason, not the package's insides.
 
-The kernel's shell (``kernelbridge.inside.kernel.shell.SandboxShell``) passes every exception it
-shows, in the cell's error output and the execute reply alike, through :func:`shown`:
-
-- the frames of kernelbridge's own sandbox code at the innermost end of the traceback (this
-  package, the kernel's extensions, and the import machinery between them when an import of
-  ``mcp.servers.x`` or ``mcp.skills.x`` failed) are left out: the last frame shown is the user's
-  call that failed, and the exception line says why (``McpToolDenied: ...``, the TypeError of a
-  tool proxy's arguments). The exception object keeps its whole ``__traceback__``;
-- a ``NameError`` for a name of the sandbox API (``mcp_<alias>``, ``mcp_servers``, ``runtime``,
-  ``save_tool``, ``mcp``) in a kernel no host serves (a kernelspec kernel of a plain Jupyter
-  client, one started outside kernelbridge) becomes the ``McpUnavailable`` every other entry point
-  raises there, its message the host's reason: the proxies were never bound because there is no
-  hub, which a NameError would not say. With a host, a missing ``mcp_<alias>`` stays a NameError
-  that says the server is not granted and how to grant it.
-
-Globals have no ``__getattr__`` hook, and a ``__builtins__`` mapping with ``__missing__`` would slow
-every global lookup of the user's code; so the name is translated where IPython shows the error,
-at the cost of one ``list_servers`` round trip (bounded by ``_transport.PROBE_TIMEOUT``) on that error only.
+The kernel's shell passes every exception it shows through :func:`shown` (docs/rpc.md, "What a
+traceback shows"): the innermost run of kernelbridge's own sandbox frames (and the import machinery
+between them) is left out, so the last frame is the user's failing call; the exception keeps its
+whole ``__traceback__``. A ``NameError`` of a sandbox API name (``mcp_<alias>``, ``mcp_servers``,
+``runtime``, ``save_tool``, ``mcp``) in a kernel no host serves becomes ``McpUnavailable`` with the
+host's reason; with a host, it stays a NameError saying how to grant the server. Why here:
+docs/design/sandbox.md.
 """
 
 from __future__ import annotations

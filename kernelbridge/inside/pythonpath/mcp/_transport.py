@@ -1,17 +1,10 @@
 """The kernel end of the rpc channel to the host (docs/rpc.md): requests out, answers matched by id.
 
-Owns the one connected AF_UNIX stream socket whose fd the agent passes in ``KERNELBRIDGE_RPC_FD``:
-
-- requests are ``rpc_request`` frames (``kernelbridge.frames.encode``) written whole under a lock
-  from whichever thread calls (the kernel's main thread, or a user thread);
-- one daemon reader thread splits the answers into lines, bounded by ``frames.MAX_RPC_BYTES``, and
-  resolves a ``concurrent.futures.Future`` per request id; anything malformed is dropped, never
-  raised in the thread;
-- sync callers block on the future (a KeyboardInterrupt from an interrupted cell ends the wait and
-  forgets the request; its late answer is dropped); async callers await ``asyncio.wrap_future``;
-- when the socket closes, every pending and later call fails with McpUnavailable: nothing hangs.
-
-It knows nothing about tools or proxies: methods and params are the caller's business.
+Owns the one socket whose fd the agent passes in ``KERNELBRIDGE_RPC_FD``. Thread-safe: requests are
+written whole under a lock; one daemon reader thread resolves a future per id and drops anything
+malformed or over ``frames.MAX_RPC_BYTES``. Sync callers block (a KeyboardInterrupt ends the wait and
+forgets the request), async callers await. Once the socket closes, every pending and later call
+fails with McpUnavailable: nothing hangs. Methods and params are the caller's business.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """Helpers for discovering and calling the host's MCP servers from sandboxed code (``runtime``).
 
-Bound in the namespace as ``runtime`` (also ``mcp.runtime``, ``import mcp.runtime as runtime``).
-Names, arguments and return shapes follow the predecessor (mcp-server-code-execution-mode), so its
-prompts keep working; records are those of docs/rpc.md.
+Bound in the namespace as ``runtime`` (also ``mcp.runtime``). Async functions need ``await`` (top-level
+await works in a cell); each has a blocking ``*_sync`` twin::
 
-Async (use ``await``; top-level await works in a cell):
-    call_tool(server, tool, arguments=None) -> {"content", "structuredContent", "isError"}
-    list_tools(server) -> [Tool]
-    list_servers() -> (name, ...)                       granted servers, asked of the host
-    query_tool_docs(server, tool=None, detail="summary") -> [ToolDoc] (one ToolDoc if tool is given)
-    search_tool_docs(query, limit=5, detail="summary") -> [SearchHit], best first
+    result = await runtime.call_tool("time", "get_current_time", {"timezone": "UTC"})
+    hits = runtime.search_tool_docs_sync("convert time")  # tools of every server the host offers
 
-Sync (block; for plain code):
-    call_tool_sync, list_tools_sync -> (Tool, ...), query_tool_docs_sync, search_tool_docs_sync,
-    discovered_servers(detailed=False) -> (name, ...) or (ServerSummary, ...), every server the host
-        offers (granted or not)
-    describe_server(name) -> Server
-    list_servers_sync() -> (name, ...)                  granted servers as bound in this kernel
-    list_loaded_server_metadata() -> (Server, ...)      the same, with tools (no host round trip)
-    capability_summary() -> str                         a short manual for a model
-    save_tool(func) -> str, list_skills() -> [{"name", "description", "saved_at"}]
-    pip_install(*requirements, upgrade=False) -> {"installed", "satisfied"}   what %pip install does
-
-Server and tool arguments accept the real name or the alias. Docs work for every server the host
-offers; calling a tool needs the server granted (``run_python(servers=[...])``). Failures raise
-``mcp.McpError`` subclasses (``MCPError`` is the predecessor's name for it).
+Also: discovered_servers, describe_server, capability_summary (a short manual), save_tool, list_skills,
+pip_install. Server and tool arguments accept the real name or the alias; a call needs the server
+granted (``run_python(servers=[...])``). Failures raise ``mcp.McpError`` subclasses (alias ``MCPError``).
 """
 
 from __future__ import annotations
