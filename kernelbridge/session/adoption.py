@@ -14,16 +14,19 @@ Design: docs/design/sessions.md.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import anyio
 
-from kernelbridge.errors import RuntimeUnavailable
+from kernelbridge.errors import RuntimeUnavailable, SandboxError
 from kernelbridge.host.container import NAMESPACE_LABEL, STATE_LABEL, state_identity
 from kernelbridge.runtime import ContainerInfo, ContainerState, RuntimeBackend
-from kernelbridge.session.cell import Cell, Live
+from kernelbridge.session.cell import Cell
 from kernelbridge.session.outcome import Adopted, InheritedOutcome, SandboxLost
+from kernelbridge.session.recorder import Recorder
 from kernelbridge.session.records import SessionRecord
 from kernelbridge.session.store import SessionStore
 from kernelbridge.tunnel import Adoption, InheritedCell
@@ -187,24 +190,43 @@ def inherited_outcome(cell: Cell, said: InheritedCell) -> InheritedOutcome:
     return InheritedOutcome(count, code[:200], status, text, bool(cell.started or cell.idle or text))
 
 
-INHERITED_WAIT = 0.5
-"""How long a first result waits for an inherited cell still running by the agent's word: it
-may be about to end (its reply in flight)."""
-ENDED_WAIT = 5.0
-"""How long a cell the agent says ended waits for its resent messages. They come at once after
-``resume``, but on a busy machine "at once" has taken past a second; only messages dropped past
-the agent's buffer never come (then its word is all there is)."""
+CATCH_UP_WAIT = 5.0
+"""Bound of :func:`catch_up`: what the sandbox held back comes at once after ``resume`` (past a
+second on a busy machine); only a kernel that does not answer on its control channel (stopped,
+wedged) takes it all, and then the agent's word on its cells stands."""
 
 
-async def await_inherited(inherited: list[tuple[Cell, InheritedCell]], sandbox: Live) -> None:
-    """Wait until the inherited cells' own messages are in, so that the ``adopted`` note and the
-    journal hold what they printed: a cell the agent says ended, until its resent messages came
-    (at most :data:`ENDED_WAIT`); one still running, at most :data:`INHERITED_WAIT`; none once
-    ``sandbox`` ended."""
-    start = anyio.current_time()
-    for cell, said in inherited:
-        bound = INHERITED_WAIT if said.status == "running" else ENDED_WAIT
-        await cell.ended(start + bound - anyio.current_time(), sandbox)
+class KernelRequests(Protocol):
+    """The bridge's Jupyter client of the sandbox (:class:`kernelbridge.host.client.BridgeClient`)."""
+
+    async def request(
+        self,
+        channel: str,
+        msg_type: str,
+        content: dict[str, Any],
+        *,
+        msg_id: str | None = None,
+        wait: bool = True,
+    ) -> str: ...
+
+
+async def catch_up(recorder: Recorder, kernel: KernelRequests, timeout: float) -> bool:
+    """Wait until every message the sandbox sent before now has been heard: what an adopted
+    sandbox held back (an inherited cell's output, its end), then whatever came since. A control
+    ``kernel_info_request`` of our own marks the point: the kernel publishes its idle on iopub
+    behind everything it published before, and the agent and the tunnel relay one stream in order.
+    Whether that was heard within ``timeout`` (or the sandbox ended: nothing more can come)."""
+    msg_id = uuid.uuid4().hex
+    heard = recorder.mark(msg_id)
+    try:
+        with anyio.move_on_after(timeout):
+            await kernel.request("control", "kernel_info_request", {}, msg_id=msg_id, wait=False)
+            await heard.wait()
+    except SandboxError:
+        return True  # not running: nothing more can come
+    finally:
+        recorder.unmark(msg_id)
+    return heard.is_set()
 
 
 def adopted_note(adoption: Adoption, inherited: list[tuple[Cell, InheritedCell]], torn: bool) -> Adopted:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+
 from kernelbridge.jupyter.client_env import real_username
 from kernelbridge.session.cell import BoundedText, Cell, CellClient, DisplayEvent
 from kernelbridge.session.outcome import BackgroundOutput
@@ -73,6 +75,8 @@ class Recorder:
         self.cells: collections.OrderedDict[str, Cell] = collections.OrderedDict()
         self.internal: set[str] = set()
         """msg_ids of the bridge's own silent requests (e.g. refreshing the mcp proxies)."""
+        self.marks: dict[str, anyio.Event] = {}
+        """Requests of the bridge's own whose idle marks a point in the iopub stream (:meth:`mark`)."""
         self.background = BoundedText(BACKGROUND_CHARS)
         self.background_displays = 0
 
@@ -97,6 +101,17 @@ class Recorder:
         if self.on_running is not None:
             self.on_running(msg_id, running)
 
+    def mark(self, msg_id: str) -> anyio.Event:
+        """A request of the bridge's own, about to be sent, whose ``idle`` on iopub marks a point:
+        the event is set once that idle has been heard, after every iopub message the kernel
+        published before it (or when the sandbox ends: nothing more will come)."""
+        self.ignore(msg_id)
+        event = self.marks[msg_id] = anyio.Event()
+        return event
+
+    def unmark(self, msg_id: str) -> None:
+        self.marks.pop(msg_id, None)
+
     def ignore(self, msg_id: str) -> None:
         """A silent request of the bridge's own: its messages are nobody's output."""
         self.internal.add(msg_id)
@@ -118,7 +133,11 @@ class Recorder:
         raw = msg.get("content")
         content: dict[str, Any] = raw if isinstance(raw, dict) else {}
         parent_id = parent.get("msg_id")
-        if not isinstance(parent_id, str) or parent_id in self.internal:
+        if not isinstance(parent_id, str):
+            return
+        if parent_id in self.internal:
+            if msg_type == "status" and content.get("execution_state") == "idle" and parent_id in self.marks:
+                self.marks.pop(parent_id).set()
             return
         cell = self.cells.get(parent_id)
         if (
@@ -163,6 +182,9 @@ class Recorder:
         """Wake every waiter (the sandbox ended: no more messages will come)."""
         for cell in self.cells.values():
             cell.notify()
+        for heard in self.marks.values():
+            heard.set()
+        self.marks.clear()
 
     def take_background(self) -> BackgroundOutput | None:
         """A note about output that arrived outside any cell since the last call, or None."""

@@ -29,7 +29,7 @@ from kernelbridge.calls.approval import Approver
 from kernelbridge.config import Settings
 from kernelbridge.errors import NoHostServers, SandboxError
 from kernelbridge.host import NO_HANDLERS, Death, Sandbox, SandboxHandlers, close_sandbox
-from kernelbridge.session.adoption import ENDED_WAIT, adopted_note, await_inherited
+from kernelbridge.session.adoption import CATCH_UP_WAIT, adopted_note, catch_up
 from kernelbridge.session.broker import RpcBroker, Spawn, approving
 from kernelbridge.session.cell import Cell, CellResult, finish_cell
 from kernelbridge.session.outcome import Note, ProxiesNotRefreshed, State, Status
@@ -392,7 +392,7 @@ class Session:
         was attached), once; the inherited cells that ended are journalled."""
         if self.adoption is None:
             return []
-        await await_inherited(self.inherited, self)
+        await self.catch_up(CATCH_UP_WAIT)  # the inherited cells as they stand, with what they printed
         note = adopted_note(self.adoption, self.inherited, self.torn_journal)
         self.adoption, self.torn_journal = None, False
         for cell, said in self.inherited:
@@ -403,6 +403,17 @@ class Session:
                 await self.journal.append_result(cell.code or said.code, result, sorted(self.grants), None)
         self.inherited = []
         return [note]
+
+    async def catch_up(self, timeout: float) -> None:
+        """Hear, within ``timeout``, every message its sandbox sent before now (:func:`catch_up`)."""
+        if self.recorder is not None and self.sandbox is not None and self.sandbox.alive:
+            if not await catch_up(self.recorder, self.sandbox.kernel, timeout):
+                log.info(
+                    "session %s: its kernel did not answer on its control channel within %g s: the"
+                    " agent's word on the inherited cells stands",
+                    self.name,
+                    timeout,
+                )
 
     async def follow(
         self, msg_id: str, timeout: float, *, label: str | None = None, since: float | None = None
@@ -417,12 +428,14 @@ class Session:
             return None
         cell, said = found
         self.running = Running(since if since is not None else time.monotonic(), label, cell)
-        # The agent's word that it ended while no bridge was there: its messages, resent, come at
-        # once (or were dropped past the agent's buffer: then its word is all there is).
+        # The agent's word that it ended while no bridge was there: its messages, resent, are heard
+        # once caught up (or were dropped past the agent's buffer: then its word is all there is).
         ended = said.status != "running"
         status = Status.OK
         try:
-            if not await cell.ended(min(timeout, ENDED_WAIT) if ended else timeout, self) and not ended:
+            if ended:
+                await self.catch_up(min(timeout, CATCH_UP_WAIT))
+            elif not await cell.ended(timeout, self):
                 status = Status.TIMEOUT
                 await self.interrupt()
                 await cell.ended(INTERRUPT_GRACE, self)  # as a timeout does: its state kept

@@ -134,7 +134,6 @@ async def test_the_true_sandbox_is_adopted_and_its_facts_are_bounded(tmp_path: P
         answer = {
             "type": frames.ADOPTED,
             "next": 5,
-            "resend": 0,
             "dropped": {"frames": 3, "bytes": -1},
             "detached": 12.5,
             "how": "rm -rf /",

@@ -311,7 +311,6 @@ class HostLink:
         dropped_frames, dropped_bytes = self._outbox.take_dropped()
         return {
             "next": self._outbox.next_seq,
-            "resend": len(self._outbox),
             "dropped": {"frames": dropped_frames, "bytes": dropped_bytes},
             "detached": round(now - self.detached_at, 3) if self.detached_at is not None else 0.0,
             "idle": round(now - self.used, 3),
