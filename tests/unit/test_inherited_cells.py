@@ -52,16 +52,8 @@ class Kernel:
         self.yields = 3
         self.sent: list[tuple[str, str]] = []
 
-    async def request(
-        self,
-        channel: str,
-        msg_type: str,
-        content: dict[str, Any],
-        *,
-        msg_id: str | None = None,
-        wait: bool = True,
-    ) -> str:
-        assert msg_id is not None
+    async def request(self, channel: str, msg_type: str, content: dict[str, Any], **options: Any) -> str:
+        msg_id: str = options["msg_id"]
         self.sent.append((channel, msg_type))
         self.tg.start_soon(self.relay, msg_id)  # sent: what comes back comes later
         return msg_id
@@ -100,7 +92,8 @@ async def test_what_the_sandbox_held_back_is_heard_before_the_note_is_built() ->
 
 async def caught_up(recorder: Recorder, held: list[dict[str, Any]], timeout: float, **kernel: Any) -> bool:
     async with anyio.create_task_group() as tg:
-        return await catch_up(recorder, Kernel(tg, recorder, held, **kernel), timeout)
+        caught = await catch_up(recorder, Kernel(tg, recorder, held, **kernel), timeout)
+    return caught
 
 
 async def test_the_marks_own_messages_are_nobodys_output() -> None:
