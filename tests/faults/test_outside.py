@@ -23,9 +23,11 @@ from bridge_harness import (
     fill,
     free_port,
     open_bridge,
+    podman,
     serve_params,
     text_of,
 )
+from durable_harness import wait_for
 from engine_probe import gone
 from mcp.client.client import Client
 
@@ -213,13 +215,17 @@ async def test_a_bridge_killed_mid_call_leaves_journals_and_the_next_bridge_adop
             await bridge.run("x = 1\nprint('journalled')", "victim")
             container = await bridge.container("victim")
 
-            async def kill_soon(bridge: Bridge) -> None:
-                await anyio.sleep(2)
+            def began() -> bool:
+                return "started" in podman("exec", container, "ls", "/workspace").split()
+
+            async def kill_mid_cell(bridge: Bridge) -> None:
+                await wait_for(began, "the cell began")
                 os.kill(bridge.pid, signal.SIGKILL)
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(kill_soon, bridge)
-                await bridge.run("import time; time.sleep(8); y = 2", "victim")
+                tg.start_soon(kill_mid_cell, bridge)
+                code = "open('/workspace/started', 'w').close()\nimport time; time.sleep(8); y = 2"
+                await bridge.run(code, "victim")
     # The journal of the finished cell survived the SIGKILL.
     entries = read_journal(SessionStore(state).journal("victim"))
     cells = [e for e in entries if isinstance(e, JournalCell)]
