@@ -120,10 +120,17 @@ def test_a_long_module_docstring_is_found() -> None:
         docstring = "\n".join(["One line."] * lines)
         return parse(name, f'"""{docstring}"""\n', path=name.replace(".", "/") + ".py")
 
-    assert long_module_docstrings([module("kernelbridge.wordy", 13)]) == [
+    assert long_module_docstrings([module("kernelbridge.wordy", 13)], {}) == [
         "kernelbridge/wordy.py: a module docstring of 13 lines (> 12)"
     ]
-    assert long_module_docstrings([module("kernelbridge.brief", 12), module("kernelbridge.errors", 30)]) == []
+    kept = {"kernelbridge.tree": "why"}
+    assert (
+        long_module_docstrings([module("kernelbridge.brief", 12), module("kernelbridge.tree", 30)], kept)
+        == []
+    )
+    assert long_module_docstrings([module("kernelbridge.tree", 3)], kept) == [
+        "kernelbridge.tree is kept long but is not: drop it from the list"
+    ]
 
 
 def test_only_the_runtime_runs_a_container_cli(modules: list[Module]) -> None:
