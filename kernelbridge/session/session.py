@@ -392,7 +392,8 @@ class Session:
         was attached), once; the inherited cells that ended are journalled."""
         if self.adoption is None:
             return []
-        await self.catch_up(CATCH_UP_WAIT)  # the inherited cells as they stand, with what they printed
+        if self.inherited:  # as they stand, with what they printed
+            await self.catch_up(CATCH_UP_WAIT)
         note = adopted_note(self.adoption, self.inherited, self.torn_journal)
         self.adoption, self.torn_journal = None, False
         for cell, said in self.inherited:
