@@ -392,7 +392,7 @@ class Session:
         was attached), once; the inherited cells that ended are journalled."""
         if self.adoption is None:
             return []
-        if self.inherited:  # as they stand, with what they printed
+        if any(not cell.done for cell, _ in self.inherited):  # as they stand, with what they printed
             await self.catch_up(CATCH_UP_WAIT)
         note = adopted_note(self.adoption, self.inherited, self.torn_journal)
         self.adoption, self.torn_journal = None, False
@@ -434,7 +434,7 @@ class Session:
         ended = said.status != "running"
         status = Status.OK
         try:
-            if ended:
+            if ended and not cell.done:
                 await self.catch_up(min(timeout, CATCH_UP_WAIT))
             elif not await cell.ended(timeout, self):
                 status = Status.TIMEOUT
