@@ -104,8 +104,8 @@ class Recorder:
     def mark(self, msg_id: str) -> anyio.Event:
         """A request of the bridge's own, about to be sent, whose ``idle`` on iopub marks a point:
         the event is set once that idle has been heard, after every iopub message the kernel
-        published before it (or when the sandbox ends: nothing more will come)."""
-        self.ignore(msg_id)
+        published before it (or when the sandbox ends: nothing more will come). Its messages are
+        nobody's output."""
         event = self.marks[msg_id] = anyio.Event()
         return event
 
@@ -135,9 +135,11 @@ class Recorder:
         parent_id = parent.get("msg_id")
         if not isinstance(parent_id, str):
             return
-        if parent_id in self.internal:
-            if msg_type == "status" and content.get("execution_state") == "idle" and parent_id in self.marks:
+        if parent_id in self.marks:
+            if msg_type == "status" and content.get("execution_state") == "idle":
                 self.marks.pop(parent_id).set()
+            return
+        if parent_id in self.internal:
             return
         cell = self.cells.get(parent_id)
         if (
