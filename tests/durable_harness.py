@@ -62,6 +62,11 @@ async def wait_for(condition: Callable[[], object], what: str, timeout: float = 
         await anyio.sleep(0.1)
 
 
+def workspace_files(container: str) -> list[str]:
+    """The names in ``container``'s /workspace (a cell that writes a file says how far it got)."""
+    return podman("exec", container, "ls", "/workspace").split()
+
+
 def pool_filled(state_dir: Path) -> bool:
     """A warm sandbox of ``state_dir``'s pool is ready: the pool wrote its record."""
     return bool(SessionStore(state_dir).warm_records())

@@ -23,11 +23,10 @@ from bridge_harness import (
     fill,
     free_port,
     open_bridge,
-    podman,
     serve_params,
     text_of,
 )
-from durable_harness import wait_for
+from durable_harness import wait_for, workspace_files
 from engine_probe import gone
 from mcp.client.client import Client
 
@@ -215,11 +214,8 @@ async def test_a_bridge_killed_mid_call_leaves_journals_and_the_next_bridge_adop
             await bridge.run("x = 1\nprint('journalled')", "victim")
             container = await bridge.container("victim")
 
-            def began() -> bool:
-                return "started" in podman("exec", container, "ls", "/workspace").split()
-
             async def kill_mid_cell(bridge: Bridge) -> None:
-                await wait_for(began, "the cell began")
+                await wait_for(lambda: "started" in workspace_files(container), "the cell began")
                 os.kill(bridge.pid, signal.SIGKILL)
 
             async with anyio.create_task_group() as tg:

@@ -34,7 +34,16 @@ from bridge_harness import (
     serve_pids,
     stop_process_tree,
 )
-from durable_harness import DURABLE, WAIT, forge_secret, pool_filled, running, secret_file, wait_for
+from durable_harness import (
+    DURABLE,
+    WAIT,
+    forge_secret,
+    pool_filled,
+    running,
+    secret_file,
+    wait_for,
+    workspace_files,
+)
 from mcp.client.client import Client
 
 from kernelbridge.host.container import STATE_LABEL, state_identity
@@ -126,7 +135,7 @@ async def test_sigkill_mid_cell_then_a_new_bridge_hears_how_the_cell_ended(state
         async with anyio.create_task_group() as tg:
             tg.start_soon(long_cell)
             await wait_for(
-                lambda: podman("exec", container, "ls", "/workspace").split().count("started") == 1,
+                lambda: workspace_files(container).count("started") == 1,
                 "the cell began",
             )
             stop_process_tree(bridge.pid)  # SIGKILL, mid-cell
@@ -163,7 +172,7 @@ async def test_a_client_exit_mid_cell_lets_the_cell_finish_for_the_next_bridge(s
             {"id": 2, "method": "tools/call", "params": call},
         ):  # fmt: skip
             await proc.stdin.send((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
-        await wait_for(lambda: "started" in podman("exec", container, "ls", "/workspace").split(), "it began")
+        await wait_for(lambda: "started" in workspace_files(container), "it began")
         await proc.stdin.aclose()
         with anyio.fail_after(WAIT):
             await proc.wait()

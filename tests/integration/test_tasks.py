@@ -13,7 +13,7 @@ import anyio
 import mcp_types as types
 import pytest
 from bridge_harness import Bridge, open_bridge, open_http_bridge, podman
-from durable_harness import wait_for
+from durable_harness import wait_for, workspace_files
 from mcp.shared.exceptions import MCPError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("sandbox_image")]
@@ -174,10 +174,9 @@ async def test_a_task_still_running_when_its_stdio_client_quits_is_followed_by_t
 
     touch(container, "go3")
 
-    def workspace() -> list[str]:
-        return podman("exec", container, "ls", "/workspace").split()
-
-    await wait_for(lambda: "ended" in workspace(), "the cell ended with no bridge there", BOUND)
+    await wait_for(
+        lambda: "ended" in workspace_files(container), "the cell ended with no bridge there", BOUND
+    )
     async with open_bridge(state, mode="legacy") as fourth:
         answer = await result(fourth, last.task_id)
         assert not answer.is_error and "43" in text(answer) and "after" in text(answer), text(answer)

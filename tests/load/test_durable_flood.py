@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 from bridge_harness import open_bridge, podman
-from durable_harness import DURABLE, remove_sandboxes_of, running, wait_for
+from durable_harness import DURABLE, remove_sandboxes_of, running, wait_for, workspace_files
 
 from kernelbridge.config import Settings
 
@@ -59,7 +59,7 @@ def state(tmp_path: Path, sandbox_image: str) -> Iterator[Path]:
 
 
 def flooded(container: str) -> bool:
-    return "flooded" in podman("exec", container, "ls", "/workspace").split()
+    return "flooded" in workspace_files(container)
 
 
 async def adopt_flooding(state: Path, tmp_path: Path, sessions: int) -> None:
