@@ -43,8 +43,11 @@ def add_parsers(sub: Subcommands) -> None:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from kernelbridge.cli.history import warn_if_over_budget
     from kernelbridge.image import contents_from_settings
-    from kernelbridge.server import serve
-    from kernelbridge.server.http import HttpOptions
+    from kernelbridge.lazy import uncollected
+
+    with uncollected():  # the MCP SDK and the server: most of a bridge's start
+        from kernelbridge.server import serve
+        from kernelbridge.server.http import HttpOptions
 
     settings = with_discovery(args, settings)
     # A bad value is kept, not raised: over stdio the bridge must start and say it at every call
