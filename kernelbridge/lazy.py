@@ -96,8 +96,9 @@ def uncollected() -> Iterator[None]:
     models: the collector ran ~250 times in a bridge's start, 0.1 of its 0.9 CPU-seconds, and
     freed a few hundred objects; modules and classes live as long as the process anyway. The cost:
     a cycle that was garbage when frozen is never freed (a few hundred objects, once). For the
-    command line's own processes only, which own their heap: frozen objects are out of reach of
-    ``gc.get_referrers`` and of every later collection of whoever imported kernelbridge."""
+    command line's own processes only, which own their heap: in a process that imported
+    kernelbridge (a Jupyter server, a test) it would hide that process's objects from
+    ``gc.get_referrers`` and from every later collection."""
     enabled = gc.isenabled()
     gc.disable()
     try:
