@@ -408,8 +408,9 @@ def process_spawns(paths: list[Path]) -> list[str]:
 
 
 CLOCKS = frozenset({"time.monotonic", "time.perf_counter", "time.time", "monotonic", "perf_counter"})
-DURATION_NAMES = frozenset({"seconds", "elapsed", "took", "duration"})
-"""Names, attributes and keys that hold how long something took (the harness's ``Result.seconds``)."""
+DURATION_NAMES = frozenset({"seconds", "elapsed", "took", "duration", "duration_ms"})
+"""Names, attributes and keys that hold how long something took (the harness's ``Result.seconds``,
+a result's ``duration_ms``)."""
 
 
 def timing_asserts(paths: list[Path]) -> list[str]:
@@ -462,16 +463,22 @@ def _is_duration(expr: ast.expr) -> bool:
 
 def _measures_time(test: ast.expr, durations: set[str]) -> bool:
     """``test`` orders a duration against a bound. (Equality is left alone: only a fake clock can
-    make a duration equal to a number, as tests/unit's scripted runs do.)"""
+    make a duration equal to a number, as tests/unit's scripted runs do; so is a comparison with
+    0, which checks that a field is valid, not how long anything took.)"""
     return any(
         isinstance(node, ast.Compare)
         and any(isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE) for op in node.ops)
+        and not any(_is_zero(operand) for operand in [node.left, *node.comparators])
         and any(
             _is_duration(operand) or _names_duration(operand, durations)
             for operand in [node.left, *node.comparators]
         )
         for node in ast.walk(test)
     )
+
+
+def _is_zero(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Constant) and expr.value == 0 and not isinstance(expr.value, bool)
 
 
 def _names_duration(expr: ast.expr, durations: set[str]) -> bool:

@@ -30,6 +30,7 @@ class StubKernel:
     requests: list[dict[str, Any]] = field(default_factory=list)
     identities: dict[str, bytes] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    stdin_heard: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def serve(self, context: zmq.Context[Any], ready: threading.Event) -> None:
@@ -50,6 +51,7 @@ class StubKernel:
                     channel = "shell" if sock is shell else "stdin"
                     self.identities[channel] = wire.idents[0]
                     if channel == "stdin":
+                        self.stdin_heard.set()
                         continue
                     self.requests.append(wire.msg)
                     if self.garbage_first and len(self.requests) == 1:
@@ -134,9 +136,7 @@ def test_shell_and_stdin_share_one_identity(start: Any) -> None:
     running = start()
     assert running.client.wait_until_iopub_delivers(alive=lambda: True, timeout=BOUND) is not None
     running.client.send("stdin", _message("input_reply", {"header": {}}, {"value": "x"}))
-    deadline = time.monotonic() + BOUND
-    while "stdin" not in running.stub.identities and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert running.stub.stdin_heard.wait(BOUND)
     assert running.stub.identities == {"shell": b"agent-identity", "stdin": b"agent-identity"}
 
 
