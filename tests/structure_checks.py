@@ -468,7 +468,7 @@ def _measures_time(test: ast.expr, durations: set[str]) -> bool:
     return any(
         isinstance(node, ast.Compare)
         and any(isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE) for op in node.ops)
-        and not any(_is_zero(operand) for operand in [node.left, *node.comparators])
+        and not _checks_a_field_is_valid(node)
         and any(
             _is_duration(operand) or _names_duration(operand, durations)
             for operand in [node.left, *node.comparators]
@@ -477,8 +477,14 @@ def _measures_time(test: ast.expr, durations: set[str]) -> bool:
     )
 
 
-def _is_zero(expr: ast.expr) -> bool:
-    return isinstance(expr, ast.Constant) and expr.value == 0 and not isinstance(expr.value, bool)
+def _checks_a_field_is_valid(compare: ast.Compare) -> bool:
+    """``x >= 0`` (or ``0 <= x``) alone: a chained ``0 <= x < 5`` still bounds a duration."""
+    if len(compare.comparators) != 1:
+        return False
+    return any(
+        isinstance(operand, ast.Constant) and operand.value == 0 and not isinstance(operand.value, bool)
+        for operand in (compare.left, compare.comparators[0])
+    )
 
 
 def _names_duration(expr: ast.expr, durations: set[str]) -> bool:
