@@ -463,8 +463,8 @@ def _is_duration(expr: ast.expr) -> bool:
 
 def _measures_time(test: ast.expr, durations: set[str]) -> bool:
     """``test`` orders a duration against a bound. (Equality is left alone: only a fake clock can
-    make a duration equal to a number, as tests/unit's scripted runs do; so is a comparison with
-    0, which checks that a field is valid, not how long anything took.)"""
+    make a duration equal to a number, as tests/unit's scripted runs do; so is a lone comparison
+    with 0, which checks that a field is valid, not how long anything took.)"""
     return any(
         isinstance(node, ast.Compare)
         and any(isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE) for op in node.ops)
