@@ -1,9 +1,12 @@
 """The agent's kernel client against a stub kernel on real ZMQ sockets (ROUTER shell and stdin, PUB
 iopub): the slow-joiner proof waits for iopub, not just the reply; a dead or silent kernel ends the
-wait; shell and stdin share one identity; malformed kernel messages are dropped with a log line."""
+wait; shell and stdin share one identity; malformed kernel messages are dropped with a log line; a
+kernel that never reads gets its sends refused, never waited on."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +17,9 @@ import pytest
 import zmq
 
 from kernelbridge import frames
-from kernelbridge.inside.agent.kernel_client import KernelClient
+from kernelbridge.inside.agent.host_link import HostLink
+from kernelbridge.inside.agent.kernel_client import KernelClient, KernelNotReading
+from kernelbridge.inside.agent.relay import Kernel, Relay
 
 KEY = b"k3y"
 BOUND = 10.0
@@ -138,6 +143,78 @@ def test_shell_and_stdin_share_one_identity(start: Any) -> None:
     running.client.send("stdin", _message("input_reply", {"header": {}}, {"value": "x"}))
     assert running.stub.stdin_heard.wait(BOUND)
     assert running.stub.identities == {"shell": b"agent-identity", "stdin": b"agent-identity"}
+
+
+@pytest.fixture
+def deaf() -> Iterator[KernelClient]:
+    """A client of a kernel that never reads: its ports are held by plain TCP listeners, which take
+    the connections and never speak ZMQ (an ipykernel that failed to bind its iopub or heartbeat
+    port stays alive this way), so what is sent stays queued."""
+    context: zmq.Context[Any] = zmq.Context()
+    holders: list[socket.socket] = []
+    ports = {}
+    for channel in ("shell", "control", "stdin", "iopub"):
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        holders.append(holder)
+        ports[f"{channel}_port"] = holder.getsockname()[1]
+    client = KernelClient(context, ports, KEY, "agent-identity", lambda message, level: None)
+    try:
+        yield client
+    finally:
+        client.close()
+        context.term()
+        for holder in holders:
+            holder.close()
+
+
+def _fill(client: KernelClient) -> int:
+    """Send on shell until its queue refuses; how many sends that took."""
+    for sent in range(1, 20_000):
+        try:
+            client.send("shell", _message("kernel_info_request", {}, {}))
+        except KernelNotReading:
+            return sent
+    raise AssertionError("20,000 messages queued for a kernel that reads none")
+
+
+# Without the refusal the send past the queue's mark blocks for good: these fail at their timeout.
+@pytest.mark.timeout(60)
+def test_a_kernel_that_never_reads_gets_its_sends_refused_not_waited_on(deaf: KernelClient) -> None:
+    assert _fill(deaf) > 1000  # ZMQ's high-water mark queued first
+    with pytest.raises(KernelNotReading, match="the kernel has not read its shell channel's queue"):
+        deaf.send("shell", _message("execute_request", {}, {"code": "1+1"}))
+    assert deaf.send("control", _message("interrupt_request", {}, {}))  # each channel its own queue
+
+
+@pytest.mark.timeout(60)
+def test_a_kernel_that_never_reads_cannot_hold_the_ready_wait_past_its_deadline(deaf: KernelClient) -> None:
+    _fill(deaf)
+    assert deaf.wait_until_iopub_delivers(alive=lambda: True, timeout=0.3) is None
+
+
+@pytest.mark.timeout(60)
+def test_the_relay_drops_a_host_frame_the_kernel_cannot_take_and_says_so(deaf: KernelClient) -> None:
+    agent_in, host_out = os.pipe()
+    host_in, agent_out = os.pipe()
+    relay = Relay(HostLink(agent_in, agent_out))
+    try:
+        # Only the client is used on a kernel frame's way (a real kernel: test_agent_boot.py).
+        relay._kernel = Kernel(process=None, client=deaf, rpc=None, rpc_fd=-1)  # type: ignore[arg-type]
+        _fill(deaf)
+        message = _message("execute_request", {}, {"code": "1+1"})
+        relay._on_host_frame({"type": frames.KERNEL, "channel": "shell", "msg": message})
+        relay.link.flush()
+        said = [f for f in frames.FrameDecoder().feed(os.read(host_in, 1 << 16)) if isinstance(f, dict)]
+    finally:
+        relay._kernel = None
+        relay._context.term()
+        for fd in (agent_in, host_out, host_in, agent_out):
+            os.close(fd)
+    assert [(f["type"], f["level"], f["message"]) for f in said] == [
+        (frames.LOG, "warning", "dropped kernel frame: the kernel has not read its shell channel's queue")
+    ]
 
 
 def _message(msg_type: str, parent: dict[str, Any], content: dict[str, Any]) -> dict[str, Any]:

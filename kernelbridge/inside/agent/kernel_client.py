@@ -36,6 +36,14 @@ Received = tuple[str, dict[str, Any], list[bytes]]
 """A kernel message: its channel, the message, its buffers."""
 
 
+class KernelNotReading(Exception):
+    """The kernel has not read the messages already queued on a channel (ZMQ's high-water mark,
+    1,000 messages): this one is refused rather than waited on. A blocking send would stop the
+    agent (one thread) for as long as the kernel does not read: its other channels, the host's
+    interrupts, and the ready wait's own deadline (an ipykernel that failed to bind its iopub or
+    heartbeat port stays alive and never reads)."""
+
+
 class KernelClient:
     """The agent's sockets to one kernel, connected to the ports of ``connection`` (a connection
     file's content). ``identity`` is the shell/stdin identity; ``log`` reports malformed messages."""
@@ -68,8 +76,12 @@ class KernelClient:
     def send(self, channel: str, msg: dict[str, Any], buffers: list[bytes] | None = None) -> str:
         """Sign and send ``msg`` on ``channel`` (one of HOST_CHANNELS); returns its msg_id.
         Raises TypeError/ValueError if the message cannot be serialized, KeyError for a channel
-        without a socket."""
-        self._sockets[channel].send_multipart(frames.to_wire(msg, buffers or [], self._key), copy=False)
+        without a socket, KernelNotReading when the channel's queue is full (never blocks)."""
+        wire = frames.to_wire(msg, buffers or [], self._key)
+        try:  # a full queue refuses the first part only: the rest of a message always follows it
+            self._sockets[channel].send_multipart(wire, flags=zmq.DONTWAIT, copy=False)
+        except zmq.Again:
+            raise KernelNotReading(f"the kernel has not read its {channel} channel's queue") from None
         return str(msg["header"].get("msg_id", ""))
 
     def receive(self, sock: zmq.Socket[bytes]) -> Received | None:
@@ -100,7 +112,10 @@ class KernelClient:
             if not alive():
                 return None
             if time.monotonic() >= next_send and not iopub_seen:
-                sent.add(self.send("shell", _new_message("kernel_info_request", self._identity)))
+                try:
+                    sent.add(self.send("shell", _new_message("kernel_info_request", self._identity)))
+                except KernelNotReading:
+                    pass  # a thousand asked and none read: the deadline, or `alive`, ends this
                 next_send = time.monotonic() + KERNEL_INFO_RETRY
             for sock, _ in poller.poll(50):
                 received = self.receive(sock)

@@ -30,6 +30,7 @@ from kernelbridge.inside.agent.kernel_client import (
     HOST_CHANNELS,
     KERNEL_READY_TIMEOUT,
     KernelClient,
+    KernelNotReading,
     kernel_versions,
 )
 from kernelbridge.inside.agent.kernel_process import (
@@ -219,7 +220,7 @@ class Relay:
                 return
             try:
                 kernel.client.send(frame["channel"], frame["msg"], frames.frame_buffers(frame))
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, KernelNotReading) as exc:
                 self.link.log(f"dropped kernel frame: {exc}", "warning")
         elif kind == frames.INTERRUPT:
             kernel.process.interrupt()
