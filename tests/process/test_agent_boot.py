@@ -1,6 +1,7 @@
 """The agent's kernel start on the host's ports, as the local test double runs it (a container has
 ports of its own): a port taken between the agent choosing it and the kernel binding it costs a
-second start, not the sandbox. A real ipykernel, started by the agent's relay in this process."""
+second start, not the sandbox, whether the kernel exits or is left alive by it. A real ipykernel,
+started by the agent's relay in this process."""
 
 from __future__ import annotations
 
@@ -81,4 +82,39 @@ def test_a_port_taken_before_the_kernel_binds_it_gets_a_second_start(
     said = [f for f in frames.FrameDecoder().feed(os.read(host_in, 1 << 20)) if isinstance(f, dict)]
     warnings = [f["message"] for f in said if f["type"] == frames.LOG and f.get("level") == "warning"]
     assert any("one of its ports was taken meanwhile" in w for w in warnings), said
+    assert said[-1]["type"] == frames.READY
+
+
+def test_a_kernel_left_alive_by_a_taken_iopub_port_is_stopped_and_started_again(
+    relay: tuple[Relay, int], held_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ipykernel that cannot bind its iopub port does not exit (it hangs in its ZMQ context's
+    term): it never answers, so the ready wait's deadline ends it, and the start goes again on
+    other ports. The deadline is shortened here (60 s in the agent)."""
+    agent, host_in = relay
+    chosen: list[dict[str, Any]] = []
+    write_connection_file = relay_module.write_connection_file
+
+    def iopub_taken_first(key: bytes) -> dict[str, Any]:
+        info = write_connection_file(key)
+        if not chosen:
+            info["iopub_port"] = held_port
+            Path(info["path"]).write_text(json.dumps({k: v for k, v in info.items() if k != "path"}))
+        chosen.append(info)
+        return info
+
+    wait = relay_module.KernelClient.wait_until_iopub_delivers
+
+    def first_wait_short(client: Any, alive: Any) -> dict[str, Any] | None:
+        # The first kernel never answers; the second has the agent's own bound, load or not.
+        return wait(client, alive, timeout=4.0) if len(chosen) == 1 else wait(client, alive)
+
+    monkeypatch.setattr(relay_module, "write_connection_file", iopub_taken_first)
+    monkeypatch.setattr(relay_module.KernelClient, "wait_until_iopub_delivers", first_wait_short)
+    assert agent._boot() is None
+    assert agent.phase is Phase.RELAYING
+    assert [info["iopub_port"] == held_port for info in chosen] == [True, False]
+    said = [f for f in frames.FrameDecoder().feed(os.read(host_in, 1 << 20)) if isinstance(f, dict)]
+    warnings = [f["message"] for f in said if f["type"] == frames.LOG and f.get("level") == "warning"]
+    assert any("kernel did not answer within" in w and "taken meanwhile" in w for w in warnings), said
     assert said[-1]["type"] == frames.READY
