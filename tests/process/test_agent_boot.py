@@ -64,23 +64,11 @@ def test_a_port_taken_before_the_kernel_binds_it_gets_a_second_start(
     relay: tuple[Relay, int], held_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent, host_in = relay
-    chosen: list[dict[str, Any]] = []
-    write_connection_file = relay_module.write_connection_file
-
-    def first_one_taken(key: bytes) -> dict[str, Any]:
-        info = write_connection_file(key)
-        if not chosen:  # another process takes the shell port before the kernel binds it
-            info["shell_port"] = held_port
-            Path(info["path"]).write_text(json.dumps({k: v for k, v in info.items() if k != "path"}))
-        chosen.append(info)
-        return info
-
-    monkeypatch.setattr(relay_module, "write_connection_file", first_one_taken)
+    chosen = _first_port_taken(monkeypatch, "shell_port", held_port)  # the kernel exits at once
     assert agent._boot() is None
     assert agent.phase is Phase.RELAYING
     assert [info["shell_port"] == held_port for info in chosen] == [True, False]
-    said = [f for f in frames.FrameDecoder().feed(os.read(host_in, 1 << 20)) if isinstance(f, dict)]
-    warnings = [f["message"] for f in said if f["type"] == frames.LOG and f.get("level") == "warning"]
+    said, warnings = _said(host_in)
     assert any("one of its ports was taken meanwhile" in w for w in warnings), said
     assert said[-1]["type"] == frames.READY
 
@@ -92,29 +80,43 @@ def test_a_kernel_left_alive_by_a_taken_iopub_port_is_stopped_and_started_again(
     term): it never answers, so the ready wait's deadline ends it, and the start goes again on
     other ports. The deadline is shortened here (60 s in the agent)."""
     agent, host_in = relay
-    chosen: list[dict[str, Any]] = []
-    write_connection_file = relay_module.write_connection_file
-
-    def iopub_taken_first(key: bytes) -> dict[str, Any]:
-        info = write_connection_file(key)
-        if not chosen:
-            info["iopub_port"] = held_port
-            Path(info["path"]).write_text(json.dumps({k: v for k, v in info.items() if k != "path"}))
-        chosen.append(info)
-        return info
-
+    chosen = _first_port_taken(monkeypatch, "iopub_port", held_port)
     wait = relay_module.KernelClient.wait_until_iopub_delivers
 
     def first_wait_short(client: Any, alive: Any) -> dict[str, Any] | None:
         # The first kernel never answers; the second has the agent's own bound, load or not.
         return wait(client, alive, timeout=4.0) if len(chosen) == 1 else wait(client, alive)
 
-    monkeypatch.setattr(relay_module, "write_connection_file", iopub_taken_first)
     monkeypatch.setattr(relay_module.KernelClient, "wait_until_iopub_delivers", first_wait_short)
     assert agent._boot() is None
     assert agent.phase is Phase.RELAYING
     assert [info["iopub_port"] == held_port for info in chosen] == [True, False]
-    said = [f for f in frames.FrameDecoder().feed(os.read(host_in, 1 << 20)) if isinstance(f, dict)]
-    warnings = [f["message"] for f in said if f["type"] == frames.LOG and f.get("level") == "warning"]
+    said, warnings = _said(host_in)
     assert any("kernel did not answer within" in w and "taken meanwhile" in w for w in warnings), said
     assert said[-1]["type"] == frames.READY
+
+
+def _first_port_taken(monkeypatch: pytest.MonkeyPatch, port: str, held_port: int) -> list[dict[str, Any]]:
+    """The agent's first connection file names ``held_port`` as its ``port`` (another process took
+    it before the kernel bound it); later ones are left as chosen. Returns every connection, as
+    the agent chooses them."""
+    chosen: list[dict[str, Any]] = []
+    write_connection_file = relay_module.write_connection_file
+
+    def first_one_taken(key: bytes) -> dict[str, Any]:
+        info = write_connection_file(key)
+        if not chosen:
+            info[port] = held_port
+            Path(info["path"]).write_text(json.dumps({k: v for k, v in info.items() if k != "path"}))
+        chosen.append(info)
+        return info
+
+    monkeypatch.setattr(relay_module, "write_connection_file", first_one_taken)
+    return chosen
+
+
+def _said(host_in: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """The frames the agent wrote to the host so far, and its warning lines among them."""
+    said = [f for f in frames.FrameDecoder().feed(os.read(host_in, 1 << 20)) if isinstance(f, dict)]
+    warnings = [f["message"] for f in said if f["type"] == frames.LOG and f.get("level") == "warning"]
+    return said, warnings
