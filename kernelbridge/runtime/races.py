@@ -3,7 +3,8 @@ bounded retry of a call that met that.
 
 The backends read these words here and nowhere else. A container another client removed is no
 failure of ours: ``remove`` counts it as removed, ``inspect`` as gone (None); a listing that met the
-race is asked again by :func:`retrying` (``when=image_vanished`` for an image listing). Why:
+race is asked again by :func:`retrying` (``when=image_vanished`` for an image listing), and so is
+an ``inspect`` that met the container's process ending (``when=process_ended``). Why:
 docs/design/runtime.md.
 """
 
@@ -24,12 +25,15 @@ T = TypeVar("T")
 HALF_REMOVED = "container not known"
 """podman: the container's storage is gone and its record not yet (it is being removed, or a
 removal stopped half-way): it is gone for every purpose of ours."""
+PROCESS_ENDED = "no such process"
+"""podman: the container's process ended while the engine read its cgroup (``read
+/proc/<pid>/cgroup: no such process``); asked again, it answers with the container exited."""
 VANISHED = (
     HALF_REMOVED,
     "no such container",
     "no container with",
     "does not exist in database",
-    "no such process",
+    PROCESS_ENDED,
 )
 """Words of a call that failed because a container (or its process) went while the engine looked."""
 IMAGE_VANISHED = "image not known"
@@ -43,6 +47,11 @@ def vanished(exc: BaseException) -> bool:
     """Whether ``exc`` says that something the engine was looking at went meanwhile."""
     text = str(exc).lower()
     return any(words in text for words in VANISHED)
+
+
+def process_ended(exc: BaseException) -> bool:
+    """Whether ``exc`` says that the container's process ended while the engine looked at it."""
+    return PROCESS_ENDED in str(exc).lower()
 
 
 def image_vanished(exc: BaseException) -> bool:

@@ -1,9 +1,11 @@
 """Removal and reaping against a stand-in engine client (beside the real engine's
 tests/runtime/test_races.py): every container is tried whatever another one does, a container
-another client removed meanwhile is removed, and the reaper goes on past one it cannot remove."""
+another client removed meanwhile is removed, the reaper goes on past one it cannot remove, and an
+inspection that met the container's process ending is asked again."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -15,6 +17,8 @@ from pids import no_such_pid
 
 from kernelbridge.errors import EngineRefused, RuntimeUnavailable
 from kernelbridge.runtime import races, reap_orphans
+from kernelbridge.runtime.base import ContainerState
+from kernelbridge.runtime.cli.backend import CliRuntime
 from kernelbridge.runtime.cli.images import CliImages
 from kernelbridge.runtime.engine.api import EngineRuntime
 from kernelbridge.runtime.engine.images import EngineImages
@@ -189,3 +193,70 @@ async def test_an_image_listing_that_keeps_failing_still_fails() -> None:
     with pytest.raises(EngineRefused, match="image not known"):
         await EngineImages(engine).list()  # type: ignore[arg-type]
     assert engine.listings == races.ATTEMPTS
+
+
+ENDED = "read /proc/29543/cgroup: no such process"
+"""What podman 4.3 answers when it inspects a container whose process ends meanwhile (seen in CI,
+inspecting a sandbox whose agent had just exited)."""
+EXITED = {"Id": "c1", "Name": "/kernelbridge-c1", "State": {"Status": "exited", "ExitCode": 3}}
+
+
+class InspectingCli:
+    """A stand-in CLI whose first ``failures`` inspections fail with ``message``."""
+
+    engine = "podman"
+
+    def __init__(self, failures: int, message: str = f"`podman container` failed: Error: {ENDED}") -> None:
+        self.failures, self.message, self.calls = failures, message, 0
+
+    async def run(self, *args: str, timeout: float = 30.0) -> str:
+        assert args[:2] == ("container", "inspect"), args
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RuntimeUnavailable(self.message)
+        return json.dumps([EXITED])
+
+
+class InspectingEngine:
+    """A stand-in engine client whose first ``failures`` inspections fail with ``message``."""
+
+    def __init__(self, failures: int, message: str = ENDED) -> None:
+        self.failures, self.message, self.calls = failures, message, 0
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Answer:
+        assert (method, path) == ("GET", "/containers/c1/json"), (method, path)
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise EngineRefused(f"the podman engine refused to inspect c1: {self.message}", 500, self.message)
+        return Answer(EXITED)
+
+
+def cli_runtime(cli: InspectingCli) -> CliRuntime:
+    runtime = CliRuntime(engine="podman", executable="podman")
+    runtime.cli = cli  # type: ignore[assignment]
+    return runtime
+
+
+async def test_an_inspection_that_met_the_process_ending_is_asked_again() -> None:
+    cli = InspectingCli(failures=2)
+    info = await cli_runtime(cli).inspect("c1")
+    assert info is not None and (info.state, info.exit_code) == (ContainerState.EXITED, 3)
+    assert cli.calls == 3
+    engine = InspectingEngine(failures=2)
+    info = await EngineRuntime(engine, engine="podman").inspect("c1")  # type: ignore[arg-type]
+    assert info is not None and (info.state, info.exit_code) == (ContainerState.EXITED, 3)
+    assert engine.calls == 3
+
+
+async def test_an_inspection_is_not_asked_again_for_a_missing_container_or_another_refusal() -> None:
+    gone = InspectingCli(failures=1, message="`podman container` failed: Error: no such container c1")
+    assert await cli_runtime(gone).inspect("c1") is None
+    assert gone.calls == 1
+    full = InspectingEngine(failures=1, message="no space left on device")
+    with pytest.raises(EngineRefused, match="no space"):
+        await EngineRuntime(full, engine="podman").inspect("c1")  # type: ignore[arg-type]
+    assert full.calls == 1
+    lasting = InspectingCli(failures=races.ATTEMPTS)
+    with pytest.raises(RuntimeUnavailable, match="no such process"):
+        await cli_runtime(lasting).inspect("c1")
+    assert lasting.calls == races.ATTEMPTS

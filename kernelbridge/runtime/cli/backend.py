@@ -35,7 +35,7 @@ from kernelbridge.runtime.cli.stream import ProcessStream, StderrDrains
 from kernelbridge.runtime.events import died
 from kernelbridge.runtime.flags import sandbox_flags, unsupported
 from kernelbridge.runtime.info_store import InfoCache, InfoStore
-from kernelbridge.runtime.races import half_removed, retrying
+from kernelbridge.runtime.races import half_removed, process_ended, retrying
 
 ATTACH_TIMEOUT = 10.0
 ATTACH_POLL = 0.02
@@ -222,8 +222,11 @@ class CliRuntime(RuntimeBackend):
             return False
 
     async def inspect(self, container: str) -> ContainerInfo | None:
+        async def ask() -> str:
+            return await self.cli.run("container", "inspect", container)
+
         try:
-            text = await self.cli.run("container", "inspect", container)
+            text = await retrying(ask, f"`{self.engine} inspect`", when=process_ended)
         except RuntimeUnavailable as exc:
             if container_gone(exc) or half_removed(exc):
                 return None

@@ -34,11 +34,11 @@ from kernelbridge.runtime.engine.endpoint import Endpoint
 from kernelbridge.runtime.engine.images import EngineImages, no_such
 from kernelbridge.runtime.engine.service import HelperProcess
 from kernelbridge.runtime.engine.stream import EngineStream
-from kernelbridge.runtime.engine.transport import EngineClient
+from kernelbridge.runtime.engine.transport import EngineClient, EngineResponse
 from kernelbridge.runtime.events import died
 from kernelbridge.runtime.flags import sandbox_flags, unsupported
 from kernelbridge.runtime.info_store import InfoCache, InfoStore
-from kernelbridge.runtime.races import half_removed, retrying
+from kernelbridge.runtime.races import half_removed, process_ended, retrying
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +272,11 @@ class EngineRuntime(RuntimeBackend):
             return False
 
     async def inspect(self, container: str) -> ContainerInfo | None:
+        async def ask() -> EngineResponse:
+            return await self.client.request("GET", f"/containers/{quote(container)}/json")
+
         try:
-            answer = await self.client.request("GET", f"/containers/{quote(container)}/json")
+            answer = await retrying(ask, f"inspecting {container}", when=process_ended)
         except EngineRefused as exc:
             if no_such(exc) or half_removed(exc):
                 return None
