@@ -1,6 +1,7 @@
 """The host cost and latency of sandboxes, each measured beside its local reference in one run.
 
     .venv/bin/python bench/bench_runtime.py [--quick] [--runtime podman-api|podman-cli|docker-api|...]
+    .venv/bin/python bench/bench_runtime.py --only warm [--path]
 
 Prints one table (the README's "Runtimes" table):
 
@@ -280,23 +281,53 @@ def median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000
 
 
+def sandbox_class_kernel(workdir: Path) -> AsyncKernelManager:
+    """A local kernel started as the sandbox's agent starts it (its kernel class, out stream and
+    extensions: ``kernel_argv``), without a host: the second reference of the warm measure."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from kernelbridge.inside.agent.kernel_process import PYTHONPATH_DIR, kernel_argv
+
+    spec_dir = workdir / "kernels" / "sandbox-class"
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": kernel_argv("{connection_file}"),
+        "display_name": "the sandbox's kernel class, local",
+        "language": "python",
+        "env": {"PYTHONPATH": f"{PYTHONPATH_DIR}{os.pathsep}{Path(__file__).resolve().parents[1]}"},
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
+    return AsyncKernelManager(kernel_name="sandbox-class", kernel_spec_manager=specs)
+
+
 async def warm_beside_local(
-    runtime_name: str | None, rounds: int
-) -> tuple[list[float], list[float], list[float]]:
+    runtime_name: str | None, rounds: int, workdir: Path | None
+) -> tuple[list[float], list[float], list[float], list[float]]:
     """Warm ``run_python`` calls (the SDK's ``Client``, and its ``ClientSession`` on the same stdio
-    streams) and local ``1+1`` round trips, interleaved round by round so that both see the same
-    load, the two clients in alternating order: (local, Client, ClientSession) seconds."""
+    streams) and local ``1+1`` round trips (a stock ipykernel; with ``workdir``, also one of the
+    sandbox's kernel class, which tells the path's cost from the kernel's: a fourth busy process,
+    so apart from the target's measure), interleaved round by round so that all see the same
+    load, the two clients in alternating order: (local, Client, ClientSession, local of the
+    sandbox's class) seconds."""
     from mcp.client.session import ClientSession
     from mcp.client.stdio import stdio_client
 
     km = AsyncKernelManager(kernel_name="python3")
     await km.start_kernel()
     kc = await connect_client(km)
+    same_km = sandbox_class_kernel(workdir) if workdir is not None else None
+    if same_km is not None:
+        await same_km.start_kernel()
+    same_kc = await connect_client(same_km) if same_km is not None else None
     local: list[float] = []
+    same_class: list[float] = []
     via_client: list[float] = []
     via_session: list[float] = []
     try:
         await round_trips(kc, 5)
+        if same_kc is not None:
+            await round_trips(same_kc, 5)
         async with bridge(runtime_name) as (client, state):
             await warm_calls(client, 5)
             env = {"KERNELBRIDGE_STATE_DIR": str(state / "second"), "KERNELBRIDGE_DURABLE": "0"}
@@ -317,6 +348,8 @@ async def warm_beside_local(
                     via_client.append(await call(client, "1+1"))
 
                 for index in range(rounds):
+                    if same_kc is not None:
+                        same_class += await round_trips_only(same_kc, 1)
                     local += await round_trips_only(kc, 1)
                     # The call right after the local one shares the cores with that kernel's
                     # after-work: the two clients take that place in turn.
@@ -326,7 +359,10 @@ async def warm_beside_local(
     finally:
         kc.stop_channels()
         await km.shutdown_kernel(now=True)
-    return local, via_client, via_session
+        if same_kc is not None and same_km is not None:
+            same_kc.stop_channels()
+            await same_km.shutdown_kernel(now=True)
+    return local, via_client, via_session, same_class
 
 
 async def round_trips_only(kc: AsyncKernelClient, count: int) -> list[float]:
@@ -340,12 +376,21 @@ async def round_trips_only(kc: AsyncKernelClient, count: int) -> list[float]:
 
 async def main(args: argparse.Namespace) -> None:
     if args.only == "warm":
-        local, via_client, via_session = await warm_beside_local(args.runtime, 40 if args.quick else 200)
+        with tempfile.TemporaryDirectory(prefix="kb-bench-warm-") as workdir:
+            local, via_client, via_session, same_class = await warm_beside_local(
+                args.runtime, 40 if args.quick else 200, Path(workdir) if args.path else None
+            )
         print(f"warm `run_python` vs local `1+1`, interleaved ({len(local)} rounds):")
         for name, times in (("Client", via_client), ("ClientSession", via_session)):
             ratio = median_ms(times) / median_ms(local)
             measured = f"{median_ms(times):.2f} ms vs {median_ms(local):.2f} ms = {ratio:.2f}x"
             print(f"  {name}: {measured} (target <= 1.3x)")
+        if not same_class:
+            return
+        print("the path alone: the same calls vs a local kernel of the sandbox's class (its flags):")
+        for name, times in (("Client", via_client), ("ClientSession", via_session)):
+            ratio = median_ms(times) / median_ms(same_class)
+            print(f"  {name}: {median_ms(times):.2f} ms vs {median_ms(same_class):.2f} ms = {ratio:.2f}x")
         return
     quick = args.quick
     starts, trips, calls = (2, 30, 20) if quick else (5, 200, 100)
@@ -408,4 +453,9 @@ if __name__ == "__main__":
     )
     parser.add_argument("--idle", type=int, default=100, help="idle sessions beside the measured one")
     parser.add_argument("--only", choices=["warm"], help="one measure: the warm call beside a local 1+1")
+    parser.add_argument(
+        "--path",
+        action="store_true",
+        help="with --only warm: also beside a local kernel of the sandbox's class (the path's own cost)",
+    )
     anyio.run(main, parser.parse_args())
