@@ -70,9 +70,12 @@ def pub() -> Iterator[Pub]:
         yield Pub(thread, stream)
     finally:
         stream.close()
-        thread.stop()
-        socket.close(linger=0)
-        context.term()
+        # Not IOPubThread.stop(): it cancels the thread's gc task without letting the loop run the
+        # cancellation, and asyncio says "Task was destroyed but it is pending!" at exit. With its
+        # loop stopped, the thread cancels the task itself (its atexit stop() then finds it ended).
+        thread.io_loop.add_callback(thread.io_loop.stop)
+        thread.thread.join(BOUND)
+        context.destroy(linger=0)  # the PUB socket and the event pipes the thread left open
 
 
 def in_thread(call: Callable[[], None], events: list[str]) -> threading.Event:
