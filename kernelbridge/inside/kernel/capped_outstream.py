@@ -27,11 +27,14 @@ class CappedOutStream(OutStream):
         self._cap_written = 0
         self._cap_unflushed = 0
         self._cap_noticed = False
-        self._sent_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        """Taken by writing threads only, never by the IOPub thread (a fork while that thread held
+        a lock would leave the child's copy locked for good)."""
         self._written = 0
         """Writes taken into the buffers so far (counted after each is in)."""
         self._sent = 0
-        """Writes known sent: the count a finished ``_flush`` saw before it took the buffers."""
+        """Writes known sent: the count a finished ``_flush`` saw before it took the buffers. Set by
+        the IOPub thread alone (or by the caller's, once that thread is gone)."""
 
     # OutStream.write returns None for a subprocess's write (ipykernel ignores the override too).
     def write(self, string: str) -> int | None:  # type: ignore[override]
@@ -58,22 +61,20 @@ class CappedOutStream(OutStream):
         waits for that thread each time, and a cell's end calls it six times (stdout and stderr:
         after the display hook, before the reply, after the handler), most often with nothing
         written. That wait was a fifth of the kernel's time for a cell like ``1+1``."""
-        with self._sent_lock:
-            unsent = self._written != self._sent
-        if unsent:
+        if self._written != self._sent:  # a stale _sent only makes it wait as before
             super().flush()
 
     def _flush(self) -> None:
         # In the IOPub thread (or the caller's, when that thread is gone). What was written
         # before this point is in the buffers this send takes.
-        with self._sent_lock:
-            upto = self._written
+        upto = self._written
         super()._flush()
-        with self._sent_lock:
-            self._sent = max(self._sent, upto)
+        self._sent = max(self._sent, upto)
 
     def _count_write(self) -> None:
-        with self._sent_lock:
+        # Under a lock: two writers' increments must not lose one (a lost one could make a later
+        # write look sent).
+        with self._count_lock:
             self._written += 1
 
     def _admit(self, string: str) -> tuple[str, bool, bool]:
