@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -313,21 +313,15 @@ async def warm_beside_local(
     from mcp.client.session import ClientSession
     from mcp.client.stdio import stdio_client
 
-    km = AsyncKernelManager(kernel_name="python3")
-    await km.start_kernel()
-    kc = await connect_client(km)
-    same_km = sandbox_class_kernel(workdir) if workdir is not None else None
-    if same_km is not None:
-        await same_km.start_kernel()
-    same_kc = await connect_client(same_km) if same_km is not None else None
     local: list[float] = []
     same_class: list[float] = []
     via_client: list[float] = []
     via_session: list[float] = []
-    try:
-        await round_trips(kc, 5)
-        if same_kc is not None:
-            await round_trips(same_kc, 5)
+    async with AsyncExitStack() as kernels:
+        kc = await kernels.enter_async_context(warmed(AsyncKernelManager(kernel_name="python3")))
+        same_kc = None
+        if workdir is not None:
+            same_kc = await kernels.enter_async_context(warmed(sandbox_class_kernel(workdir)))
         async with bridge(runtime_name) as (client, state):
             await warm_calls(client, 5)
             env = {"KERNELBRIDGE_STATE_DIR": str(state / "second"), "KERNELBRIDGE_DURABLE": "0"}
@@ -356,13 +350,23 @@ async def warm_beside_local(
                     first, second = (through_client, through_session)[:: 1 if index % 2 else -1]
                     await first()
                     await second()
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
-        if same_kc is not None and same_km is not None:
-            same_kc.stop_channels()
-            await same_km.shutdown_kernel(now=True)
     return local, via_client, via_session, same_class
+
+
+@asynccontextmanager
+async def warmed(km: AsyncKernelManager) -> AsyncIterator[AsyncKernelClient]:
+    """``km``'s kernel started and a client connected, its first round trips made; both stopped
+    on leaving, whatever failed after the start."""
+    await km.start_kernel()
+    try:
+        kc = await connect_client(km)
+        try:
+            await round_trips(kc, 5)
+            yield kc
+        finally:
+            kc.stop_channels()
+    finally:
+        await km.shutdown_kernel(now=True)
 
 
 async def round_trips_only(kc: AsyncKernelClient, count: int) -> list[float]:
